@@ -1,0 +1,45 @@
+"""The one place that chooses how an op runs: ``backend=None | "torch" | "triton"``.
+
+* ``None``: Triton for CUDA tensors (when Triton is importable), the portable torch path otherwise.
+* ``"torch"``: the portable path (runs on any device; the CPU backend).
+* ``"triton"``: the Triton kernels. On a CPU tensor only under ``TRITON_INTERPRET=1``, so tests can run
+  the kernels' logic on a machine without a GPU.
+
+Kernel modules are imported lazily (``import onlinesoftmax`` never imports Triton).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+BACKENDS = ("torch", "triton")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpret_mode() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def resolve_backend(backend: str | None, x: torch.Tensor, op: str) -> str:
+    """Return ``"torch"`` or ``"triton"`` for running ``op`` on ``x``, or raise a clear error."""
+    if backend is None:
+        return "triton" if x.is_cuda and triton_available() else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"{op}: backend must be None, 'torch' or 'triton', got {backend!r}")
+    if backend == "triton":
+        if not triton_available():
+            raise RuntimeError(f"{op}: backend='triton' needs the triton package (pip install triton)")
+        if not x.is_cuda and not interpret_mode():
+            raise RuntimeError(
+                f"{op}: backend='triton' needs a CUDA tensor, got a tensor on {x.device}; "
+                "set TRITON_INTERPRET=1 before importing onlinesoftmax kernels to run them on the CPU")
+    return backend

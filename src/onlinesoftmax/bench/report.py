@@ -1,0 +1,97 @@
+"""Printed table, JSON, markdown and a PNG per suite."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+from .harness import Row
+
+
+def _need(module: str):
+    try:
+        return __import__(module)
+    except ImportError as e:
+        raise ImportError(f"the benchmark report needs {module}: pip install 'onlinesoftmax[bench]'") from e
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+HEADERS = ["case", "dtype", "impl", "ms", "GB/s", "TFLOP/s", "% copy", "× peer", "peer", "ok"]
+
+
+def table_rows(rows: list[Row]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        out.append([r.case, r.dtype, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbps, ".0f"), _fmt(r.tflops, ".1f"),
+                    _fmt(r.pct_ceiling, ".1f"), _fmt(r.speedup_vs_peer, ".2f"), r.peer,
+                    "yes" if r.ok else f"NO {r.note}"])
+    return out
+
+
+def markdown(suite: str, rows: list[Row], env: dict, ceiling: float) -> str:
+    tabulate = _need("tabulate").tabulate
+    lines = [f"# Benchmark `{suite}`", "",
+             f"- device: {env['device']}",
+             f"- torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, Python {env['python']}",
+             f"- commit {env['commit']}, {env['timestamp']}",
+             f"- command: `{env['command']}`",
+             f"- copy ceiling measured in this run: **{ceiling:.0f} GB/s** (read + write)",
+             "- ms: median; GB/s counts the fewest bytes the op must move; × peer = peer time / this time",
+             ""]
+    lines.append(tabulate(table_rows(rows), headers=HEADERS, tablefmt="github"))
+    return "\n".join(lines) + "\n"
+
+
+def plot(suite: str, rows: list[Row], ceiling: float, path: str) -> bool:
+    """GB/s (or TFLOP/s) against the case's x for every implementation; one panel per group."""
+    rows = [r for r in rows if r.x is not None and (r.gbps or r.tflops)]
+    if not rows:
+        return False
+    _need("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = defaultdict(list)
+    for r in rows:
+        groups[r.group or r.dtype].append(r)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, (group, grows) in zip(axes[0], sorted(groups.items())):
+        by_impl = defaultdict(list)
+        for r in grows:
+            by_impl[r.impl].append((r.x, r.gbps if r.gbps else r.tflops))
+        for impl, pts in by_impl.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        if any(r.gbps for r in grows):
+            ax.axhline(ceiling, color="k", linestyle="--", label=f"copy ceiling {ceiling:.0f} GB/s")
+            ax.set_ylabel("GB/s")
+        else:
+            ax.set_ylabel("TFLOP/s")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N")
+        ax.set_title(f"{suite}: {group}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write(suite: str, rows: list[Row], env: dict, ceiling: float, out_dir: str) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, suite)
+    with open(base + ".json", "w") as f:
+        json.dump({"suite": suite, "env": env, "copy_ceiling_gbps": ceiling,
+                   "rows": [r.as_dict() for r in rows]}, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(markdown(suite, rows, env, ceiling))
+    paths = [base + ".json", base + ".md"]
+    if plot(suite, rows, ceiling, base + ".png"):
+        paths.append(base + ".png")
+    return paths

@@ -1,0 +1,30 @@
+"""Exact NumPy references (fp64 by default): the seeds' algorithms, transcribed, and the tests' oracle.
+
+Optimised code never imports this package; tests compare every backend against it.
+"""
+
+from .softmax import (
+    chunked_online_softmax,
+    log_softmax,
+    logsumexp,
+    naive_softmax,
+    online_normalizer,
+    online_softmax,
+    safe_softmax,
+    softmax,
+    state_combine,
+    tree_reduce_states,
+)
+
+__all__ = [
+    "chunked_online_softmax",
+    "log_softmax",
+    "logsumexp",
+    "naive_softmax",
+    "online_normalizer",
+    "online_softmax",
+    "safe_softmax",
+    "softmax",
+    "state_combine",
+    "tree_reduce_states",
+]

@@ -1,0 +1,96 @@
+"""The online-softmax normalizer state ``(m, d)`` (Milakov & Gimelshein 2018, arXiv 1805.02867).
+
+For a set of values ``S`` the state is
+
+    m = max_{x in S} x                 (running max)
+    d = sum_{x in S} e^(x - m)          (normalizer relative to m)
+
+and two states of disjoint sets merge with the paper's operator ⊕ (eq. 4 of the paper):
+
+    m = max(m1, m2)
+    d = d1 · e^(m1 - m) + d2 · e^(m2 - m)
+
+⊕ is associative and commutative with identity ``(-inf, 0)``, so a row can be streamed, split across
+threads, programs or GPUs, and merged in any order. Every kernel of this library computes the same
+state; this module is the definition they are tested against.
+
+Infinities. ``e^(m_i - m)`` is taken as 1 wherever ``m_i == m`` (both ``-inf``, or both ``+inf``):
+the seed tutorial's V1 evaluates ``-inf - (-inf) = NaN`` there. With that rule the identity merges
+with anything without NaN, an all ``-inf`` set has ``logsumexp() == -inf`` and a set holding ``+inf``
+has ``logsumexp() == +inf``, as ``torch.logsumexp``. NaN anywhere in a set gives NaN.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import check_dim
+
+__all__ = ["SoftmaxState", "accumulation_dtype"]
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp64 stays fp64; every other floating dtype accumulates in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _rescale(m_i: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """e^(m_i - m), defined as 1 where m_i == m (so -inf vs -inf and +inf vs +inf give no NaN)."""
+    return torch.where(m_i == m, torch.ones_like(m), torch.exp(m_i - m))
+
+
+class SoftmaxState(NamedTuple):
+    """Running max ``m`` and normalizer ``d = sum e^(x - m)``, elementwise over a batch of sets."""
+
+    m: torch.Tensor
+    d: torch.Tensor
+
+    @staticmethod
+    def identity(shape, *, device=None, dtype: torch.dtype = torch.float32) -> SoftmaxState:
+        """The neutral element ``(-inf, 0)`` of ⊕."""
+        m = torch.full(tuple(shape) if not isinstance(shape, int) else (shape,), float("-inf"),
+                       device=device, dtype=dtype)
+        return SoftmaxState(m, torch.zeros_like(m))
+
+    @staticmethod
+    def from_tensor(x: torch.Tensor, dim: int = -1) -> SoftmaxState:
+        """The state of the values of ``x`` along ``dim`` (that dim is reduced away).
+
+        Accumulates in fp32 (fp64 for fp64 input). An empty ``dim`` gives the identity.
+        """
+        if not x.is_floating_point():
+            raise TypeError(f"SoftmaxState.from_tensor: x must be a floating tensor, got dtype={x.dtype}")
+        if x.dim() == 0:
+            x = x.unsqueeze(0)
+        dim = check_dim(dim, x.dim(), "dim")
+        acc = accumulation_dtype(x.dtype)
+        if x.shape[dim] == 0:
+            shape = x.shape[:dim] + x.shape[dim + 1:]
+            return SoftmaxState.identity(shape, device=x.device, dtype=acc)
+        x = x.to(acc)
+        m = x.amax(dim=dim)
+        # 1. m = max_j x_j ; 2. d = sum_j e^(x_j - m), with e^0 = 1 where x_j == m (also for m = ±inf)
+        d = _rescale(x, m.unsqueeze(dim)).sum(dim=dim)
+        return SoftmaxState(m, d)
+
+    def combine(self, other: SoftmaxState) -> SoftmaxState:
+        """The paper's ⊕: ``m = max(m1, m2)``, ``d = d1·e^(m1−m) + d2·e^(m2−m)``."""
+        m = torch.maximum(self.m, other.m)  # NaN propagates
+        d = self.d * _rescale(self.m, m) + other.d * _rescale(other.m, m)
+        return SoftmaxState(m, d)
+
+    __or__ = combine
+
+    def logsumexp(self) -> torch.Tensor:
+        """``m + log d``: ``-inf`` for the identity and for all ``-inf`` sets."""
+        return self.m + torch.log(self.d)
+
+    @staticmethod
+    def reduce(states: torch.Tensor | SoftmaxState, dim: int = 0) -> SoftmaxState:
+        """Merge a stack of states along ``dim`` in one step (``m`` = max, then rescaled sum)."""
+        m_all, d_all = states
+        m = m_all.amax(dim=dim)
+        d = (d_all * _rescale(m_all, m.unsqueeze(dim))).sum(dim=dim)
+        return SoftmaxState(m, d)

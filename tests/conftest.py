@@ -1,0 +1,37 @@
+"""Test set-up.
+
+* Without CUDA, Triton kernels run on CPU tensors in the interpreter: ``TRITON_INTERPRET=1`` is set here,
+  before any kernel module is imported (kernel modules are imported lazily), so ``backend="triton"``
+  tests exercise the kernels' logic in CI at small sizes.
+* ``@pytest.mark.gpu`` tests skip with a reason when no CUDA device is present. On the GPU machine run
+  them with ``PYTHONPATH=src python -m pytest -m gpu`` (see README).
+"""
+
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; none here (run `pytest -m gpu` on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def kernel_device() -> torch.device:
+    """Where Triton kernels run in this session: the GPU, or the CPU through the interpreter."""
+    return torch.device("cuda" if HAS_CUDA else "cpu")

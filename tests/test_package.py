@@ -1,0 +1,82 @@
+"""Packaging promises: import without GPU or Triton, one backend rule, the CLI and the bench harness."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from onlinesoftmax.backend import resolve_backend
+
+
+def run_py(code: str, **env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+
+
+def test_import_does_not_load_triton_or_cuda():
+    r = run_py("import sys, onlinesoftmax, torch\n"
+               "assert 'triton' not in sys.modules, 'triton imported eagerly'\n"
+               "assert not torch.cuda.is_initialized()\n"
+               "print('ok')")
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+
+def test_import_and_cpu_path_without_triton():
+    # sys.modules['triton'] = None makes every `import triton` fail, as on a machine without it.
+    r = run_py("import sys; sys.modules['triton'] = None\n"
+               "import torch, onlinesoftmax\n"
+               "from onlinesoftmax.backend import resolve_backend, triton_available\n"
+               "assert not triton_available()\n"
+               "s = onlinesoftmax.SoftmaxState.from_tensor(torch.randn(4, 9))\n"
+               "assert resolve_backend(None, torch.zeros(1), 'op') == 'torch'\n"
+               "try:\n    resolve_backend('triton', torch.zeros(1), 'op')\n"
+               "except RuntimeError as e:\n    assert 'triton' in str(e); print('ok')\n")
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+
+def test_backend_rule(monkeypatch):
+    x = torch.zeros(2)
+    assert resolve_backend(None, x, "op") == "torch"
+    assert resolve_backend("torch", x, "op") == "torch"
+    with pytest.raises(ValueError, match="backend must be"):
+        resolve_backend("cuda", x, "op")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        resolve_backend("triton", x, "softmax")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("triton", x, "softmax") == "triton"
+
+
+def test_cli_info():
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "info"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "torch" in r.stdout and "backends:" in r.stdout
+
+
+def test_bench_quick_writes_reports(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "bench", "--quick", "state", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "copy ceiling" in r.stdout
+    data = json.loads((tmp_path / "state.json").read_text())
+    assert data["copy_ceiling_gbps"] > 0
+    rows = data["rows"]
+    assert {r["impl"] for r in rows} == {"torch.logsumexp", "SoftmaxState"}
+    for row in rows:
+        assert row["ok"] and row["ms"] > 0 and row["pct_ceiling"] > 0
+        for key in ("device", "torch", "commit", "timestamp", "command"):
+            assert row["meta"][key]
+    assert (tmp_path / "state.md").read_text().startswith("# Benchmark `state`")
+    assert (tmp_path / "state.png").stat().st_size > 1000
+
+
+def test_bench_unknown_suite():
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "bench", "nope"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "unknown suite" in (r.stderr + r.stdout)
