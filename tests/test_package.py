@@ -60,20 +60,20 @@ def test_cli_info():
 
 
 def test_bench_quick_writes_reports(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "bench", "--quick", "state", "--out",
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "bench", "--quick", "logsumexp", "--out",
                         str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "copy ceiling" in r.stdout
-    data = json.loads((tmp_path / "state.json").read_text())
+    data = json.loads((tmp_path / "logsumexp.json").read_text())
     assert data["copy_ceiling_gbps"] > 0
     rows = data["rows"]
-    assert {r["impl"] for r in rows} == {"torch.logsumexp", "SoftmaxState"}
+    assert {r["impl"] for r in rows} == {"onlinesoftmax", "torch"}
     for row in rows:
         assert row["ok"] and row["ms"] > 0 and row["pct_ceiling"] > 0
         for key in ("device", "torch", "commit", "timestamp", "command"):
             assert row["meta"][key]
-    assert (tmp_path / "state.md").read_text().startswith("# Benchmark `state`")
-    assert (tmp_path / "state.png").stat().st_size > 1000
+    assert (tmp_path / "logsumexp.md").read_text().startswith("# Benchmark `logsumexp`")
+    assert (tmp_path / "logsumexp.png").stat().st_size > 1000
 
 
 def test_bench_unknown_suite():

@@ -3,8 +3,9 @@
 Importing this package never imports Triton or needs a GPU; kernels load on first use.
 """
 
+from .ops.softmax import log_softmax, logsumexp, softmax
 from .state import SoftmaxState
 
 __version__ = "0.1.0"
 
-__all__ = ["SoftmaxState", "__version__"]
+__all__ = ["SoftmaxState", "__version__", "log_softmax", "logsumexp", "softmax"]

@@ -1,0 +1,1 @@
+"""PyTorch-facing ops: argument checks, backend choice, custom-op registration, autograd."""

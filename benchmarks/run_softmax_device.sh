@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Softmax family on the GPU machine: GPU tests, the variant sweep, then the committed benchmark suites.
+#   bash benchmarks/run_softmax_device.sh [tests|tune|bench]...   (default: all three); logs under $OUT
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+steps=${*:-tests tune bench}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+for step in $steps; do
+  case $step in
+    tests) timeout 300 python -m pytest -q -p no:warnings tests/test_softmax.py tests/test_state.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tune) timeout 330 python benchmarks/tune_softmax.py "$OUT" 2>&1 | tee "$OUT/tune.log" ;;
+    bench) timeout 400 python -m onlinesoftmax bench softmax log_softmax logsumexp softmax_backward --out "$OUT/softmax" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+  esac
+done

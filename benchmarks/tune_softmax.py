@@ -1,0 +1,146 @@
+"""Time kernel variants of the softmax family on the GPU, side by side with torch and the copy ceiling.
+
+Each variant is a launcher config (path, tile, waves, chunk, num_warps). Every variant's output is checked
+against torch before timing. Prints a table and writes JSON to the folder given as argv[1].
+
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from triton.testing import do_bench
+
+from onlinesoftmax.bench.harness import copy_ceiling_gbps, environment
+from onlinesoftmax.kernels import softmax as K
+from onlinesoftmax.ops.softmax import row_geometry
+
+MB256 = 256 << 20
+L2_ROTATE = 200 << 20
+
+
+def inputs(m, n, dtype, bwd=False):
+    per = m * n * torch.finfo(dtype).bits // 8 * (2 if bwd else 1)
+    sets = []
+    for _ in range(max(1, min(8, L2_ROTATE // max(per, 1)))):
+        x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
+        sets.append((torch.softmax(x.float(), -1).to(dtype), torch.randn_like(x)) if bwd else (x,))
+    return sets
+
+
+def timed(fn, sets):
+    i = [0]
+
+    def call():
+        i[0] += 1
+        return fn(*sets[i[0] % len(sets)])
+
+    return do_bench(call, warmup=25, rep=100, return_mode="median")
+
+
+def fwd_variant(cfg, mode=K.SOFTMAX):
+    def run(x):
+        out = torch.empty(x.shape[0], device=x.device) if mode == K.LOGSUMEXP else torch.empty_like(x)
+        m, n, inner, (gx, gy) = row_geometry([x, out if mode != K.LOGSUMEXP else x], 1)
+        K.forward(x, out, gx, gy, m, n, inner, mode, config=cfg)
+        return out
+    return run
+
+
+def bwd_variant(cfg):
+    def run(y, dy):
+        dx = torch.empty_like(y)
+        m, n, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
+        K.backward(y, dy, dx, g1, g2, g3, m, n, inner, False, config=cfg)
+        return dx
+    return run
+
+
+def main(out_dir):
+    env = environment()
+    ceiling = copy_ceiling_gbps(torch.device("cuda"))
+    print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  copy ceiling {ceiling:.0f} GB/s")
+    rows = []
+
+    def record(kind, m, n, dtype, name, fn, sets, nbytes, ref):
+        try:
+            out = fn(*sets[0])
+            torch.cuda.synchronize()
+            err = (out.float() - ref.float()).abs().max().item()
+            info = dict(K.last_launch) if name != "torch" else {}
+            ms = timed(fn, sets)
+        except Exception as e:  # a variant that fails to compile or run is reported, not fatal
+            print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} FAILED {type(e).__name__}: {e}"[:200])
+            return
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        r = dict(kind=kind, m=m, n=n, dtype=str(dtype), variant=name, us=ms * 1e3, gbps=gbps,
+                 pct=100 * gbps / ceiling, max_err=err, launch=info)
+        rows.append(r)
+        print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} {ms*1e3:9.1f} us {gbps:7.0f} GB/s "
+              f"{r['pct']:5.1f}%  err {err:.1e}  regs {info.get('regs')} spills {info.get('spills')}")
+
+    for dtype in (torch.float32, torch.bfloat16):
+        size = torch.finfo(dtype).bits // 8
+        for n in (1024, 4096, 16384, 32768, 131072, 262144):
+            m = MB256 // (n * size)
+            sets = inputs(m, n, dtype)
+            ref = torch.softmax(sets[0][0], -1)
+            nb = 2 * m * n * size
+            record("fwd", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
+            record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+            if n <= K.ROW_MAX_N:
+                for tile in (4096, 16384, 32768):
+                    record("fwd", m, n, dtype, f"rows tile={tile}", fwd_variant({"tile": tile}), sets, nb, ref)
+                for waves in (1, 2, 8, 1 << 20):
+                    record("fwd", m, n, dtype, f"rows waves={waves}", fwd_variant({"waves": waves}), sets, nb, ref)
+                if n >= 16384:
+                    for w in (8, 32):
+                        record("fwd", m, n, dtype, f"rows warps={w}", fwd_variant({"num_warps": w}), sets, nb, ref)
+            else:
+                for chunk in (8192, 16384, 32768):
+                    for w in (8, 16):
+                        record("fwd", m, n, dtype, f"coop chunk={chunk} w={w}",
+                               fwd_variant({"path": "coop", "chunk": chunk, "num_warps": w}), sets, nb, ref)
+                record("fwd", m, n, dtype, "split", fwd_variant({"path": "split"}), sets, nb, ref)
+            lse_ref = torch.logsumexp(sets[0][0].float(), -1)
+            record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb // 2, lse_ref)
+            record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb // 2, lse_ref)
+            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb,
+                   torch.log_softmax(sets[0][0], -1))
+            del sets
+            bsets = inputs(m, n, dtype, bwd=True)
+            bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
+            nb3 = 3 * m * n * size
+            record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
+                   bsets, nb3, bref)
+            record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
+            if n <= K.ROW_MAX_N // K.BWD_CHUNK_SCALE:
+                for tile in (2048, 8192):
+                    record("bwd", m, n, dtype, f"rows tile={tile}", bwd_variant({"tile": tile}), bsets, nb3, bref)
+            else:
+                for chunk in (4096, 8192, 16384):
+                    record("bwd", m, n, dtype, f"coop chunk={chunk}",
+                           bwd_variant({"path": "coop", "chunk": chunk, "num_warps": max(4, chunk // 512)}),
+                           bsets, nb3, bref)
+            del bsets
+        for m in (1, 8, 32):
+            for n in (128256, 151936, 262144):
+                sets = inputs(m, n, dtype)
+                ref = torch.softmax(sets[0][0], -1)
+                nb = 2 * m * n * size
+                record("dec", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
+                record("dec", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+                for chunk in (1024, 2048, 8192):
+                    record("dec", m, n, dtype, f"coop chunk={chunk}",
+                           fwd_variant({"path": "coop", "chunk": chunk, "num_warps": max(4, chunk // 1024)}),
+                           sets, nb, ref)
+                record("dec", m, n, dtype, "split", fwd_variant({"path": "split"}), sets, nb, ref)
+    with open(f"{out_dir}/tune_softmax.json", "w") as f:
+        json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ".")

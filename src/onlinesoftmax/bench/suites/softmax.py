@@ -1,0 +1,110 @@
+"""Suites ``softmax``, ``log_softmax``, ``logsumexp`` and ``softmax_backward``.
+
+Shapes: N in {1K, 4K, 16K, 32K, 128K, 256K} with 256 MB per tensor (the issue's goal shapes), and the
+decode shapes M in {1, 8, 32} x N in {128256, 151936, 262144}. Peers in the same run: torch eager, and
+Liger-Kernel's Triton softmax and torch.compile where they are installed / asked for.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...ops.softmax import log_softmax, logsumexp, softmax
+from ..harness import BenchContext, Case, register_suite
+
+GOAL_NS = (1024, 4096, 16384, 32768, 131072, 262144)
+DECODE_MS = (1, 8, 32)
+DECODE_NS = (128256, 151936, 262144)
+TENSOR_BYTES = 256 << 20            # one x (and one y) per goal shape
+QUICK_ELEMS_GPU = 1 << 22
+QUICK_ELEMS_CPU = 1 << 18
+
+
+def _liger_softmax():
+    try:
+        from liger_kernel.ops import LigerSoftmaxFunction
+    except Exception:   # not installed, or fails to import on this machine: the peer is left out
+        return None
+    return LigerSoftmaxFunction.apply
+
+
+def _shapes(ctx: BenchContext, dtype: torch.dtype):
+    """(M, N, group) for this run."""
+    size = torch.finfo(dtype).bits // 8
+    if ctx.quick:
+        elems = QUICK_ELEMS_GPU if ctx.is_cuda else QUICK_ELEMS_CPU
+        out = [(elems // n, n, "throughput") for n in (1024, 4096)]
+        if ctx.is_cuda:
+            out.append((1, 262144, "decode"))
+        return out
+    out = [(TENSOR_BYTES // (n * size), n, "throughput") for n in GOAL_NS]
+    out += [(m, n, "decode") for m in DECODE_MS for n in DECODE_NS]
+    return out
+
+
+def _dtypes(ctx):
+    return [d for d in (torch.float32, torch.bfloat16) if ctx.want(d) and (ctx.is_cuda or d == torch.float32)]
+
+
+def _cases(ctx: BenchContext, op: str):
+    compile_peer = os.environ.get("ONLINESOFTMAX_BENCH_COMPILE", "0") == "1" and not ctx.quick
+    liger = _liger_softmax() if ctx.is_cuda else None
+    for dtype in _dtypes(ctx):
+        size = torch.finfo(dtype).bits // 8
+        for m, n, group in _shapes(ctx, dtype):
+            dev = ctx.device
+
+            def make(m=m, n=n, dtype=dtype):
+                return (torch.randn(m, n, device=dev, dtype=torch.float32).mul_(3).to(dtype),)
+
+            if op == "softmax":
+                nbytes = 2 * m * n * size                                # I/O: read x + write y
+                impls = {"onlinesoftmax": lambda x: softmax(x, -1), "torch": lambda x: torch.softmax(x, -1)}
+                if liger is not None and n <= 65536:
+                    impls["liger"] = liger
+                if compile_peer:
+                    impls["torch.compile"] = torch.compile(lambda x: torch.softmax(x, -1), dynamic=False)
+            elif op == "log_softmax":
+                nbytes = 2 * m * n * size
+                impls = {"onlinesoftmax": lambda x: log_softmax(x, -1),
+                         "torch": lambda x: torch.log_softmax(x, -1)}
+            elif op == "logsumexp":
+                nbytes = m * n * size + m * size                         # I/O: read x + write lse
+                impls = {"onlinesoftmax": lambda x: logsumexp(x, -1), "torch": lambda x: torch.logsumexp(x, -1)}
+            else:  # softmax_backward: read y and dy, write dx
+                nbytes = 3 * m * n * size
+
+                def make(m=m, n=n, dtype=dtype):
+                    y = torch.softmax(torch.randn(m, n, device=dev) * 3, -1).to(dtype)
+                    return y, torch.randn(m, n, device=dev).to(dtype)
+
+                impls = {
+                    "onlinesoftmax": lambda y, dy: torch.ops.onlinesoftmax.softmax_backward(
+                        y, dy, 1, False, y.dtype, "triton" if y.is_cuda else "torch"),
+                    "torch": lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
+                }
+            yield Case(label=f"{m}x{n}", shape=(m, n), dtype=dtype, make_inputs=make, impls=impls,
+                       peer="torch", bytes=nbytes, x=n,
+                       group=f"{str(dtype).replace('torch.', '')} {group}")
+
+
+@register_suite("softmax")
+def softmax_suite(ctx):
+    return _cases(ctx, "softmax")
+
+
+@register_suite("log_softmax")
+def log_softmax_suite(ctx):
+    return _cases(ctx, "log_softmax")
+
+
+@register_suite("logsumexp")
+def logsumexp_suite(ctx):
+    return _cases(ctx, "logsumexp")
+
+
+@register_suite("softmax_backward")
+def softmax_backward_suite(ctx):
+    return _cases(ctx, "softmax_backward")

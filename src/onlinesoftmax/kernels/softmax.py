@@ -1,0 +1,394 @@
+"""Triton kernels for softmax, log-softmax and logsumexp along one dim, forward and backward.
+
+Every kernel works on the online normalizer state of Milakov & Gimelshein (arXiv 1805.02867):
+
+    m = max_j x_j,    d = sum_j e^(x_j - m),    y_j = e^(x_j - m) / d,    lse = m + log d
+
+A tensor is seen as rows: ``row r`` starts at ``(r // INNER) * stride_o + (r % INNER) * stride_i`` and its
+``N`` elements are ``stride_n`` apart, so any ``dim`` of a contiguous tensor, transposes and most strided
+views run without a copy. Offsets are 64-bit.
+
+Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice):
+
+``rows``   N <= ROW_MAX_N. A tile of BLOCK_M rows x BLOCK_N columns sits in registers: one read of x, one
+           write of y (the seed's V3), several rows per program for small N, a grid-stride loop over tiles
+           (the seed's V4) capped at PERSISTENT_WAVES x SMs programs.
+``coop``   N > ROW_MAX_N, or few rows of large N (decode). Each row is cut into C chunks, one program per chunk
+           holding it in registers. Every program publishes its chunk's (m_c, d_c), waits at a per-row barrier
+           in global memory until its row's C siblings have published, merges the C partial states with ⊕ and
+           normalises its chunk from registers: still one read of x and one write of y (seed §7 "segmented
+           reduce"). The barrier needs all C programs of a row resident at once (C <= COOP_MAX_CHUNKS) and
+           programs dispatched in order, as decoupled look-back scans assume.
+``split``  The same cut, in two launches with no waiting (the CPU interpreter runs programs one after another,
+           so a barrier would hang there): a stats kernel writes partial states, a finish kernel merges them and
+           re-reads its chunk. Used only under TRITON_INTERPRET=1.
+
+Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 times and writes y (16 B);
+``rows`` and ``coop`` read x once and write y once (8 B); ``split`` reads x twice (12 B).
+logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# ---- named thresholds -------------------------------------------------------------------------------
+ROW_MAX_N = 32768            # longest row one program holds in registers (fp32: 64 values per thread)
+ROW_TILE_ELEMS = 8192        # a `rows` tile holds about this many elements (BLOCK_M x BLOCK_N)
+ROW_ELEMS_PER_THREAD = 16    # num_warps = tile elements / (32 * this), clamped to [4, 16]
+PERSISTENT_WAVES = 4         # grid-stride grid: at most this many programs per SM
+COOP_CHUNK = 16384           # long rows: elements per program in the coop path (large batch)
+DECODE_CHUNK = 4096          # few rows: smaller chunks so that M x C programs fill the GPU
+DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
+DECODE_MIN_N = 16384
+COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
+BWD_CHUNK_SCALE = 2          # backward holds y and dy: chunks and tiles half the forward size
+
+# MODE of the forward kernels
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+# ---- building blocks, in the paper's notation ------------------------------------------------------
+@triton.jit
+def _state(x, axis: tl.constexpr):
+    """(m, d) of x along axis. d is taken relative to m, or to 0 where m = ±inf, so an all -inf set gives
+    (-inf, 0), the identity of ⊕, and a set holding +inf gives d = inf (logsumexp = +inf), as torch.logsumexp."""
+    m = tl.max(x, axis=axis)                                  # 1. m = max_j x_j
+    shift = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
+    d = tl.sum(tl.exp(x - tl.expand_dims(shift, axis)), axis=axis)  # 2. d = sum_j e^(x_j - m)
+    return m, d, shift
+
+
+@triton.jit
+def _combine_all(pm, pd, axis: tl.constexpr):
+    """⊕ over partial states (pm, pd) along axis; e^(m_c - m) is 1 where m_c == m (no -inf - -inf NaN)."""
+    m = tl.max(pm, axis=axis)
+    alpha = tl.where(pm == tl.expand_dims(m, axis), 1.0, tl.exp(pm - tl.expand_dims(m, axis)))
+    d = tl.sum(pd * alpha, axis=axis)
+    return m, d
+
+
+@triton.jit
+def _normalise(x, m, d, MODE: tl.constexpr):
+    """3. y = e^(x - m) / d (softmax) or x - m - log d (log-softmax). A row holding +inf is NaN, as torch."""
+    if MODE == 0:
+        inv_d = tl.where(m == float("inf"), float("nan"), 1.0 / d)
+        return tl.exp(x - m) * inv_d
+    else:
+        log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
+        return (x - m) - log_d            # x - m first: exact near the max, as torch
+
+
+@triton.jit
+def _lse(m, d):
+    """logsumexp = m + log d with d relative to shift (see _state): -inf for the identity, +inf for +inf."""
+    shift = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
+    return shift + tl.log(d)
+
+
+@triton.jit
+def _row_offsets(rows, INNER, stride_o, stride_i):
+    rows = rows.to(tl.int64)
+    return (rows // INNER) * stride_o + (rows % INNER) * stride_i
+
+
+@triton.jit
+def _row_barrier(ARRIVE, GEN, row, C):
+    """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
+    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
+    gen = tl.atomic_add(GEN + row, 0, sem="acquire")
+    arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
+    if arrived == C - 1:
+        tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
+        tl.atomic_add(GEN + row, 1, sem="release")
+    else:
+        while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
+            pass
+
+
+# ---- forward: rows in registers ---------------------------------------------------------------------
+@triton.jit
+def softmax_rows_kernel(
+    X, Y, M, N, INNER, sxo, sxi, sxn, syo, syi, syn, GRID,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+):
+    """One read of x, one write of y (or of lse when MODE == LOGSUMEXP); grid-stride over row tiles."""
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in tl.range(tl.program_id(0), num_tiles, GRID):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x_off = _row_offsets(rows, INNER, sxo, sxi)[:, None] + cols[None, :].to(tl.int64) * sxn
+        x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)      # read x: M·N
+        m, d, _ = _state(x, 1)
+        if MODE == 2:
+            tl.store(Y + rows, _lse(m, d).to(Y.dtype.element_ty), mask=row_mask)  # write M
+        else:
+            y = _normalise(x, m[:, None], d[:, None], MODE)
+            y_off = _row_offsets(rows, INNER, syo, syi)[:, None] + cols[None, :].to(tl.int64) * syn
+            tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)      # write y: M·N
+
+
+# ---- forward: a row cut into C chunks ------------------------------------------------------------------
+@triton.jit
+def softmax_chunks_kernel(
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
+):
+    """Program (row, c) owns chunk c of its row.
+
+    PHASE 0 (coop):    read chunk, publish (m_c, d_c), row barrier, merge with ⊕, write y from registers.
+    PHASE 1 (publish): read chunk, publish (m_c, d_c); for LOGSUMEXP the last program of the row to arrive
+                       merges and writes lse (nobody waits, so it also runs in the interpreter).
+    PHASE 2 (finish):  merge the published states, re-read the chunk, write y (`split`, interpreter only).
+    """
+    pid = tl.program_id(0)
+    row = pid // C
+    c = pid % C
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < N
+    x_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
+    x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)          # read x
+    k = tl.arange(0, C_POW2)
+    if PHASE != 2:
+        # 1. publish this chunk's state (m_c, d_c)
+        m_c, d_c, _ = _state(x, 0)
+        tl.store(PART_M + pid, m_c)
+        tl.store(PART_D + pid, d_c)
+        tl.debug_barrier()
+    if PHASE == 1:
+        if MODE == 2:
+            if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
+                tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
+                pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+                pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+                m, d = _combine_all(pm, pd, 0)
+                tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
+    else:
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
+        pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+        pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+        m, d = _combine_all(pm, pd, 0)                                       # 3. (m, d) = ⊕_c (m_c, d_c)
+        y = _normalise(x, m, d, MODE)                                        # 4. y from registers
+        y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
+        tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
+
+
+# ---- backward ---------------------------------------------------------------------------------------
+@triton.jit
+def _grad(y, dy, s, LOG: tl.constexpr):
+    if LOG:
+        return dy - tl.exp(y) * s          # log-softmax: dx = dy - e^y · sum(dy)
+    else:
+        return y * (dy - s)                # softmax:     dx = y · (dy - sum(y · dy))
+
+
+@triton.jit
+def _grad_sum(y, dy, axis: tl.constexpr, LOG: tl.constexpr):
+    if LOG:
+        return tl.sum(dy, axis=axis)
+    else:
+        return tl.sum(y * dy, axis=axis)
+
+
+@triton.jit
+def softmax_bwd_rows_kernel(
+    Yp, DY, DX, M, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, GRID,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr,
+):
+    """Read y and dy once, write dx once."""
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    for tile in tl.range(tl.program_id(0), num_tiles, GRID):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < M)[:, None] & col_mask[None, :]
+        c64 = cols[None, :].to(tl.int64)
+        y = tl.load(Yp + _row_offsets(rows, INNER, syo, syi)[:, None] + c64 * syn, mask=mask, other=0.0)
+        dy = tl.load(DY + _row_offsets(rows, INNER, sdo, sdi)[:, None] + c64 * sdn, mask=mask, other=0.0)
+        y = y.to(tl.float32)                # padding: y = dy = 0 adds nothing to either sum
+        dy = dy.to(tl.float32)
+        s = _grad_sum(y, dy, 1, LOG)
+        dx = _grad(y, dy, s[:, None], LOG)
+        tl.store(DX + _row_offsets(rows, INNER, sxo, sxi)[:, None] + c64 * sxn,
+                 dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_bwd_chunks_kernel(
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr,
+):
+    """Long rows: chunk c of y and dy in registers; partial sums s_c meet at the row barrier (PHASE 0), or
+    are published (PHASE 1) and finished by a second launch that re-reads the chunk (PHASE 2, interpreter)."""
+    pid = tl.program_id(0)
+    row = pid // C
+    c = pid % C
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < N
+    c64 = cols.to(tl.int64)
+    y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(tl.float32)
+    if PHASE != 2:
+        tl.store(PART + pid, _grad_sum(y, dy, 0, LOG))                      # 1. publish s_c
+        tl.debug_barrier()
+    if PHASE != 1:
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
+        k = tl.arange(0, C_POW2)
+        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)  # 3. s = sum s_c
+        dx = _grad(y, dy, s, LOG)                                            # 4. dx from registers
+        tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + c64 * sxn, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+# ---- launchers: choose a path, allocate workspace, launch ----------------------------------------------
+import torch  # noqa: E402  (kept below the kernels: this half is host code)
+
+from ..backend import interpret_mode  # noqa: E402
+
+_INTERPRETER_SMS = 4
+_ws: dict = {}
+last_launch: dict = {}   # path and config of the latest launch, for tests and the benchmark
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    key = ("sms", device.index)
+    if key not in _ws:
+        _ws[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _ws[key]
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _acc(*dtypes) -> tl.dtype:
+    return tl.float64 if torch.float64 in dtypes else tl.float32
+
+
+def _barrier_words(device: torch.device, rows: int):
+    """Two int32 words per row (ARRIVE, GEN) that every launch leaves as it found them (ARRIVE = 0), cached
+    per (device, stream) so no launch pays for a memset; fresh zeros while a CUDA graph is captured."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        words = torch.zeros(2, rows, dtype=torch.int32, device=device)
+        return words[0], words[1]
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = ("barrier", str(device), stream)
+    words = _ws.get(key)
+    if words is None or words.shape[1] < rows:
+        words = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
+        _ws[key] = words
+    return words[0], words[1]
+
+
+def _record(compiled, **launch):
+    """Remember the latest launch and the compiler's report (registers, spills) for tests and benchmarks."""
+    last_launch.clear()
+    last_launch.update(launch, regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
+
+
+def _warps(elems_per_program: int, per_thread: int) -> int:
+    return max(4, min(16, elems_per_program // (32 * per_thread)))
+
+
+def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = False) -> str:
+    """``rows``, ``coop`` or ``split`` for an (M rows, N) problem (see the module docstring)."""
+    few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms and N > DECODE_MIN_N
+    if N <= ROW_MAX_N // (BWD_CHUNK_SCALE if backward else 1) and not few_rows:
+        return "rows"
+    if interpret or _chunking(M, N, sms, backward)[1] > COOP_MAX_CHUNKS:
+        return "split"
+    return "coop"
+
+
+def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
+    chunk = DECODE_CHUNK if M <= DECODE_MAX_ROWS_PER_SM * sms else COOP_CHUNK
+    if backward:
+        chunk //= BWD_CHUNK_SCALE
+    chunk = min(chunk, _pow2(N))
+    return chunk, triton.cdiv(N, chunk)
+
+
+def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = None) -> str:
+    """Launch softmax (mode 0), log-softmax (1) or logsumexp (2; ``out`` is a contiguous [M] tensor).
+
+    ``geo_*`` are (stride_outer, stride_inner, stride_n) of the row view. Returns the path taken.
+    """
+    cfg = dict(config or {})
+    device = x.device
+    sms = sm_count(device)
+    interpret = device.type != "cuda" and interpret_mode()
+    path = cfg.pop("path", None) or choose_path(M, N, sms, interpret)
+    acc = _acc(x.dtype, out.dtype)
+    if mode == LOGSUMEXP:
+        geo_y = (0, 0, 0)
+    if path == "rows":
+        block_n = _pow2(N)
+        block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS) // block_n))
+        warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
+        tiles = triton.cdiv(M, block_m)
+        grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms)
+        k = softmax_rows_kernel[(grid,)](
+            x, out, M, N, INNER, *geo_x, *geo_y, grid,
+            BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, num_warps=warps)
+        _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
+        return path
+    chunk, C = _chunking(M, N, sms, backward=False)
+    chunk = cfg.pop("chunk", chunk)
+    C = triton.cdiv(N, chunk)
+    warps = cfg.pop("num_warps", _warps(chunk, 32))
+    part_m = torch.empty(M * C, dtype=torch.float64 if acc == tl.float64 else torch.float32, device=device)
+    part_d = torch.empty_like(part_m)
+    arrive, gen = _barrier_words(device, M)
+    common = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
+    args = (x, out, part_m, part_d, arrive, gen, N, INNER, *geo_x, *geo_y, C)
+    if mode == LOGSUMEXP:
+        path = "chunks"
+        k = softmax_chunks_kernel[(M * C,)](*args, PHASE=1, **common)
+    elif path == "coop":
+        k = softmax_chunks_kernel[(M * C,)](*args, PHASE=0, **common)
+    else:
+        softmax_chunks_kernel[(M * C,)](*args, PHASE=1, **common)
+        k = softmax_chunks_kernel[(M * C,)](*args, PHASE=2, **common)
+    _record(k, path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return path
+
+
+def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
+    """dx from y and dy: softmax ``dx = y·(dy − Σ y·dy)``, log-softmax ``dx = dy − e^y·Σ dy``."""
+    cfg = dict(config or {})
+    device = y.device
+    sms = sm_count(device)
+    interpret = device.type != "cuda" and interpret_mode()
+    path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, backward=True)
+    if path == "rows":
+        block_n = _pow2(N)
+        block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS // BWD_CHUNK_SCALE) // block_n))
+        warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE))
+        grid = min(triton.cdiv(M, block_m), cfg.pop("waves", PERSISTENT_WAVES) * sms)
+        k = softmax_bwd_rows_kernel[(grid,)](
+            y, dy, dx, M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid,
+            BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, num_warps=warps)
+        _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
+        return path
+    chunk, C = _chunking(M, N, sms, backward=True)
+    chunk = cfg.pop("chunk", chunk)
+    C = triton.cdiv(N, chunk)
+    warps = cfg.pop("num_warps", _warps(chunk, 16))
+    part = torch.empty(M * C, dtype=torch.float32, device=device)
+    arrive, gen = _barrier_words(device, M)
+    args = (y, dy, dx, part, arrive, gen, N, INNER, *geo_y, *geo_dy, *geo_dx, C)
+    common = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
+    if path == "coop":
+        k = softmax_bwd_chunks_kernel[(M * C,)](*args, PHASE=0, **common)
+    else:
+        softmax_bwd_chunks_kernel[(M * C,)](*args, PHASE=1, **common)
+        k = softmax_bwd_chunks_kernel[(M * C,)](*args, PHASE=2, **common)
+    _record(k, path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return path

@@ -1,0 +1,213 @@
+"""softmax, log_softmax and logsumexp: argument checks, backend choice, torch.library ops, autograd.
+
+Layers, bottom up: Triton launchers (``kernels/softmax.py``, imported lazily) and the portable torch path
+(the (m, d) state of ``state.py``) -> custom ops ``onlinesoftmax::softmax``, ``::softmax_backward`` and
+``::logsumexp`` (so ``torch.compile(fullgraph=True)`` sees one op) -> autograd registration -> public functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor
+from ..backend import resolve_backend
+from ..state import SoftmaxState, accumulation_dtype
+
+SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
+
+
+# ---- the row view: which tensors the kernels can read in place ---------------------------------------
+def row_geometry(tensors, dim: int):
+    """View every tensor (same shape) as M rows of N elements along ``dim``, without copying.
+
+    Returns ``(M, N, INNER, [(stride_outer, stride_inner, stride_n), ...])`` where row ``r`` starts at
+    ``(r // INNER) * stride_outer + (r % INNER) * stride_inner``, or ``None`` when the dims other than
+    ``dim`` do not fold into two strided groups for all tensors (the caller then copies).
+    """
+    shape = tensors[0].shape
+    lead = [i for i in range(len(shape)) if i != dim and shape[i] != 1]
+    groups = []  # [size, [stride per tensor]]
+    for i in lead:
+        strides = [t.stride(i) for t in tensors]
+        if groups and all(g == s * shape[i] for g, s in zip(groups[-1][1], strides)):
+            groups[-1] = [groups[-1][0] * shape[i], strides]
+        else:
+            groups.append([shape[i], strides])
+    if len(groups) > 2:
+        return None
+    n = shape[dim] if len(shape) else 1
+    sn = [t.stride(dim) if len(shape) else 1 for t in tensors]
+    if not groups:
+        return 1, n, 1, [(0, 0, s) for s in sn]
+    if len(groups) == 1:
+        return groups[0][0], n, 1, [(so, 0, s) for so, s in zip(groups[0][1], sn)]
+    (size_o, so), (size_i, si) = groups
+    return size_o * size_i, n, size_i, [(a, b, s) for a, b, s in zip(so, si, sn)]
+
+
+def _rows_or_copy(tensors, dim):
+    """The row view of ``tensors``, making them contiguous first only when no view exists."""
+    geo = row_geometry(tensors, dim)
+    if geo is None:
+        tensors = [t.contiguous() for t in tensors]
+        geo = row_geometry(tensors, dim)
+    return tensors, geo
+
+
+# ---- the portable torch path (any device): the (m, d) state ------------------------------------------
+def _torch_forward(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype) -> torch.Tensor:
+    xf = x.to(accumulation_dtype(out_dtype if out_dtype == torch.float64 else x.dtype))
+    s = SoftmaxState.from_tensor(xf, dim)
+    m, d = s.m.unsqueeze(dim), s.d.unsqueeze(dim)
+    if mode == LOGSUMEXP:
+        return s.logsumexp().to(out_dtype)
+    nan = torch.full_like(m, math.nan)
+    if mode == SOFTMAX:
+        y = torch.exp(xf - m) * torch.where(m == math.inf, nan, 1.0 / d)   # y = e^(x - m) / d
+    else:
+        y = (xf - m) - torch.where(m == math.inf, nan, torch.log(d))  # y = x - m - log d
+    return y.to(out_dtype).reshape(x.shape)
+
+
+def _torch_backward(y, dy, dim, log):
+    acc = accumulation_dtype(y.dtype)
+    yf, dyf = y.to(acc), dy.to(acc)
+    if log:
+        dx = dyf - torch.exp(yf) * dyf.sum(dim, keepdim=True)
+    else:
+        dx = yf * (dyf - (yf * dyf).sum(dim, keepdim=True))
+    return dx
+
+
+# ---- custom ops ---------------------------------------------------------------------------------------
+@torch.library.custom_op("onlinesoftmax::softmax", mutates_args=())
+def _softmax_op(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    if backend == "torch" or x.numel() == 0 or x.dim() == 0:
+        return _torch_forward(x, dim, mode, out_dtype)
+    from ..kernels import softmax as K
+
+    y = torch.empty_like(x, dtype=out_dtype)
+    (x, y), (M, N, inner, (gx, gy)) = _rows_or_copy([x, y], dim)
+    out = y
+    K.forward(x, out, gx, gy, M, N, inner, mode)
+    return out
+
+
+@_softmax_op.register_fake
+def _(x, dim, mode, out_dtype, backend):
+    return torch.empty_like(x, dtype=out_dtype)
+
+
+@torch.library.custom_op("onlinesoftmax::softmax_backward", mutates_args=())
+def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, in_dtype: torch.dtype,
+                         backend: str) -> torch.Tensor:
+    if backend == "torch" or y.numel() == 0 or y.dim() == 0:
+        return _torch_backward(y, dy, dim, log).to(in_dtype)
+    from ..kernels import softmax as K
+
+    dx = torch.empty_like(y, dtype=in_dtype)
+    (y, dy, dx), (M, N, inner, (gy, gdy, gdx)) = _rows_or_copy([y, dy, dx], dim)
+    K.backward(y, dy, dx, gy, gdy, gdx, M, N, inner, log)
+    return dx
+
+
+@_softmax_backward_op.register_fake
+def _(y, dy, dim, log, in_dtype, backend):
+    return torch.empty_like(y, dtype=in_dtype)
+
+
+def _setup(ctx, inputs, output):
+    x, dim, mode, out_dtype, backend = inputs
+    ctx.save_for_backward(output)
+    ctx.dim, ctx.log, ctx.in_dtype, ctx.backend = dim, mode == LOG_SOFTMAX, x.dtype, backend
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    dx = torch.ops.onlinesoftmax.softmax_backward(y, dy, ctx.dim, ctx.log, ctx.in_dtype, ctx.backend)
+    return dx, None, None, None, None
+
+
+torch.library.register_autograd("onlinesoftmax::softmax", _backward, setup_context=_setup)
+
+
+@torch.library.custom_op("onlinesoftmax::logsumexp", mutates_args=())
+def _logsumexp_op(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
+    """logsumexp over ``dim`` (removed), in the accumulation dtype (fp32, fp64 for fp64): the backward
+    reads it, and an lse rounded to bf16 would cost e^(0.03) in every gradient."""
+    out_shape = x.shape[:dim] + x.shape[dim + 1:]
+    acc = accumulation_dtype(x.dtype)
+    if backend == "torch" or x.numel() == 0 or x.dim() == 0:
+        return _torch_forward(x, dim, LOGSUMEXP, acc).reshape(out_shape)
+    from ..kernels import softmax as K
+
+    (xc,), (M, N, inner, (gx,)) = _rows_or_copy([x], dim)
+    # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape
+    out = torch.empty(M, dtype=acc, device=x.device)
+    K.forward(xc, out, gx, None, M, N, inner, LOGSUMEXP)
+    return out.reshape(out_shape)
+
+
+@_logsumexp_op.register_fake
+def _(x, dim, backend):
+    return x.new_empty(x.shape[:dim] + x.shape[dim + 1:], dtype=accumulation_dtype(x.dtype))
+
+
+def _lse_setup(ctx, inputs, output):
+    x, dim, backend = inputs
+    ctx.save_for_backward(x, output)
+    ctx.dim = dim
+
+
+def _lse_backward(ctx, dlse):
+    x, lse = ctx.saved_tensors
+    # d lse / dx = softmax(x) = e^(x - lse)
+    dx = dlse.unsqueeze(ctx.dim) * torch.exp(x.to(lse.dtype) - lse.unsqueeze(ctx.dim))
+    return dx.to(x.dtype), None, None
+
+
+torch.library.register_autograd("onlinesoftmax::logsumexp", _lse_backward, setup_context=_lse_setup)
+
+
+# ---- public functions ---------------------------------------------------------------------------------
+def _prepare(name, x, dim, dtype, backend):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: x must be a torch.Tensor, got {type(x).__name__}")
+    if dtype is not None:
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype must be a floating dtype, got {dtype}")
+        # torch casts the input to `dtype` first; an upcast is exact, so the kernel reads x as it is
+        if not x.is_floating_point() or torch.finfo(dtype).bits <= torch.finfo(x.dtype).bits:
+            x = x.to(dtype)
+    check_float_tensor(x, f"{name}: x")
+    dim = check_dim(dim, x.dim(), f"{name}: dim")
+    return x, dim, dtype or x.dtype, resolve_backend(backend, x, name)
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
+            backend: str | None = None) -> torch.Tensor:
+    """``torch.softmax`` on the online state: ``y = e^(x - m) / d`` along ``dim``.
+
+    fp32/fp16/bf16 (and fp64) inputs, fp32 accumulation (fp64 for fp64), any dim and strides, autograd,
+    ``torch.compile``-able. ``dtype`` casts as torch does. ``backend``: None (Triton on CUDA, torch on CPU),
+    ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`).
+    """
+    x, dim, out_dtype, backend = _prepare("softmax", x, dim, dtype, backend)
+    return torch.ops.onlinesoftmax.softmax(x, dim, SOFTMAX, out_dtype, backend)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
+                backend: str | None = None) -> torch.Tensor:
+    """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments as :func:`softmax`."""
+    x, dim, out_dtype, backend = _prepare("log_softmax", x, dim, dtype, backend)
+    return torch.ops.onlinesoftmax.softmax(x, dim, LOG_SOFTMAX, out_dtype, backend)
+
+
+def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
+              backend: str | None = None) -> torch.Tensor:
+    """``torch.logsumexp`` over one ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf."""
+    x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
+    out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)
+    return out.unsqueeze(dim) if keepdim and x.dim() else out

@@ -1,0 +1,330 @@
+"""softmax / log_softmax / logsumexp against the fp64 references, on every backend and path.
+
+Tolerance rule: our worst relative error against fp64 may not exceed twice torch eager's in the same dtype,
+plus 4 eps of the output dtype (``assert_matches_low_precision_eager``).
+Without CUDA the Triton kernels run in the interpreter (small sizes); with CUDA the same tests run there.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import onlinesoftmax as oss
+from onlinesoftmax import reference as ref
+from onlinesoftmax.kernels import softmax as K
+from onlinesoftmax.ops.softmax import row_geometry
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+BACKENDS = ["torch", "triton"]
+FNS = {
+    "softmax": (oss.softmax, torch.softmax, ref.softmax),
+    "log_softmax": (oss.log_softmax, torch.log_softmax, ref.log_softmax),
+    "logsumexp": (oss.logsumexp, torch.logsumexp, ref.logsumexp),
+}
+
+
+def fp64_ref(name, x, dim):
+    return torch.from_numpy(np.asarray(FNS[name][2](x.double().cpu().numpy(), axis=dim)))
+
+
+def assert_matches_low_precision_eager(name, out, x, dim, out_dtype=None):
+    """max |ours - fp64| / |fp64| <= 2 x the same for torch eager + 4 eps; NaN and inf exactly as the reference."""
+    expect = fp64_ref(name, x, dim)
+    kw = {} if name == "logsumexp" or out_dtype is None else {"dtype": out_dtype}
+    eager = FNS[name][1](x, dim, **kw).double().cpu()
+    got = out.double().cpu()
+    assert got.shape == expect.shape
+    assert out.dtype == (out_dtype or x.dtype)
+    nan = torch.isnan(expect)
+    assert torch.equal(torch.isnan(got), nan), "NaN pattern differs from torch's"
+    inf = torch.isinf(expect)
+    assert torch.equal(got[inf], expect[inf]), "infinities differ"
+    fin = ~(nan | inf)
+    # relative error (absolute below 1 for log outputs), compared as the worst case over the tensor
+    floor = torch.finfo(out.dtype).tiny if name == "softmax" else 1.0
+    scale = expect[fin].abs().clamp_min(floor)
+    ours = ((got[fin] - expect[fin]).abs() / scale).max() if fin.any() else 0.0
+    theirs = ((eager[fin] - expect[fin]).abs() / scale).max() if fin.any() else 0.0
+    bound = 2 * theirs + 4 * torch.finfo(out.dtype).eps
+    assert ours <= bound, f"{name}: worst relative error {ours:.3e} > bound {bound:.3e} (torch eager {theirs:.3e})"
+
+
+def small(shape):
+    """Interpreter runs are slow: keep CPU sizes small."""
+    return shape if HAS_CUDA else tuple(min(s, 64) if i < len(shape) - 1 else s for i, s in enumerate(shape))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(FNS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 1823, 12672, 50257])
+def test_odd_rows(backend, name, dtype, n):
+    m = 3 if n > 20000 and not HAS_CUDA else 33
+    x = (torch.randn(m, n, device=DEV) * 3).to(dtype)
+    assert_matches_low_precision_eager(name, FNS[name][0](x, -1, backend=backend), x, -1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(FNS))
+@pytest.mark.parametrize("shape,dim", [((4, 9, 5), 1), ((4, 9, 5), 0), ((6, 5, 130), 2), ((7,), 0),
+                                       ((3, 1, 200), -1), ((2, 3, 4, 5), 2)])
+def test_dims(backend, name, shape, dim):
+    x = torch.randn(shape, device=DEV)
+    assert_matches_low_precision_eager(name, FNS[name][0](x, dim, backend=backend), x, dim)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(FNS))
+def test_strided_inputs(backend, name):
+    base = torch.randn(40, 300, device=DEV)
+    views = {
+        "transposed": (base.t(), -1),          # rows 40 apart: the column layout
+        "sliced_rows": (base[::3], -1),        # row stride 900
+        "sliced_cols": (base[:, ::2], -1),     # element stride 2
+        "narrowed": (base[:, 5:290], 0),
+        "permuted3d": (torch.randn(5, 6, 70, device=DEV).permute(2, 0, 1), 0),
+    }
+    for label, (x, dim) in views.items():
+        assert not x.is_contiguous()
+        out = FNS[name][0](x, dim, backend=backend)
+        assert_matches_low_precision_eager(name, out, x, dim)
+        del label
+
+
+def test_row_geometry_avoids_copies():
+    x = torch.randn(4, 9, 5)
+    assert row_geometry([x], 1) == (20, 9, 5, [(45, 1, 5)])
+    assert row_geometry([x.transpose(0, 2)], 2) == (45, 4, 9, [(1, 5, 45)])
+    assert row_geometry([x[:, :, ::2]], 2) == (36, 3, 1, [(5, 0, 2)])
+    # three groups of dims that do not fold: no view, the op copies
+    y = torch.randn(4, 6, 8, 10)[::2, :, :, ::2]
+    assert row_geometry([y], 2) is None
+    assert row_geometry([torch.randn(4, 6, 8, 10)[:, ::2, :, ::2]], 2) == (60, 8, 5, [(160, 2, 10)])
+
+
+SPECIAL_ROWS = [
+    [0.0, 1.0, 2.0, 3.0],
+    [-math.inf, -math.inf, -math.inf, -math.inf],
+    [math.inf, 1.0, 2.0, -math.inf],
+    [math.nan, 1.0, 2.0, 3.0],
+    [-math.inf, 5.0, -math.inf, 2.0],
+    [1e4, -1e4, 0.0, 1e4],
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(FNS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_special_values_match_torch(backend, name, dtype):
+    x = torch.tensor(SPECIAL_ROWS, device=DEV).to(dtype)
+    out = FNS[name][0](x, -1, backend=backend)
+    expect = FNS[name][1](x.float(), -1).to(dtype) if name != "logsumexp" else torch.logsumexp(x.float(), -1)
+    torch.testing.assert_close(out.float().cpu(), expect.float().cpu(), equal_nan=True, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_special_values_long_rows(backend):
+    """The chunked paths merge partial states: an all -inf chunk, +inf and NaN in one chunk only."""
+    n = 40000
+    x = torch.randn(5, n, device=DEV)
+    x[0] = -math.inf
+    x[1, : n // 2] = -math.inf
+    x[2, 123] = math.inf
+    x[3, 39999] = math.nan
+    for name in FNS:
+        out = FNS[name][0](x, -1, backend=backend)
+        expect = FNS[name][1](x, -1)
+        torch.testing.assert_close(out, expect, equal_nan=True, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_and_scalar(backend):
+    for shape, dim in [((0, 5), -1), ((5, 0), -1), ((0,), 0), ((3, 0, 2), 1)]:
+        x = torch.randn(shape, device=DEV)
+        assert oss.softmax(x, dim, backend=backend).shape == x.shape
+        assert oss.log_softmax(x, dim, backend=backend).shape == x.shape
+        lse = oss.logsumexp(x, dim, backend=backend)
+        assert lse.shape == torch.logsumexp(x, dim).shape and (lse == -math.inf).all()
+    s = torch.tensor(2.5, device=DEV)
+    torch.testing.assert_close(oss.softmax(s, 0, backend=backend), torch.softmax(s, 0))
+    torch.testing.assert_close(oss.logsumexp(s, 0, backend=backend), torch.logsumexp(s, 0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dtype_argument_and_keepdim(backend):
+    x = torch.randn(8, 100, device=DEV).to(torch.bfloat16)
+    for out_dtype in (torch.float32, torch.float16, torch.float64):
+        y = oss.softmax(x, -1, dtype=out_dtype, backend=backend)
+        assert_matches_low_precision_eager("softmax", y, x, -1, out_dtype=out_dtype)
+        y = oss.log_softmax(x, -1, dtype=out_dtype, backend=backend)
+        assert_matches_low_precision_eager("log_softmax", y, x, -1, out_dtype=out_dtype)
+    xf = torch.randn(8, 100, device=DEV)
+    y = oss.softmax(xf, 0, dtype=torch.bfloat16, backend=backend)   # torch casts x first
+    torch.testing.assert_close(y, torch.softmax(xf, 0, dtype=torch.bfloat16))
+    assert oss.logsumexp(xf, 1, keepdim=True, backend=backend).shape == (8, 1)
+    xi = torch.arange(12, device=DEV).reshape(3, 4)
+    torch.testing.assert_close(oss.softmax(xi, -1, dtype=torch.float32, backend=backend),
+                               torch.softmax(xi, -1, dtype=torch.float32))
+
+
+def test_properties():
+    x = torch.randn(16, 777, device=DEV) * 20
+    y = oss.softmax(x)
+    assert (y >= 0).all() and (y <= 1).all()
+    torch.testing.assert_close(y.sum(-1), torch.ones(16, device=DEV))
+    torch.testing.assert_close(oss.softmax(x + 100), y)
+    torch.testing.assert_close(oss.log_softmax(x).exp(), y, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(oss.logsumexp(x), oss.SoftmaxState.from_tensor(x).logsumexp())
+
+
+def assert_grad_like_eager(fn, torch_fn, x, g, backend, **kw):
+    """Gradient error vs fp64 autograd <= 2 x torch eager's in x's dtype + 2 eps x max|dx| (the Triton
+    interpreter rounds to bf16/fp16 by truncation, up to one more unit than the GPU)."""
+    a = x.clone().requires_grad_()
+    fn(a, -1, backend=backend, **kw).backward(g)
+    e = x.clone().requires_grad_()
+    torch_fn(e, -1).backward(g)
+    r = x.double().requires_grad_()
+    torch_fn(r, -1).backward(g.double())
+    ours = (a.grad.double() - r.grad).abs().max()
+    theirs = (e.grad.double() - r.grad).abs().max()
+    bound = 2 * theirs + 2 * torch.finfo(x.dtype).eps * r.grad.abs().max()
+    assert ours <= bound, f"{fn.__name__}: grad error {ours:.3e} > {bound:.3e} (torch eager {theirs:.3e})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [37, 3000, 40000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_match_torch_autograd(backend, n, dtype):
+    x = (torch.randn(4, n, device=DEV) * 2).to(dtype)
+    g = torch.randn(4, n, device=DEV).to(dtype)
+    assert_grad_like_eager(oss.softmax, torch.softmax, x, g, backend)
+    assert_grad_like_eager(oss.log_softmax, torch.log_softmax, x, g, backend)
+    assert_grad_like_eager(oss.logsumexp, torch.logsumexp, x, torch.randn(4, device=DEV).to(dtype), backend)
+
+
+def test_gradcheck_fp64():
+    x = torch.randn(3, 11, dtype=torch.float64, device=DEV, requires_grad=True)
+    for fn in (oss.softmax, oss.log_softmax, oss.logsumexp):
+        assert torch.autograd.gradcheck(lambda t, fn=fn: fn(t, 1, backend="torch"), (x,))
+
+
+def test_gradient_strided_dim0():
+    x = torch.randn(50, 6, device=DEV, requires_grad=True)
+    g = torch.randn(50, 6, device=DEV)
+    oss.softmax(x, 0).backward(g)
+    x2 = x.detach().clone().requires_grad_()
+    torch.softmax(x2, 0).backward(g)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_torch_compile_fullgraph():
+    def f(x):
+        return oss.softmax(x, -1) * 2 + oss.log_softmax(x, 0) + oss.logsumexp(x, -1, keepdim=True)
+
+    x = torch.randn(8, 33, device=DEV)
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if HAS_CUDA else "aot_eager")
+    torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_bad_arguments():
+    x = torch.randn(3, 4)
+    with pytest.raises(IndexError, match="dim=2"):
+        oss.softmax(x, 2)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        oss.softmax(torch.arange(4))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        oss.log_softmax([1.0, 2.0])
+    with pytest.raises(ValueError, match="backend must be"):
+        oss.logsumexp(x, backend="cuda")
+    with pytest.raises(TypeError, match="dtype must be"):
+        oss.softmax(x, dtype=torch.int32)
+
+
+# ---- which path runs --------------------------------------------------------------------------------
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("m,n,path", [
+    (65536, 1024, "rows"), (16384, 4096, "rows"), (4096, 16384, "rows"), (2048, 32768, "rows"),
+    (512, 131072, "coop"), (256, 262144, "coop"), (1, 262144, "coop"), (32, 151936, "coop"),
+    (8, 128256, "coop"), (1, 4096, "rows"), (1, 16384, "rows"), (4, 3_000_000, "split"),
+])
+def test_path_choice_on_h200(m, n, path):
+    assert K.choose_path(m, n, H200_SMS, interpret=False) == path
+
+
+def test_interpreter_uses_split_for_long_rows():
+    assert K.choose_path(512, 131072, H200_SMS, interpret=True) == "split"
+
+
+@pytest.mark.parametrize("m,n,path", [(64, 1000, "rows"), (3, 50000, "split" if not HAS_CUDA else "coop")])
+def test_op_runs_the_chosen_path(m, n, path):
+    x = torch.randn(m, n, device=DEV)
+    K.last_launch.clear()
+    oss.softmax(x, backend="triton")
+    assert K.last_launch["path"] == path
+    oss.logsumexp(x, backend="triton")
+    assert K.last_launch["path"] == ("rows" if path == "rows" else "chunks")
+
+
+# ---- GPU only: sizes the interpreter cannot afford ---------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(1, 262144), (8, 151936), (32, 128256), (300, 131072), (64, 262144),
+                                 (3, 3_000_000), (4096, 4096), (1024, 32768)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_large_shapes(m, n, dtype):
+    x = (torch.randn(m, n, device="cuda") * 4).to(dtype)
+    for name in FNS:
+        assert_matches_low_precision_eager(name, FNS[name][0](x, -1), x, -1)
+    g = torch.randn_like(x)
+    a = x.clone().requires_grad_()
+    b = x.clone().float().requires_grad_()
+    oss.softmax(a).backward(g)
+    torch.softmax(b, -1).backward(g.float())
+    torch.testing.assert_close(a.grad.float(), b.grad, atol=1e-5 if dtype == torch.float32 else 1e-2,
+                               rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_coop_repeated_calls_and_streams():
+    """The row barrier's words persist across launches: many calls, varying C, two streams, a CUDA graph."""
+    xs = [torch.randn(m, n, device="cuda") for m, n in [(4, 70000), (2, 262144), (16, 40000), (4, 70000)]]
+    for _ in range(20):
+        for x in xs:
+            torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = oss.softmax(xs[1])
+    s.synchronize()
+    torch.testing.assert_close(y, torch.softmax(xs[1], -1))
+    x = xs[0]
+    oss.softmax(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = oss.softmax(x)
+    for _ in range(5):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_elements():
+    """Offsets past 2^31: 2^31 + 4096·3 bf16 elements; check the rows beyond the 32-bit boundary."""
+    n = 4096
+    m = (1 << 31) // n + 3
+    x = torch.empty(m, n, device="cuda", dtype=torch.bfloat16).normal_()
+    y = oss.softmax(x)
+    tail = slice(m - 5, m)
+    torch.testing.assert_close(y[tail].float(), torch.softmax(x[tail].float(), -1), atol=1e-2, rtol=1e-2)
+    lse = oss.logsumexp(x)
+    torch.testing.assert_close(lse[tail].float(), torch.logsumexp(x[tail].float(), -1), atol=1e-2, rtol=1e-2)
+    del y
+    xt = x[:, :1].expand(m, 3)  # stride 0 columns, still 64-bit rows
+    torch.testing.assert_close(oss.softmax(xt, -1)[tail].float(), torch.full((5, 3), 1 / 3, device="cuda"),
+                               atol=1e-2, rtol=1e-2)
