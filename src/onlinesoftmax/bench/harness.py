@@ -76,6 +76,7 @@ class Case:
     x: float | None = None      # x-axis value for the suite's plot (e.g. N)
     group: str = ""             # plot panel (e.g. "fp32, M*N = 64M")
     check: Callable | None = None   # check(out, peer_out): raise on mismatch; default torch.testing
+    impl_info: dict[str, dict] = field(default_factory=dict)   # impl -> extra columns, copied to Row.info
     # inputs [0..k) are read-only; outputs the op allocates itself are what the timing includes.
 
 
@@ -97,6 +98,7 @@ class Row:
     x: float | None = None
     group: str = ""
     meta: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)   # the case's impl_info[impl]: extra report columns
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -237,5 +239,5 @@ def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dic
             dtype=str(case.dtype).replace("torch.", ""), ms=ms, gbps=gbps, tflops=tflops,
             pct_ceiling=100 * gbps / ceiling if gbps else None,
             speedup_vs_peer=peer_ms / ms if ms and peer_ms else None, peer=case.peer, ok=ok,
-            note=note, x=case.x, group=case.group, meta=env))
+            note=note, x=case.x, group=case.group, meta=env, info=dict(case.impl_info.get(name, {}))))
     return rows

@@ -43,6 +43,12 @@ def markdown(suite: str, rows: list[Row], env: dict, ceiling: float) -> str:
              "- ms: median; GB/s counts the fewest bytes the op must move; × peer = peer time / this time",
              ""]
     lines.append(tabulate(table_rows(rows), headers=HEADERS, tablefmt="github"))
+    info_keys = list(dict.fromkeys(k for r in rows for k in r.info))
+    if info_keys:   # suites that attach per-implementation columns (Case.impl_info) get a second table
+        detail = [[r.case, r.impl, *(r.info.get(k, "-") for k in info_keys), _fmt(r.gbps, ".0f"),
+                   _fmt(r.pct_ceiling, ".1f"), _fmt(r.speedup_vs_peer, ".2f")] for r in rows if r.info]
+        lines += ["", tabulate(detail, headers=["case", "impl", *info_keys, "GB/s", "% copy", "× peer"],
+                               tablefmt="github")]
     return "\n".join(lines) + "\n"
 
 

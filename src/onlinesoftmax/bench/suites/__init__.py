@@ -1,3 +1,4 @@
 """Benchmark suites. Each module registers itself with ``@register_suite``; import it here."""
 
 from . import softmax  # noqa: F401
+from .ladder import suite as _ladder_suite  # noqa: F401
