@@ -14,6 +14,7 @@ import sys
 import torch
 from triton.testing import do_bench
 
+import onlinesoftmax as oss
 from onlinesoftmax.bench.harness import copy_ceiling_gbps, environment
 from onlinesoftmax.kernels import softmax as K
 from onlinesoftmax.ops.softmax import row_geometry
@@ -59,6 +60,30 @@ def bwd_variant(cfg):
     return run
 
 
+def graph_and_overhead(m, n, dtype, name, fn, x):
+    """Decode sizes are launch-bound: time the call replayed from a CUDA graph (GPU time only) and the
+    host time per call of a loop of eager calls (what an eager decoder pays)."""
+    import time
+
+    fn(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(x)
+    graph_us = do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        fn(x)
+    host_us = (time.perf_counter() - t0) / 200 * 1e6
+    torch.cuda.synchronize()
+    print(f"grf  {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} graph replay {graph_us:7.1f} us, "
+          f"host per eager call {host_us:6.1f} us")
+    GRAPH_ROWS.append(dict(m=m, n=n, dtype=str(dtype), impl=name, graph_us=graph_us, host_us=host_us))
+
+
+GRAPH_ROWS = []
+
+
 def main(out_dir):
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
@@ -92,19 +117,19 @@ def main(out_dir):
             record("fwd", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
             record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
             if n <= K.ROW_MAX_N:
-                for tile in (4096, 16384, 32768):
-                    record("fwd", m, n, dtype, f"rows tile={tile}", fwd_variant({"tile": tile}), sets, nb, ref)
-                for waves in (1, 2, 8, 1 << 20):
-                    record("fwd", m, n, dtype, f"rows waves={waves}", fwd_variant({"waves": waves}), sets, nb, ref)
+                variants = {"no prefetch, grid=tiles": {"prefetch": False},
+                            "prefetch waves=1": {"waves": 1}, "prefetch waves=4": {"waves": 4},
+                            "prefetch tile=4096": {"tile": 4096}, "prefetch tile=16384": {"tile": 16384},
+                            "no prefetch tile=4096": {"prefetch": False, "tile": 4096}}
                 if n >= 16384:
-                    for w in (8, 32):
-                        record("fwd", m, n, dtype, f"rows warps={w}", fwd_variant({"num_warps": w}), sets, nb, ref)
+                    variants["prefetch warps=32"] = {"num_warps": 32}
+                    variants["no prefetch warps=32"] = {"num_warps": 32, "prefetch": False}
+                for name, cfg in variants.items():
+                    record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             else:
-                for chunk in (8192, 16384, 32768):
-                    for w in (8, 16):
-                        record("fwd", m, n, dtype, f"coop chunk={chunk} w={w}",
-                               fwd_variant({"path": "coop", "chunk": chunk, "num_warps": w}), sets, nb, ref)
-                record("fwd", m, n, dtype, "split", fwd_variant({"path": "split"}), sets, nb, ref)
+                for chunk, w in ((4096, 4), (8192, 8), (8192, 16), (16384, 8)):
+                    record("fwd", m, n, dtype, f"coop chunk={chunk} w={w}",
+                           fwd_variant({"path": "coop", "chunk": chunk, "num_warps": w}), sets, nb, ref)
             lse_ref = torch.logsumexp(sets[0][0].float(), -1)
             record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb // 2, lse_ref)
             record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb // 2, lse_ref)
@@ -117,11 +142,8 @@ def main(out_dir):
             record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
                    bsets, nb3, bref)
             record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
-            if n <= K.ROW_MAX_N // K.BWD_CHUNK_SCALE:
-                for tile in (2048, 8192):
-                    record("bwd", m, n, dtype, f"rows tile={tile}", bwd_variant({"tile": tile}), bsets, nb3, bref)
-            else:
-                for chunk in (4096, 8192, 16384):
+            if n > K.ROW_MAX_N // K.BWD_CHUNK_SCALE:
+                for chunk in (2048, 8192):
                     record("bwd", m, n, dtype, f"coop chunk={chunk}",
                            bwd_variant({"path": "coop", "chunk": chunk, "num_warps": max(4, chunk // 512)}),
                            bsets, nb3, bref)
@@ -137,9 +159,10 @@ def main(out_dir):
                     record("dec", m, n, dtype, f"coop chunk={chunk}",
                            fwd_variant({"path": "coop", "chunk": chunk, "num_warps": max(4, chunk // 1024)}),
                            sets, nb, ref)
-                record("dec", m, n, dtype, "split", fwd_variant({"path": "split"}), sets, nb, ref)
+                for name, fn in (("torch", lambda x: torch.softmax(x, -1)), ("onlinesoftmax", oss.softmax)):
+                    graph_and_overhead(m, n, dtype, name, fn, sets[0][0])
     with open(f"{out_dir}/tune_softmax.json", "w") as f:
-        json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows, "graph": GRAPH_ROWS}, f, indent=1)
 
 
 if __name__ == "__main__":

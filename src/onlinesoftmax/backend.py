@@ -10,7 +10,6 @@ Kernel modules are imported lazily (``import onlinesoftmax`` never imports Trito
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 
@@ -19,9 +18,12 @@ import torch
 BACKENDS = ("torch", "triton")
 
 
-@functools.cache
+# Looked up once, without importing triton (and so that torch.compile can trace resolve_backend).
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_FOUND
 
 
 def interpret_mode() -> bool:

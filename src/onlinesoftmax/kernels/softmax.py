@@ -37,13 +37,16 @@ import triton.language as tl
 ROW_MAX_N = 32768            # longest row one program holds in registers (fp32: 64 values per thread)
 ROW_TILE_ELEMS = 8192        # a `rows` tile holds about this many elements (BLOCK_M x BLOCK_N)
 ROW_ELEMS_PER_THREAD = 16    # num_warps = tile elements / (32 * this), clamped to [4, 16]
-PERSISTENT_WAVES = 4         # grid-stride grid: at most this many programs per SM
+ROW_PREFETCH = True          # persistent grid-stride loop with the next tile's loads in flight
+PERSISTENT_WAVES = 2         # ... on a grid of at most this many programs per SM
 COOP_CHUNK = 16384           # long rows: elements per program in the coop path (large batch)
 DECODE_CHUNK = 4096          # few rows: smaller chunks so that M x C programs fill the GPU
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
-BWD_CHUNK_SCALE = 2          # backward holds y and dy: chunks and tiles half the forward size
+BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
+BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
+BWD_COOP_CHUNK = 4096        # backward long rows: 4096 beat 8192 and 16384 by 4-11 points (H200, fp32 and bf16)
 
 # MODE of the forward kernels
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
@@ -52,12 +55,14 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 # ---- building blocks, in the paper's notation ------------------------------------------------------
 @triton.jit
 def _state(x, axis: tl.constexpr):
-    """(m, d) of x along axis. d is taken relative to m, or to 0 where m = ±inf, so an all -inf set gives
-    (-inf, 0), the identity of ⊕, and a set holding +inf gives d = inf (logsumexp = +inf), as torch.logsumexp."""
+    """(m, d) of x along axis, and e = e^(x - m) (kept: the output reuses it, one exponential per element).
+    d and e are taken relative to m, or to 0 where m = ±inf, so an all -inf set gives (-inf, 0), the identity
+    of ⊕, and a set holding +inf gives d = inf (logsumexp = +inf), as torch.logsumexp."""
     m = tl.max(x, axis=axis)                                  # 1. m = max_j x_j
     shift = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
-    d = tl.sum(tl.exp(x - tl.expand_dims(shift, axis)), axis=axis)  # 2. d = sum_j e^(x_j - m)
-    return m, d, shift
+    e = tl.exp(x - tl.expand_dims(shift, axis))
+    d = tl.sum(e, axis=axis)                                  # 2. d = sum_j e^(x_j - m)
+    return m, d, e
 
 
 @triton.jit
@@ -70,11 +75,12 @@ def _combine_all(pm, pd, axis: tl.constexpr):
 
 
 @triton.jit
-def _normalise(x, m, d, MODE: tl.constexpr):
-    """3. y = e^(x - m) / d (softmax) or x - m - log d (log-softmax). A row holding +inf is NaN, as torch."""
+def _normalise(x, e, m_c, m, d, MODE: tl.constexpr):
+    """3. y from registers. e = e^(x - m_c) for this tile's own max m_c; (m, d) is the merged row state.
+    softmax: y = e · e^(m_c - m) / d;  log-softmax: y = (x - m) - log d. A row holding +inf is NaN, as torch."""
     if MODE == 0:
-        inv_d = tl.where(m == float("inf"), float("nan"), 1.0 / d)
-        return tl.exp(x - m) * inv_d
+        alpha = tl.where(m_c == m, 1.0, tl.exp(m_c - m))
+        return e * tl.where(m == float("inf"), float("nan"), alpha / d)
     else:
         log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
         return (x - m) - log_d            # x - m first: exact near the max, as torch
@@ -103,31 +109,49 @@ def _row_barrier(ARRIVE, GEN, row, C):
         tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
         tl.atomic_add(GEN + row, 1, sem="release")
     else:
-        while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
+        # spin with plain loads (an atomic per poll would queue behind the other spinners at one L2 slice),
+        # then one acquire so the partial states read next are the ones published before the release
+        while tl.load(GEN + row, volatile=True) == gen:
             pass
+        tl.atomic_add(GEN + row, 0, sem="acquire")
 
 
 # ---- forward: rows in registers ---------------------------------------------------------------------
 @triton.jit
+def _load_rows(X, tile, M, N, INNER, so, si, sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    off = _row_offsets(rows, INNER, so, si)[:, None] + cols[None, :].to(tl.int64) * sn
+    return tl.load(X + off, mask=mask, other=float("-inf")).to(ACC)   # tiles past M: all masked, no traffic
+
+
+@triton.jit
 def softmax_rows_kernel(
     X, Y, M, N, INNER, sxo, sxi, sxn, syo, syi, syn, GRID,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """One read of x, one write of y (or of lse when MODE == LOGSUMEXP); grid-stride over row tiles."""
+    """One read of x, one write of y (or of lse when MODE == LOGSUMEXP); grid-stride over row tiles.
+    With PREFETCH the next tile's loads are in flight while this tile is reduced and written."""
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
     num_tiles = tl.cdiv(M, BLOCK_M)
-    for tile in tl.range(tl.program_id(0), num_tiles, GRID):
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x_off = _row_offsets(rows, INNER, sxo, sxi)[:, None] + cols[None, :].to(tl.int64) * sxn
-        x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)      # read x: M·N
-        m, d, _ = _state(x, 1)
-        if MODE == 2:
-            tl.store(Y + rows, _lse(m, d).to(Y.dtype.element_ty), mask=row_mask)  # write M
+    if PREFETCH:
+        x_next = _load_rows(X, pid, M, N, INNER, sxo, sxi, sxn, BLOCK_M, BLOCK_N, ACC)
+    for tile in tl.range(pid, num_tiles, GRID):
+        if PREFETCH:
+            x = x_next
+            x_next = _load_rows(X, tile + GRID, M, N, INNER, sxo, sxi, sxn, BLOCK_M, BLOCK_N, ACC)
         else:
-            y = _normalise(x, m[:, None], d[:, None], MODE)
+            x = _load_rows(X, tile, M, N, INNER, sxo, sxi, sxn, BLOCK_M, BLOCK_N, ACC)   # read x: M·N
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        m, d, e = _state(x, 1)
+        if MODE == 2:
+            tl.store(Y + rows, _lse(m, d).to(Y.dtype.element_ty), mask=rows < M)   # write lse: M
+        else:
+            y = _normalise(x, e, m[:, None], m[:, None], d[:, None], MODE)
+            mask = (rows < M)[:, None] & (cols < N)[None, :]
             y_off = _row_offsets(rows, INNER, syo, syi)[:, None] + cols[None, :].to(tl.int64) * syn
             tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)      # write y: M·N
 
@@ -155,7 +179,7 @@ def softmax_chunks_kernel(
     k = tl.arange(0, C_POW2)
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
-        m_c, d_c, _ = _state(x, 0)
+        m_c, d_c, e = _state(x, 0)
         tl.store(PART_M + pid, m_c)
         tl.store(PART_D + pid, d_c)
         tl.debug_barrier()
@@ -173,7 +197,9 @@ def softmax_chunks_kernel(
         pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
         pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
         m, d = _combine_all(pm, pd, 0)                                       # 3. (m, d) = ⊕_c (m_c, d_c)
-        y = _normalise(x, m, d, MODE)                                        # 4. y from registers
+        if PHASE == 2:
+            m_c, _, e = _state(x, 0)
+        y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
         tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
 
@@ -272,19 +298,26 @@ def _acc(*dtypes) -> tl.dtype:
     return tl.float64 if torch.float64 in dtypes else tl.float32
 
 
-def _barrier_words(device: torch.device, rows: int):
-    """Two int32 words per row (ARRIVE, GEN) that every launch leaves as it found them (ARRIVE = 0), cached
-    per (device, stream) so no launch pays for a memset; fresh zeros while a CUDA graph is captured."""
+def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
+    """Barrier words (ARRIVE, GEN: int32 per row) and partial-state buffers (PART_M, PART_D: ``parts`` each).
+
+    Every launch leaves ARRIVE as it found it (0) and writes the partial states it reads, so the buffers are
+    cached per (device, stream) and reused without a memset; a CUDA graph being captured gets fresh ones.
+    """
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         words = torch.zeros(2, rows, dtype=torch.int32, device=device)
-        return words[0], words[1]
+        part = torch.empty(2, parts, dtype=dtype, device=device)
+        return words[0], words[1], part[0], part[1]
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = ("barrier", str(device), stream)
-    words = _ws.get(key)
+    key = (str(device), stream)
+    ws = _ws.setdefault(key, {})
+    words = ws.get("words")
     if words is None or words.shape[1] < rows:
-        words = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
-        _ws[key] = words
-    return words[0], words[1]
+        words = ws["words"] = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
+    part = ws.get(dtype)
+    if part is None or part.shape[1] < parts:
+        part = ws[dtype] = torch.empty(2, max(parts, 1 << 16), dtype=dtype, device=device)
+    return words[0], words[1], part[0], part[1]
 
 
 def _record(compiled, **launch):
@@ -308,9 +341,11 @@ def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = Fals
 
 
 def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
-    chunk = DECODE_CHUNK if M <= DECODE_MAX_ROWS_PER_SM * sms else COOP_CHUNK
+    few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms
     if backward:
-        chunk //= BWD_CHUNK_SCALE
+        chunk = DECODE_CHUNK // BWD_CHUNK_SCALE if few_rows else BWD_COOP_CHUNK
+    else:
+        chunk = DECODE_CHUNK if few_rows else COOP_CHUNK
     chunk = min(chunk, _pow2(N))
     return chunk, triton.cdiv(N, chunk)
 
@@ -333,19 +368,19 @@ def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = 
         block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS) // block_n))
         warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
         tiles = triton.cdiv(M, block_m)
-        grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms)
+        prefetch = cfg.pop("prefetch", ROW_PREFETCH)
+        grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms) if prefetch else tiles
         k = softmax_rows_kernel[(grid,)](
             x, out, M, N, INNER, *geo_x, *geo_y, grid,
-            BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, num_warps=warps)
-        _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
+            BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
+        _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
         return path
     chunk, C = _chunking(M, N, sms, backward=False)
     chunk = cfg.pop("chunk", chunk)
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 32))
-    part_m = torch.empty(M * C, dtype=torch.float64 if acc == tl.float64 else torch.float32, device=device)
-    part_d = torch.empty_like(part_m)
-    arrive, gen = _barrier_words(device, M)
+    part_dtype = torch.float64 if acc == tl.float64 else torch.float32
+    arrive, gen, part_m, part_d = _workspace(device, M, M * C, part_dtype)
     common = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
     args = (x, out, part_m, part_d, arrive, gen, N, INNER, *geo_x, *geo_y, C)
     if mode == LOGSUMEXP:
@@ -371,7 +406,7 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
         block_n = _pow2(N)
         block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS // BWD_CHUNK_SCALE) // block_n))
         warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE))
-        grid = min(triton.cdiv(M, block_m), cfg.pop("waves", PERSISTENT_WAVES) * sms)
+        grid = min(triton.cdiv(M, block_m), cfg.pop("waves", BWD_WAVES) * sms)
         k = softmax_bwd_rows_kernel[(grid,)](
             y, dy, dx, M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid,
             BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, num_warps=warps)
@@ -381,8 +416,7 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
     chunk = cfg.pop("chunk", chunk)
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 16))
-    part = torch.empty(M * C, dtype=torch.float32, device=device)
-    arrive, gen = _barrier_words(device, M)
+    arrive, gen, part, _ = _workspace(device, M, M * C, torch.float32)
     args = (y, dy, dx, part, arrive, gen, N, INNER, *geo_y, *geo_dy, *geo_dx, C)
     common = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
     if path == "coop":

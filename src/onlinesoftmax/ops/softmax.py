@@ -82,8 +82,13 @@ def _torch_backward(y, dy, dim, log):
 
 
 # ---- custom ops ---------------------------------------------------------------------------------------
-@torch.library.custom_op("onlinesoftmax::softmax", mutates_args=())
-def _softmax_op(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+def _eager_direct(x: torch.Tensor) -> bool:
+    """Calls that need neither autograd nor tracing skip the custom-op dispatcher (tens of µs per call,
+    which is most of the time of a decode-sized softmax); the result is the same function."""
+    return not (x.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling()
+
+
+def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         return _torch_forward(x, dim, mode, out_dtype)
     from ..kernels import softmax as K
@@ -93,6 +98,9 @@ def _softmax_op(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, ba
     out = y
     K.forward(x, out, gx, gy, M, N, inner, mode)
     return out
+
+
+_softmax_op = torch.library.custom_op("onlinesoftmax::softmax", _softmax_impl, mutates_args=())
 
 
 @_softmax_op.register_fake
@@ -133,8 +141,7 @@ def _backward(ctx, dy):
 torch.library.register_autograd("onlinesoftmax::softmax", _backward, setup_context=_setup)
 
 
-@torch.library.custom_op("onlinesoftmax::logsumexp", mutates_args=())
-def _logsumexp_op(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
+def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
     """logsumexp over ``dim`` (removed), in the accumulation dtype (fp32, fp64 for fp64): the backward
     reads it, and an lse rounded to bf16 would cost e^(0.03) in every gradient."""
     out_shape = x.shape[:dim] + x.shape[dim + 1:]
@@ -148,6 +155,9 @@ def _logsumexp_op(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
     out = torch.empty(M, dtype=acc, device=x.device)
     K.forward(xc, out, gx, None, M, N, inner, LOGSUMEXP)
     return out.reshape(out_shape)
+
+
+_logsumexp_op = torch.library.custom_op("onlinesoftmax::logsumexp", _logsumexp_impl, mutates_args=())
 
 
 @_logsumexp_op.register_fake
@@ -195,6 +205,8 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
     ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`).
     """
     x, dim, out_dtype, backend = _prepare("softmax", x, dim, dtype, backend)
+    if _eager_direct(x):
+        return _softmax_impl(x, dim, SOFTMAX, out_dtype, backend)
     return torch.ops.onlinesoftmax.softmax(x, dim, SOFTMAX, out_dtype, backend)
 
 
@@ -202,6 +214,8 @@ def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = N
                 backend: str | None = None) -> torch.Tensor:
     """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments as :func:`softmax`."""
     x, dim, out_dtype, backend = _prepare("log_softmax", x, dim, dtype, backend)
+    if _eager_direct(x):
+        return _softmax_impl(x, dim, LOG_SOFTMAX, out_dtype, backend)
     return torch.ops.onlinesoftmax.softmax(x, dim, LOG_SOFTMAX, out_dtype, backend)
 
 
@@ -209,5 +223,6 @@ def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
               backend: str | None = None) -> torch.Tensor:
     """``torch.logsumexp`` over one ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf."""
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
-    out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)
+    op = _logsumexp_impl if _eager_direct(x) else torch.ops.onlinesoftmax.logsumexp
+    out = op(x, dim, backend).to(x.dtype)
     return out.unsqueeze(dim) if keepdim and x.dim() else out
