@@ -10,6 +10,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | 
 for step in $steps; do
   case $step in
     tests) timeout 300 python -m pytest -q -p no:warnings tests/test_softmax.py tests/test_state.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    quicktests) timeout 200 python -m pytest -q -p no:warnings tests/test_softmax.py -m gpu -k "not 3000000" 2>&1 | tee "$OUT/tests.log" | tail -8
+                timeout 100 python -m pytest -q -p no:warnings tests/test_softmax.py -k "compile or special or empty or path" 2>&1 | tee -a "$OUT/tests.log" | tail -8 ;;
     tune) timeout 330 python benchmarks/tune_softmax.py "$OUT" 2>&1 | tee "$OUT/tune.log" ;;
     bench) timeout 400 python -m onlinesoftmax bench softmax log_softmax logsumexp softmax_backward --out "$OUT/softmax" 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
   esac
