@@ -272,6 +272,15 @@ def test_op_runs_the_chosen_path(m, n, path):
     assert K.last_launch["path"] == ("rows" if path == "rows" else "chunks")
 
 
+@pytest.mark.parametrize("dtype,prefetch", [(torch.bfloat16, True), (torch.float32, False)])
+def test_prefetching_loop_only_for_short_rows(dtype, prefetch):
+    x = torch.randn(64, 1024, device=DEV).to(dtype)
+    oss.softmax(x, backend="triton")
+    assert K.last_launch["path"] == "rows" and K.last_launch["prefetch"] is prefetch
+    torch.testing.assert_close(oss.softmax(x, backend="triton").float(), torch.softmax(x.float(), -1),
+                               atol=1e-2, rtol=1e-2)
+
+
 # ---- GPU only: sizes the interpreter cannot afford ---------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n", [(1, 262144), (8, 151936), (32, 128256), (300, 131072), (64, 262144),

@@ -11,8 +11,9 @@ views run without a copy. Offsets are 64-bit.
 Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice):
 
 ``rows``   N <= ROW_MAX_N. A tile of BLOCK_M rows x BLOCK_N columns sits in registers: one read of x, one
-           write of y (the seed's V3), several rows per program for small N, a grid-stride loop over tiles
-           (the seed's V4) capped at PERSISTENT_WAVES x SMs programs.
+           write of y (the seed's V3), several rows per program for small N. For the shortest rows a
+           persistent grid-stride loop over tiles (the seed's V4) that loads the next tile while the current
+           one is reduced and written; elsewhere one tile per program measured faster.
 ``coop``   N > ROW_MAX_N, or few rows of large N (decode). Each row is cut into C chunks, one program per chunk
            holding it in registers. Every program publishes its chunk's (m_c, d_c), waits at a per-row barrier
            in global memory until its row's C siblings have published, merges the C partial states with ⊕ and
@@ -33,13 +34,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# ---- named thresholds -------------------------------------------------------------------------------
-ROW_MAX_N = 32768            # longest row one program holds in registers (fp32: 64 values per thread)
-ROW_TILE_ELEMS = 8192        # a `rows` tile holds about this many elements (BLOCK_M x BLOCK_N)
-ROW_ELEMS_PER_THREAD = 16    # num_warps = tile elements / (32 * this), clamped to [4, 16]
-ROW_PREFETCH = True          # persistent grid-stride loop with the next tile's loads in flight
-PERSISTENT_WAVES = 2         # ... on a grid of at most this many programs per SM
-COOP_CHUNK = 16384           # long rows: elements per program in the coop path (large batch)
+# ---- named thresholds (H200 measurements behind each: benchmarks/results/softmax/tune.log) ------------
+ROW_MAX_N = 32768            # longest row one program holds in registers (fp32: 32-64 values per thread)
+ROW_TILE_ELEMS = 4096        # a `rows` tile holds about this many elements (BLOCK_M x BLOCK_N): 93-94 % at
+                             # N = 1K/4K fp32 and 4K bf16, against 86-88 % (fp32) and 80 % (bf16) for 8192
+ROW_ELEMS_PER_THREAD = 16    # num_warps = tile elements / (32 * this), clamped to [4, 32]; 32 warps at
+                             # N = 16K fp32 gave 94.6 % against 80 % with 16
+PREFETCH_MAX_ROW_BYTES = 2048    # rows this short (bf16 N = 1K) run the persistent, prefetching loop:
+PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lost 2-70 points with it
+PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
+COOP_CHUNK = 8192            # long rows: elements per program in the coop path (large batch), 8 warps
 DECODE_CHUNK = 4096          # few rows: smaller chunks so that M x C programs fill the GPU
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
@@ -109,11 +113,10 @@ def _row_barrier(ARRIVE, GEN, row, C):
         tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
         tl.atomic_add(GEN + row, 1, sem="release")
     else:
-        # spin with plain loads (an atomic per poll would queue behind the other spinners at one L2 slice),
-        # then one acquire so the partial states read next are the ones published before the release
-        while tl.load(GEN + row, volatile=True) == gen:
+        # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
+        # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
+        while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
             pass
-        tl.atomic_add(GEN + row, 0, sem="acquire")
 
 
 # ---- forward: rows in registers ---------------------------------------------------------------------
@@ -327,7 +330,7 @@ def _record(compiled, **launch):
 
 
 def _warps(elems_per_program: int, per_thread: int) -> int:
-    return max(4, min(16, elems_per_program // (32 * per_thread)))
+    return max(4, min(32, elems_per_program // (32 * per_thread)))
 
 
 def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = False) -> str:
@@ -365,10 +368,11 @@ def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = 
         geo_y = (0, 0, 0)
     if path == "rows":
         block_n = _pow2(N)
-        block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS) // block_n))
+        prefetch = cfg.pop("prefetch", block_n * x.element_size() <= PREFETCH_MAX_ROW_BYTES)
+        tile = cfg.pop("tile", PREFETCH_TILE_ELEMS if prefetch else ROW_TILE_ELEMS)
+        block_m = min(_pow2(M), max(1, tile // block_n))
         warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
         tiles = triton.cdiv(M, block_m)
-        prefetch = cfg.pop("prefetch", ROW_PREFETCH)
         grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms) if prefetch else tiles
         k = softmax_rows_kernel[(grid,)](
             x, out, M, N, INNER, *geo_x, *geo_y, grid,
@@ -405,7 +409,7 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
     if path == "rows":
         block_n = _pow2(N)
         block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS // BWD_CHUNK_SCALE) // block_n))
-        warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE))
+        warps = cfg.pop("num_warps", min(16, _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE)))
         grid = min(triton.cdiv(M, block_m), cfg.pop("waves", BWD_WAVES) * sms)
         k = softmax_bwd_rows_kernel[(grid,)](
             y, dy, dx, M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid,

@@ -30,17 +30,18 @@ def _liger_softmax():
     return LigerSoftmaxFunction.apply
 
 
-def _shapes(ctx: BenchContext, dtype: torch.dtype):
-    """(M, N, group) for this run."""
+def _shapes(ctx: BenchContext, dtype: torch.dtype, decode: bool):
+    """(M, N, group) for this run; decode shapes only for the softmax forward."""
     size = torch.finfo(dtype).bits // 8
     if ctx.quick:
         elems = QUICK_ELEMS_GPU if ctx.is_cuda else QUICK_ELEMS_CPU
         out = [(elems // n, n, "throughput") for n in (1024, 4096)]
-        if ctx.is_cuda:
+        if ctx.is_cuda and decode:
             out.append((1, 262144, "decode"))
         return out
     out = [(TENSOR_BYTES // (n * size), n, "throughput") for n in GOAL_NS]
-    out += [(m, n, "decode") for m in DECODE_MS for n in DECODE_NS]
+    if decode:
+        out += [(m, n, "decode") for m in DECODE_MS for n in DECODE_NS]
     return out
 
 
@@ -53,7 +54,7 @@ def _cases(ctx: BenchContext, op: str):
     liger = _liger_softmax() if ctx.is_cuda else None
     for dtype in _dtypes(ctx):
         size = torch.finfo(dtype).bits // 8
-        for m, n, group in _shapes(ctx, dtype):
+        for m, n, group in _shapes(ctx, dtype, decode=op == "softmax"):
             dev = ctx.device
 
             def make(m=m, n=n, dtype=dtype):
