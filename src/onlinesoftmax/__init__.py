@@ -3,9 +3,12 @@
 Importing this package never imports Triton or needs a GPU; kernels load on first use.
 """
 
+from .ops.sampling import sample
 from .ops.softmax import log_softmax, logsumexp, softmax
+from .ops.topk import TopK, softmax_topk
 from .state import SoftmaxState
 
 __version__ = "0.1.0"
 
 __all__ = ["SoftmaxState", "__version__", "log_softmax", "logsumexp", "softmax"]
+__all__ += ["TopK", "sample", "softmax_topk"]

@@ -15,6 +15,7 @@ from .softmax import (
     state_combine,
     tree_reduce_states,
 )
+from .topk import softmax_topk as softmax_topk
 
 __all__ = [
     "chunked_online_softmax",

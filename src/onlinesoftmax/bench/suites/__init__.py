@@ -2,3 +2,4 @@
 
 from . import softmax  # noqa: F401
 from .ladder import suite as _ladder_suite  # noqa: F401
+from .topk import suite as _topk_suite  # noqa: F401

@@ -1,0 +1,308 @@
+"""softmax_topk: fp64 reference (paper §4), torch path, Triton kernels (interpreter, GPU), dispatch."""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import onlinesoftmax
+from onlinesoftmax.ops import topk as ops_topk
+from onlinesoftmax.ops.topk import TopK, softmax_topk
+from onlinesoftmax.reference import softmax_topk as ref_topk
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _brute(x: np.ndarray, k: int):
+    """Oracle for the oracle: fp64 safe softmax, then a stable sort (NaN first, ties to the lower index)."""
+    x = np.asarray(x, dtype=np.float64)
+    order_key = np.where(np.isnan(x), np.inf, x)
+    nan_first = np.isnan(x).astype(np.int8)
+    pos = np.arange(x.shape[-1])[None].repeat(x.shape[0], 0)
+    idx = np.lexsort((pos, -order_key, -nan_first), axis=-1)[:, :k]
+    m = np.max(np.where(np.isnan(x), -np.inf, x), axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lse = (m + np.log(np.sum(np.where(x == m, 1.0, np.exp(x - m)), -1, keepdims=True)))[:, 0]
+        p = np.exp(np.take_along_axis(x, idx, -1) - m) / np.sum(np.exp(x - m), -1, keepdims=True)
+    bad = np.isnan(x).any(-1) | ~np.isfinite(m[:, 0])
+    lse = np.where(np.isnan(x).any(-1), np.nan, lse)
+    p[bad] = np.nan
+    return p, idx, lse
+
+
+def _special_rows(n: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(9, n, generator=gen)
+    x[0] = -INF                                  # all masked
+    x[1, 3] = NAN                                # NaN
+    x[2, 5] = INF                                # +inf
+    x[3, n // 3:] = 2.5                          # a long run of ties at the top
+    x[4, ::2] = -INF                             # grammar mask: half the vocabulary
+    x[5, 1:] = -INF                              # one live entry
+    x[6] = 0.0
+    x[6, 1::2] = -0.0                            # -0 == +0: ties
+    x[7] *= 1e4                                  # extreme magnitudes
+    x[8] = torch.round(x[8] * 2) / 2             # many ties everywhere
+    return x
+
+
+def assert_matches_ref(out: TopK, x: torch.Tensor, k: int, dim: int = -1):
+    xn = x.double().cpu().numpy()
+    if xn.shape[dim] * k <= 200_000:
+        v, i, l = ref_topk(xn, k, axis=dim)            # the paper's algorithm
+    else:                                               # its O(N·k) loop is too slow here: the sort oracle
+        x2 = np.moveaxis(xn, dim, -1)
+        v, i, l = _brute(x2.reshape(-1, x2.shape[-1]), k)
+        v = np.moveaxis(v.reshape(x2.shape[:-1] + (k,)), -1, dim)
+        i = np.moveaxis(i.reshape(x2.shape[:-1] + (k,)), -1, dim)
+        l = l.reshape(x2.shape[:-1])
+    np.testing.assert_array_equal(out.indices.cpu().numpy(), i)
+    np.testing.assert_allclose(out.values.cpu().double().numpy(), v, rtol=2e-5, atol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(out.lse.cpu().double().numpy(), l, rtol=2e-6, atol=2e-6, equal_nan=True)
+    assert out.values.dtype == torch.float32 and out.lse.dtype == torch.float32
+    assert out.indices.dtype == torch.int64
+
+
+# --- the reference ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 3), (50, 50), (333, 17)])
+def test_reference_matches_brute_force(n, k):
+    gen = torch.Generator().manual_seed(n)
+    x = torch.cat([torch.randn(3, n, generator=gen), _special_rows(n, gen)]) if n > 5 else torch.randn(3, n)
+    v, i, l = ref_topk(x.numpy(), k)
+    bv, bi, bl = _brute(x.numpy(), k)
+    np.testing.assert_array_equal(i, bi)
+    np.testing.assert_allclose(v, bv, rtol=1e-12, atol=0, equal_nan=True)
+    np.testing.assert_allclose(l, bl, rtol=1e-12, equal_nan=True)
+
+
+def test_reference_properties():
+    x = np.random.default_rng(0).standard_normal((4, 200))
+    v, i, l = ref_topk(x, 200)
+    np.testing.assert_allclose(v.sum(-1), 1.0, rtol=1e-12)          # k = N: the whole softmax
+    assert (np.diff(v, axis=-1) <= 0).all()
+    v2, i2, l2 = ref_topk(x + 100.0, 20)                              # shift invariance
+    np.testing.assert_array_equal(i2, i[:, :20])
+    np.testing.assert_allclose(v2, v[:, :20], rtol=1e-9)
+    np.testing.assert_allclose(l2, l + 100.0, rtol=1e-12)
+    with pytest.raises(ValueError):
+        ref_topk(x, 201)
+
+
+# --- the torch path -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_torch_path_matches_reference(dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.randn(4, 101, generator=gen), _special_rows(101, gen)]).to(dtype)
+    for k in (1, 5, 101):
+        assert_matches_ref(softmax_topk(x, k, backend="torch"), x, k)
+    assert ops_topk.last_path() == "torch"
+
+
+def test_torch_path_dims_and_strides():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 40, 5, generator=gen)
+    out = softmax_topk(x, 4, dim=1)
+    assert out.values.shape == (3, 4, 5) and out.lse.shape == (3, 5)
+    assert_matches_ref(out, x, 4, dim=1)
+    xt = torch.randn(64, 6, generator=gen).t()           # strided rows
+    assert_matches_ref(softmax_topk(xt, 7), xt, 7)
+    s = softmax_topk(torch.tensor([0.5, 2.0, -1.0]), 2)
+    assert s.indices.tolist() == [1, 0]
+    z = softmax_topk(torch.empty(0, 9), 3)
+    assert z.values.shape == (0, 3) and z.lse.shape == (0,)
+
+
+def test_lse_consistency_and_default_backend():
+    x = torch.randn(5, 300) * 3
+    out = softmax_topk(x, 10)
+    torch.testing.assert_close(out.lse, torch.logsumexp(x, -1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.values, torch.softmax(x, -1).topk(10, -1).values, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(torch.log(out.values), x.gather(-1, out.indices) - out.lse[:, None],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(onlinesoftmax, "logsumexp"), reason="onlinesoftmax.logsumexp not there yet")
+def test_lse_equals_onlinesoftmax_logsumexp():
+    x = torch.randn(6, 1000) * 4
+    torch.testing.assert_close(softmax_topk(x, 3).lse, onlinesoftmax.logsumexp(x), rtol=1e-6, atol=1e-6)
+
+
+def test_argument_errors():
+    x = torch.randn(2, 10)
+    with pytest.raises(ValueError, match="k=0"):
+        softmax_topk(x, 0)
+    with pytest.raises(ValueError, match="k=11"):
+        softmax_topk(x, 11)
+    with pytest.raises(TypeError, match="k must be an int"):
+        softmax_topk(x, 2.0)
+    with pytest.raises(TypeError, match="dtype"):
+        softmax_topk(torch.ones(2, 3, dtype=torch.int32), 1)
+    with pytest.raises(IndexError, match="dim=2"):
+        softmax_topk(x, 1, dim=2)
+    with pytest.raises(ValueError, match="backend"):
+        softmax_topk(x, 1, backend="cuda")
+
+
+def test_public_api_and_no_triton_on_cpu():
+    assert onlinesoftmax.softmax_topk is softmax_topk and onlinesoftmax.TopK is TopK
+    code = ("import sys; sys.modules['triton'] = None\nimport torch, onlinesoftmax\n"
+            "r = onlinesoftmax.softmax_topk(torch.randn(3, 50), 5)\n"
+            "assert r.values.shape == (3, 5)\nprint('ok')")
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+# --- dispatch -----------------------------------------------------------------------------------------------
+
+def test_select_path_thresholds():
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    c = kt.select_path(256, 128256, 50)
+    assert c.path == "filter" and c.kp == 64 and c.cap == kt.FILTER_CAP_FACTOR * 64 * kt.FILTER_GROUP
+    assert c.block == kt.GROW_MAX_BLOCK and c.splits == 16
+    c = kt.select_path(1, 262144, 1024)                    # the merge takes at most 32 chunks of 1024
+    assert c.path == "direct" and c.block == 8192 and c.splits == 32
+    assert kt.select_path(256, 151936, 1024).path == "grouped"     # large batch: chunks grow to MAX_BLOCK
+    c = kt.select_path(1, 128256, 8)                       # small batch: smallest chunk the merge can take
+    assert c.path == "filter" and c.block == 2048 and c.splits == math.ceil(128256 / 2048)
+    assert kt.select_path(256, 262144, 128).path == "grouped"      # 16 chunks · 8·128·4 slots do not fit
+    assert kt.select_path(4, 5000, 5000).path == "sort"            # k beyond MAX_FUSED_K
+    assert kt.select_path(2, 10, 10).path == "filter" and kt.select_path(2, 10, 10).block == 64
+    assert kt.select_path(2, 3000, 300).path == "direct"
+    for B in (1, 32, 256):
+        for V in (128256, 151936, 262144):
+            for k in (1, 8, 50, 256, 1024):
+                c = kt.select_path(B, V, k)
+                assert c.path in (("filter",) if k <= 64 else ("grouped", "direct")) and c.block >= c.kp
+                assert kt._pow2(c.splits) * c.cap <= kt.STAGE2_MAX_CANDIDATES
+
+
+# --- the Triton kernels (interpreter on CPU, small sizes) ---------------------------------------------------
+
+def _run_cfg(x, k, **over):
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    cfg = kt.select_path(x.shape[0], x.shape[1], k, **over)
+    v, i, l = kt.softmax_topk_2d(x, k, cfg)
+    return cfg, TopK(v, i, l)
+
+
+@pytest.mark.parametrize("over,path", [({}, "filter"), ({"path": "direct"}, "direct"),
+                                       ({"path": "grouped", "group": 4}, "grouped")])
+def test_kernel_paths_match_reference(kernel_device, over, path):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(2, 2500, generator=gen), _special_rows(2500, gen)]).to(kernel_device)
+    for k in (1, 13):
+        cfg, out = _run_cfg(x, k, block=1024, **over)
+        assert cfg.path == path and cfg.splits == 3
+        assert_matches_ref(out, x, k)
+
+
+def test_kernel_filter_overflow_and_merge_fallback(kernel_device, monkeypatch):
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    monkeypatch.setattr(kt, "MERGE_MIN_CAP", 16)
+    gen = torch.Generator().manual_seed(8)
+    i = torch.arange(4096)
+    hot = torch.randn(4096, generator=gen) + 10 * (i % 16 < 3)       # 3 hot columns: > CAP candidates
+    ties = torch.where(i % 2048 < 200, 5.0, -i.double()).float()     # 400 ties above the row bound
+    x = torch.stack([hot, torch.full((4096,), 3.0), ties, -i.float()]).to(kernel_device)
+    cfg, out = _run_cfg(x, 16, block=2048)
+    assert cfg.path == "filter" and cfg.cap == 512 and cfg.cap2 == 64
+    assert_matches_ref(out, x, 16)
+    assert out.indices[2].tolist() == list(range(16))
+
+
+def test_kernel_k_equals_n_and_odd_v(kernel_device):
+    gen = torch.Generator().manual_seed(4)
+    x = torch.cat([torch.randn(2, 37, generator=gen), _special_rows(37, gen)]).to(kernel_device)
+    out = softmax_topk(x, 37, backend="triton")
+    assert ops_topk.last_path() == "filter"
+    assert_matches_ref(out, x, 37)
+    torch.testing.assert_close(out.values[2:].sum(-1)[[3, 4, 5, 7, 8]], torch.ones(5, device=kernel_device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_low_precision_and_ties(kernel_device, dtype):
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 1500, generator=gen) * 2).to(dtype).to(kernel_device)     # bf16: many exact ties
+    out = softmax_topk(x, 20, backend="triton")
+    assert_matches_ref(out, x, 20)
+
+
+def test_kernel_strides_and_dim(kernel_device):
+    gen = torch.Generator().manual_seed(6)
+    base = torch.randn(1200, 6, generator=gen).to(kernel_device)
+    out = softmax_topk(base, 9, dim=0, backend="triton")                  # rows with stride 6, no copy
+    assert out.values.shape == (9, 6)
+    assert_matches_ref(out, base, 9, dim=0)
+    xs = torch.randn(3, 2200, generator=gen).to(kernel_device)[:, ::2]     # column stride 2
+    assert_matches_ref(softmax_topk(xs, 5, backend="triton"), xs, 5)
+
+
+def test_kernel_sort_path_and_lse(kernel_device):
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    n = kt.MAX_FUSED_K + 1
+    x = torch.randn(2, n).to(kernel_device)
+    out = softmax_topk(x, n, backend="triton")
+    assert ops_topk.last_path() == "sort"
+    v, i, l = _brute(x.cpu().numpy(), n)         # the paper's O(N·k) insertion is slow at k = 2049
+    np.testing.assert_array_equal(out.indices.cpu().numpy(), i)
+    np.testing.assert_allclose(out.values.cpu().numpy(), v, rtol=2e-5, atol=1e-12)
+    np.testing.assert_allclose(out.lse.cpu().numpy(), l, rtol=2e-6)
+
+
+# --- on the GPU ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("V,k", [(128256, 50), (151936, 8), (262144, 1024), (1000, 1000), (100003, 50),
+                                 (37, 37)])
+def test_gpu_matches_reference(V, k):
+    gen = torch.Generator().manual_seed(V + k)
+    x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]]])
+    out = softmax_topk(x.cuda(), k)
+    assert ops_topk.last_path() in ("filter", "direct", "grouped")
+    assert_matches_ref(out, x, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 256])
+def test_gpu_batch_paths(B):
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    x = torch.randn(B, 128256, device="cuda").to(torch.bfloat16)
+    refs = {}
+    for k, over in ((1, {}), (50, {}), (50, {"path": "grouped", "group": 4}), (1024, {})):
+            cfg = kt.select_path(B, 128256, k, **over)
+            v, i, l = kt.softmax_topk_2d(x, k, cfg)
+            ref = refs.setdefault(k, softmax_topk(x, k, backend="torch"))   # stable sort on the GPU
+            torch.testing.assert_close(i, ref.indices)
+            torch.testing.assert_close(v, ref.values, rtol=1e-5, atol=1e-8)
+            torch.testing.assert_close(l, ref.lse, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_strided_special_and_graph():
+    x = torch.randn(70000, 5, device="cuda")[:, 1:4]                   # reduce dim 0: element stride 5
+    out = softmax_topk(x, 30, dim=0)
+    assert_matches_ref(out, x.cpu(), 30, dim=0)
+    y = torch.randn(8, 50000, device="cuda")
+    y[0] = -INF
+    y[1, 7] = NAN
+    y[2, :40000] = -INF
+    assert_matches_ref(softmax_topk(y, 64), y.cpu(), 64)
+    # CUDA graph capture: no host synchronisation inside
+    static = torch.randn(16, 128256, device="cuda")
+    softmax_topk(static, 50)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = softmax_topk(static, 50)
+    static.copy_(torch.randn_like(static))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = softmax_topk(static.cpu(), 50)
+    torch.testing.assert_close(res.indices.cpu(), ref.indices)
+    torch.testing.assert_close(res.values.cpu(), ref.values, rtol=1e-5, atol=1e-8)
