@@ -294,7 +294,7 @@ def sm_count(device: torch.device) -> int:
 
 
 def _pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def _acc(*dtypes) -> tl.dtype:
@@ -307,12 +307,14 @@ def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
     Every launch leaves ARRIVE as it found it (0) and writes the partial states it reads, so the buffers are
     cached per (device, stream) and reused without a memset; a CUDA graph being captured gets fresh ones.
     """
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        words = torch.zeros(2, rows, dtype=torch.int32, device=device)
-        part = torch.empty(2, parts, dtype=dtype, device=device)
-        return words[0], words[1], part[0], part[1]
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (str(device), stream)
+    stream = None
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            words = torch.zeros(2, rows, dtype=torch.int32, device=device)
+            part = torch.empty(2, parts, dtype=dtype, device=device)
+            return words[0], words[1], part[0], part[1]
+        stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device.type, device.index, stream)
     ws = _ws.setdefault(key, {})
     words = ws.get("words")
     if words is None or words.shape[1] < rows:
@@ -379,8 +381,7 @@ def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = 
             BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
         _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
         return path
-    chunk, C = _chunking(M, N, sms, backward=False)
-    chunk = cfg.pop("chunk", chunk)
+    chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 32))
     part_dtype = torch.float64 if acc == tl.float64 else torch.float32
@@ -416,8 +417,7 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
             BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, num_warps=warps)
         _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
         return path
-    chunk, C = _chunking(M, N, sms, backward=True)
-    chunk = cfg.pop("chunk", chunk)
+    chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 16))
     arrive, gen, part, _ = _workspace(device, M, M * C, torch.float32)
