@@ -8,6 +8,7 @@
 """
 
 import os
+import zlib
 
 import pytest
 import torch
@@ -29,6 +30,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Fresh inputs per test, the same on every run (CI must not flake on a lucky draw)."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture
