@@ -30,6 +30,23 @@ def _liger_softmax():
     return LigerSoftmaxFunction.apply
 
 
+def _graphed(fn):
+    """``fn`` captured in a CUDA graph on the first input it is called with; later calls replay that graph
+    (on the first input's buffers): the GPU time of a decode step without the host's launch cost."""
+    state = {}
+
+    def replay(x):
+        if "graph" not in state:
+            fn(x)
+            state["graph"] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(state["graph"]):
+                state["out"] = fn(x)
+        state["graph"].replay()
+        return state["out"]
+
+    return replay
+
+
 def _shapes(ctx: BenchContext, dtype: torch.dtype, decode: bool):
     """(M, N, group) for this run; decode shapes only for the softmax forward."""
     size = torch.finfo(dtype).bits // 8
@@ -67,6 +84,9 @@ def _cases(ctx: BenchContext, op: str):
                     impls["liger"] = liger
                 if compile_peer:
                     impls["torch.compile"] = torch.compile(lambda x: torch.softmax(x, -1), dynamic=False)
+                if group == "decode":   # launch-bound: also the GPU time alone, both sides replayed from graphs
+                    impls["onlinesoftmax [graph]"] = _graphed(lambda x: softmax(x, -1))
+                    impls["torch [graph]"] = _graphed(lambda x: torch.softmax(x, -1))
             elif op == "log_softmax":
                 nbytes = 2 * m * n * size
                 impls = {"onlinesoftmax": lambda x: log_softmax(x, -1),
