@@ -20,9 +20,9 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
            normalises its chunk from registers: still one read of x and one write of y (seed §7 "segmented
            reduce"). The barrier needs all C programs of a row resident at once (C <= COOP_MAX_CHUNKS) and
            programs dispatched in order, as decoupled look-back scans assume.
-``split``  The same cut, in two launches with no waiting (the CPU interpreter runs programs one after another,
-           so a barrier would hang there): a stats kernel writes partial states, a finish kernel merges them and
-           re-reads its chunk. Used only under TRITON_INTERPRET=1.
+``split``  The same cut, in two launches with no waiting: the first publishes partial states, the second merges
+           them and re-reads its chunk. Used under TRITON_INTERPRET=1 (the CPU interpreter runs programs one
+           after another, so a barrier would hang there) and when a row needs more than COOP_MAX_CHUNKS chunks.
 
 Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 times and writes y (16 B);
 ``rows`` and ``coop`` read x once and write y once (8 B); ``split`` reads x twice (12 B).

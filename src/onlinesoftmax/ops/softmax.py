@@ -58,7 +58,7 @@ def _rows_or_copy(tensors, dim):
 
 # ---- the portable torch path (any device): the (m, d) state ------------------------------------------
 def _torch_forward(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype) -> torch.Tensor:
-    xf = x.to(accumulation_dtype(out_dtype if out_dtype == torch.float64 else x.dtype))
+    xf = x.to(torch.float64 if torch.float64 in (x.dtype, out_dtype) else torch.float32)   # as the kernels
     s = SoftmaxState.from_tensor(xf, dim)
     m, d = s.m.unsqueeze(dim), s.d.unsqueeze(dim)
     if mode == LOGSUMEXP:
@@ -93,11 +93,9 @@ def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, 
         return _torch_forward(x, dim, mode, out_dtype)
     from ..kernels import softmax as K
 
-    y = torch.empty_like(x, dtype=out_dtype)
-    (x, y), (M, N, inner, (gx, gy)) = _rows_or_copy([x, y], dim)
-    out = y
-    K.forward(x, out, gx, gy, M, N, inner, mode)
-    return out
+    (x, y), (M, N, inner, (gx, gy)) = _rows_or_copy([x, torch.empty_like(x, dtype=out_dtype)], dim)
+    K.forward(x, y, gx, gy, M, N, inner, mode)
+    return y
 
 
 _softmax_op = torch.library.custom_op("onlinesoftmax::softmax", _softmax_impl, mutates_args=())
@@ -196,6 +194,13 @@ def _prepare(name, x, dim, dtype, backend):
     return x, dim, dtype or x.dtype, resolve_backend(backend, x, name)
 
 
+def _softmax_call(name, mode, x, dim, dtype, backend):
+    x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
+    if _eager_direct(x):
+        return _softmax_impl(x, dim, mode, out_dtype, backend)
+    return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
+
+
 def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
             backend: str | None = None) -> torch.Tensor:
     """``torch.softmax`` on the online state: ``y = e^(x - m) / d`` along ``dim``.
@@ -204,19 +209,13 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
     ``torch.compile``-able. ``dtype`` casts as torch does. ``backend``: None (Triton on CUDA, torch on CPU),
     ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`).
     """
-    x, dim, out_dtype, backend = _prepare("softmax", x, dim, dtype, backend)
-    if _eager_direct(x):
-        return _softmax_impl(x, dim, SOFTMAX, out_dtype, backend)
-    return torch.ops.onlinesoftmax.softmax(x, dim, SOFTMAX, out_dtype, backend)
+    return _softmax_call("softmax", SOFTMAX, x, dim, dtype, backend)
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
                 backend: str | None = None) -> torch.Tensor:
     """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments as :func:`softmax`."""
-    x, dim, out_dtype, backend = _prepare("log_softmax", x, dim, dtype, backend)
-    if _eager_direct(x):
-        return _softmax_impl(x, dim, LOG_SOFTMAX, out_dtype, backend)
-    return torch.ops.onlinesoftmax.softmax(x, dim, LOG_SOFTMAX, out_dtype, backend)
+    return _softmax_call("log_softmax", LOG_SOFTMAX, x, dim, dtype, backend)
 
 
 def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
