@@ -89,10 +89,9 @@ def test_strided_inputs(backend, name):
         "permuted3d": (torch.randn(5, 6, 70, device=DEV).permute(2, 0, 1), 0),
     }
     for label, (x, dim) in views.items():
-        assert not x.is_contiguous()
+        assert not x.is_contiguous(), label
         out = FNS[name][0](x, dim, backend=backend)
         assert_matches_low_precision_eager(name, out, x, dim)
-        del label
 
 
 def test_row_geometry_avoids_copies():
