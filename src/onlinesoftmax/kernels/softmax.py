@@ -274,14 +274,18 @@ def softmax_bwd_chunks_kernel(
         tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + c64 * sxn, dx.to(DX.dtype.element_ty), mask=mask)
 
 
-# ---- launchers: choose a path, allocate workspace, launch ----------------------------------------------
+# ---- launchers: choose a path once per problem, then launch -----------------------------------------------
 import torch  # noqa: E402  (kept below the kernels: this half is host code)
+from triton.runtime import driver  # noqa: E402
 
 from ..backend import interpret_mode  # noqa: E402
+from ._launch import launch  # noqa: E402
 
 _INTERPRETER_SMS = 4
 _ws: dict = {}
-last_launch: dict = {}   # path and config of the latest launch, for tests and the benchmark
+_plans: dict = {}         # problem -> _Plan: the path and launch configuration are chosen once per problem
+MAX_PLANS = 4096
+last_launch: dict = {}    # path and config of the latest launch, for tests and the benchmark
 
 
 def sm_count(device: torch.device) -> int:
@@ -313,22 +317,56 @@ def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
             words = torch.zeros(2, rows, dtype=torch.int32, device=device)
             part = torch.empty(2, parts, dtype=dtype, device=device)
             return words[0], words[1], part[0], part[1]
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = driver.active.get_current_stream(device.index)
     key = (device.type, device.index, stream)
-    ws = _ws.setdefault(key, {})
+    ws = _ws.get(key)
+    if ws is None:
+        ws = _ws[key] = {}
     words = ws.get("words")
     if words is None or words.shape[1] < rows:
         words = ws["words"] = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
+        ws["views"] = {}
     part = ws.get(dtype)
     if part is None or part.shape[1] < parts:
         part = ws[dtype] = torch.empty(2, max(parts, 1 << 16), dtype=dtype, device=device)
-    return words[0], words[1], part[0], part[1]
+        ws["views"] = {}
+    views = ws["views"].get(dtype)
+    if views is None:
+        views = ws["views"][dtype] = (words[0], words[1], part[0], part[1])
+    return views
 
 
-def _record(compiled, **launch):
-    """Remember the latest launch and the compiler's report (registers, spills) for tests and benchmarks."""
+class _Plan:
+    """What one problem (shape, strides, dtypes, op) launches: ``launches`` of (kernel, grid, run-time
+    arguments after the tensors, constexprs), the workspace it needs, and the record kept in ``last_launch``."""
+
+    __slots__ = ("path", "launches", "workspace", "record")
+
+    def __init__(self, path, launches, workspace, record):
+        self.path, self.launches, self.workspace, self.record = path, launches, workspace, record
+
+
+def _run(plan: _Plan, tensors: tuple, device: torch.device) -> str:
+    if plan.workspace is not None:
+        rows, parts, dtype, pick = plan.workspace
+        ws = _workspace(device, rows, parts, dtype)
+        tensors = tensors + tuple(ws[i] for i in pick)
+    for fn, grid, scalars, meta in plan.launches:
+        compiled = launch(fn, grid, tensors + scalars, device, **meta)
     last_launch.clear()
-    last_launch.update(launch, regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
+    last_launch.update(plan.record, regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
+    return plan.path
+
+
+def _cached_plan(key, build, config):
+    if config:                                  # explicit overrides (tests, tuning) are not cached
+        return build(dict(config))
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = build({})
+    return plan
 
 
 def _warps(elems_per_program: int, per_thread: int) -> int:
@@ -355,12 +393,24 @@ def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
     return chunk, triton.cdiv(N, chunk)
 
 
+def _chunk_launches(fn, path: str, grid: tuple, scalars: tuple, meta: dict) -> list:
+    """coop: one launch (PHASE 0); split: publish (PHASE 1), then finish (PHASE 2)."""
+    phases = (0,) if path == "coop" else (1,) if path == "chunks" else (1, 2)
+    return [(fn, grid, scalars, dict(meta, PHASE=p)) for p in phases]
+
+
 def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = None) -> str:
     """Launch softmax (mode 0), log-softmax (1) or logsumexp (2; ``out`` is a contiguous [M] tensor).
 
     ``geo_*`` are (stride_outer, stride_inner, stride_n) of the row view. Returns the path taken.
     """
-    cfg = dict(config or {})
+    device = x.device
+    key = (M, N, INNER, geo_x, geo_y, mode, x.dtype, out.dtype, device)
+    plan = _cached_plan(key, lambda cfg: _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode), config)
+    return _run(plan, (x, out), device)
+
+
+def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode) -> _Plan:
     device = x.device
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
@@ -376,34 +426,33 @@ def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = 
         warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
         tiles = triton.cdiv(M, block_m)
         grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms) if prefetch else tiles
-        k = softmax_rows_kernel[(grid,)](
-            x, out, M, N, INNER, *geo_x, *geo_y, grid,
-            BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
-        _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
-        return path
+        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
+        launches = [(softmax_rows_kernel, (grid,), (M, N, INNER, *geo_x, *geo_y, grid), meta)]
+        record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
+        return _Plan(path, launches, None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 32))
     part_dtype = torch.float64 if acc == tl.float64 else torch.float32
-    arrive, gen, part_m, part_d = _workspace(device, M, M * C, part_dtype)
-    common = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
-    args = (x, out, part_m, part_d, arrive, gen, N, INNER, *geo_x, *geo_y, C)
     if mode == LOGSUMEXP:
         path = "chunks"
-        k = softmax_chunks_kernel[(M * C,)](*args, PHASE=1, **common)
-    elif path == "coop":
-        k = softmax_chunks_kernel[(M * C,)](*args, PHASE=0, **common)
-    else:
-        softmax_chunks_kernel[(M * C,)](*args, PHASE=1, **common)
-        k = softmax_chunks_kernel[(M * C,)](*args, PHASE=2, **common)
-    _record(k, path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    return path
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
+    launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), (N, INNER, *geo_x, *geo_y, C), meta)
+    # workspace order in the kernel: PART_M, PART_D, ARRIVE, GEN
+    record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return _Plan(path, launches, (M, M * C, part_dtype, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
     """dx from y and dy: softmax ``dx = y·(dy − Σ y·dy)``, log-softmax ``dx = dy − e^y·Σ dy``."""
-    cfg = dict(config or {})
     device = y.device
+    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, y.dtype, dy.dtype, dx.dtype, device)
+    plan = _cached_plan(key, lambda cfg: _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log),
+                        config)
+    return _run(plan, (y, dy, dx), device)
+
+
+def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log) -> _Plan:
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, backward=True)
@@ -412,21 +461,16 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
         block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS // BWD_CHUNK_SCALE) // block_n))
         warps = cfg.pop("num_warps", min(16, _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE)))
         grid = min(triton.cdiv(M, block_m), cfg.pop("waves", BWD_WAVES) * sms)
-        k = softmax_bwd_rows_kernel[(grid,)](
-            y, dy, dx, M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid,
-            BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, num_warps=warps)
-        _record(k, path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
-        return path
+        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, num_warps=warps)
+        launches = [(softmax_bwd_rows_kernel, (grid,), (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), meta)]
+        record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
+        return _Plan(path, launches, None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 16))
-    arrive, gen, part, _ = _workspace(device, M, M * C, torch.float32)
-    args = (y, dy, dx, part, arrive, gen, N, INNER, *geo_y, *geo_dy, *geo_dx, C)
-    common = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
-    if path == "coop":
-        k = softmax_bwd_chunks_kernel[(M * C,)](*args, PHASE=0, **common)
-    else:
-        softmax_bwd_chunks_kernel[(M * C,)](*args, PHASE=1, **common)
-        k = softmax_bwd_chunks_kernel[(M * C,)](*args, PHASE=2, **common)
-    _record(k, path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    return path
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
+    launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,),
+                               (N, INNER, *geo_y, *geo_dy, *geo_dx, C), meta)
+    # workspace order in the kernel: PART, ARRIVE, GEN
+    record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return _Plan(path, launches, (M, M * C, torch.float32, (2, 0, 1)), record)

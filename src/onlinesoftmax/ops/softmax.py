@@ -47,9 +47,18 @@ def row_geometry(tensors, dim: int):
     return size_o * size_i, n, size_i, [(a, b, s) for a, b, s in zip(so, si, sn)]
 
 
+_GEOMETRY: dict = {}       # (dim, shape, strides...) -> row_geometry, computed once per layout
+MAX_GEOMETRIES = 4096
+
+
 def _rows_or_copy(tensors, dim):
     """The row view of ``tensors``, making them contiguous first only when no view exists."""
-    geo = row_geometry(tensors, dim)
+    key = (dim, tensors[0].shape, *(t.stride() for t in tensors))
+    geo = _GEOMETRY.get(key, False)
+    if geo is False:
+        if len(_GEOMETRY) >= MAX_GEOMETRIES:
+            _GEOMETRY.clear()
+        geo = _GEOMETRY[key] = row_geometry(tensors, dim)
     if geo is None:
         tensors = [t.contiguous() for t in tensors]
         geo = row_geometry(tensors, dim)
