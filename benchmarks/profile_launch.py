@@ -1,9 +1,11 @@
 """Where the host time of an eager decode-sized call goes, layer by layer, against torch.
 
-For each decode shape: host µs per call (the enqueue rate of 400 back-to-back calls; the GPU queue does not
-fill, so this is host time), do_bench time of the eager call, and the GPU time alone (replayed from a CUDA
-graph), for torch.softmax and onlinesoftmax.softmax; then the layers of ours (the op, the kernel launcher with
-the row view given, the pre-bound launch alone); then a cProfile of 300 calls.
+1. Layers at 1 x 128256 fp32: host µs per call of each layer of ours and of torch (2000 back-to-back calls of
+   functions whose GPU work is shorter than their host work, or none).
+2. Every decode shape: ``eager`` = wall time per call of 300 back-to-back calls then a sync (what a Python loop
+   of eager calls gets: the larger of host and GPU time), do_bench's median (GPU time between events; the host
+   runs ahead while do_bench clears L2) and the GPU time alone, replayed from a CUDA graph.
+3. A cProfile of 1000 calls.
 
     PYTHONPATH=src python benchmarks/profile_launch.py
 """
@@ -13,23 +15,30 @@ import pstats
 import time
 
 import torch
+import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 import onlinesoftmax as oss
+from onlinesoftmax.kernels import _launch
 from onlinesoftmax.kernels import softmax as K
 from onlinesoftmax.ops.softmax import _rows_or_copy
 
 
-def host_us(fn, calls=400):
-    for _ in range(20):
+@triton.jit
+def _noop(X, N, B: tl.constexpr):
+    pass
+
+
+def per_call_us(fn, calls):
+    for _ in range(30):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
-    t = time.perf_counter() - t0
     torch.cuda.synchronize()
-    return t / calls * 1e6
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def graph_us(fn):
@@ -41,42 +50,61 @@ def graph_us(fn):
     return do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
 
 
-def main():
-    print(f"{'shape':>16} {'dtype':8} {'impl':28} {'host/call':>10} {'do_bench':>10} {'graph':>8}")
+def layers():
+    x = torch.randn(1, 128256, device="cuda")
+    y = torch.empty_like(x)
+    (xv, yv), (M, N, inner, (gx, gy)) = _rows_or_copy([x, y], 1)
+    dev = x.device
+    small = torch.randn(4, device="cuda")
+    items = {
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "torch.neg (4 elements)": lambda: torch.neg(small),
+        "triton noop kernel[grid]": lambda: _noop[(1,)](x, 5, B=4),
+        "triton noop via _launch.launch": lambda: _launch.launch(_noop, (1,), (x, 5), dev, B=4),
+        "K.forward (row view given)": lambda: K.forward(xv, yv, gx, gy, M, N, inner, K.SOFTMAX),
+        "oss.softmax": lambda: oss.softmax(x),
+    }
+    print("layer (1 x 128256 fp32)              host us/call")
+    for name, fn in items.items():
+        print(f"{name:36} {per_call_us(fn, 2000):8.2f}")
+
+
+def shapes():
+    print(f"\n{'shape':>16} {'dtype':8} {'impl':16} {'eager':>9} {'do_bench':>9} {'graph':>8}  speed-up eager/graph")
     for dtype in (torch.float32, torch.bfloat16):
         for m in (1, 8, 32):
             for n in (128256, 151936, 262144):
                 x = torch.randn(m, n, device="cuda", dtype=dtype)
-                y = torch.empty_like(x)
-                (xv, yv), (M, N, inner, (gx, gy)) = _rows_or_copy([x, y], 1)
-                impls = {
-                    "torch.softmax": lambda: torch.softmax(x, -1),
-                    "oss.softmax": lambda: oss.softmax(x),
-                    "oss.log_softmax": lambda: oss.log_softmax(x),
-                    "oss.logsumexp": lambda: oss.logsumexp(x),
-                    "torch.logsumexp": lambda: torch.logsumexp(x, -1),
-                    "K.forward (row view given)": lambda: K.forward(xv, yv, gx, gy, M, N, inner, K.SOFTMAX),
-                }
-                ref = torch.softmax(x.double(), -1)
-                err = (oss.softmax(x).double() - ref).abs().max().item()
-                for name, fn in impls.items():
-                    h = host_us(fn)
-                    b = do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-                    g = graph_us(fn) if name in ("torch.softmax", "oss.softmax") else float("nan")
-                    print(f"{m:>6}x{n:<9} {str(dtype)[6:]:8} {name:28} {h:8.1f}us {b:8.1f}us {g:6.1f}us"
-                          + (f"  max|err| {err:.1e} path {K.last_launch.get('path')}" if name == "oss.softmax" else ""))
+                err = (oss.softmax(x).double() - torch.softmax(x.double(), -1)).abs().max().item()
+                res = {}
+                impls = (("torch.softmax", lambda: torch.softmax(x, -1)), ("oss.softmax", lambda: oss.softmax(x)))
+                for name, fn in impls:
+                    res[name] = (per_call_us(fn, 300), do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3,
+                                 graph_us(fn))
+                for name, (e, b, g) in res.items():
+                    extra = ""
+                    if name == "oss.softmax":
+                        t = res["torch.softmax"]
+                        extra = (f"  {t[0] / e:4.1f}x / {t[2] / g:4.1f}x  max|err| {err:.1e} "
+                                 f"path {K.last_launch.get('path')}")
+                    print(f"{m:>6}x{n:<9} {str(dtype)[6:]:8} {name:16} {e:7.1f}us {b:7.1f}us {g:6.1f}us{extra}")
+
+
+def profile():
     x = torch.randn(1, 128256, device="cuda")
     for _ in range(20):
         oss.softmax(x)
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(300):
+    for _ in range(1000):
         oss.softmax(x)
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":
-    main()
+    layers()
+    shapes()
+    profile()

@@ -336,3 +336,20 @@ def test_gpu_more_than_2_31_elements():
     xt = x[:, :1].expand(m, 3)  # stride 0 columns, still 64-bit rows
     torch.testing.assert_close(oss.softmax(xt, -1)[tail].float(), torch.full((5, 3), 1 / 3, device="cuda"),
                                atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 151936])
+def test_gpu_bound_launch_alignment_and_devices(n):
+    """One plan (same shape and strides), data pointers of different 16-byte alignment: the pre-bound launch
+    keeps a compiled kernel per alignment, and a call under another current device index still runs right."""
+    base = torch.randn(3, n + 1, device="cuda")
+    views = [base[:, :n], base[:, 1:], base[:, :n], base[:, 1:]]
+    assert views[0].stride() == views[1].stride() and views[1].data_ptr() % 16 != 0
+    for v in views:
+        for fn, expect in ((oss.softmax, torch.softmax), (oss.log_softmax, torch.log_softmax)):
+            for _ in range(3):
+                torch.testing.assert_close(fn(v), expect(v, -1))
+        torch.testing.assert_close(oss.logsumexp(v), torch.logsumexp(v, -1))
+    with torch.cuda.device(0):
+        torch.testing.assert_close(oss.softmax(views[1]), torch.softmax(views[1], -1))

@@ -1,16 +1,14 @@
 """Pre-bound kernel launches: a decode-sized op must cost a few µs of host time, not tens.
 
 ``kernel[grid](*args, **meta)`` binds and specialises every argument on every call (Triton's ``JITFunction.run``:
-argument binding, the specialisation key, the device and stream look-ups), about 10 µs per launch on the H200's
-host, which is as long as a whole 1 x 128K softmax on the GPU. :func:`launch` does that once per distinct launch
-signature and keeps the compiled kernel; later calls with the same signature go straight to the compiled kernel's
-C launcher.
+argument binding, the specialisation key, the device and stream look-ups): 13.6 µs for an empty kernel on the
+H200 machine's host, against 8 µs of GPU time for a whole 1 x 128K softmax (benchmarks/profile_launch.py).
 
-The signature is exact: every int argument by value (so Triton's int specialisations, ``== 1``, ``% 16 == 0``
-and the 32/64-bit choice, cannot differ between two calls that share an entry), every tensor by dtype and
-16-byte alignment of its data pointer (Triton's pointer specialisation), the constexprs and launch options,
-the grid and the device. Under the interpreter, or with Triton launch hooks installed (profilers), every call
-takes Triton's own path.
+A :class:`BoundKernel` is one launch configuration whose run-time integers (sizes, strides, grid), tensor dtypes
+and constexprs are fixed (a cached plan, or :func:`launch`'s key). The only thing that can then change Triton's
+specialisation between two calls is the 16-byte alignment of the tensors' data pointers, so the compiled kernel
+is kept per (alignment, device) and later calls go straight to its C launcher. Under the interpreter, or with
+Triton launch hooks installed (profilers), every call takes Triton's own path.
 """
 
 from __future__ import annotations
@@ -22,34 +20,60 @@ from triton.runtime import driver
 
 from ..backend import interpret_mode
 
-MAX_ENTRIES = 4096          # distinct launch signatures kept; past this the cache starts over
+MAX_BOUND = 4096           # distinct generic launches kept by :func:`launch`; past this the cache starts over
+_bound: dict = {}
 
-_cache: dict = {}
 
+class BoundKernel:
+    """``fn[grid](*args, **meta)`` with Triton's per-call binding done once, for args whose non-tensor values
+    and tensor dtypes are the same on every call (the caller's plan fixes them).
 
-def _signature(args) -> tuple:
-    return tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a for a in args)
+    ``meta`` names every constexpr parameter plus launch options (``num_warps``).
+    """
+
+    __slots__ = ("fn", "grid", "meta", "tail", "_compiled")
+
+    def __init__(self, fn: triton.JITFunction, grid: tuple, meta: dict):
+        self.fn, self.grid, self.meta, self.tail = fn, grid, meta, ()
+        self._compiled: dict = {}
+
+    def __call__(self, args: tuple, check: tuple, device: torch.device):
+        """Launch on the current stream; ``check``: the tensors of ``args`` that may be misaligned (the
+        caller's; fresh workspace allocations are always aligned). Returns the compiled kernel."""
+        if device.type != "cuda" or interpret_mode() or knobs.runtime.launch_enter_hook.calls:
+            return self.fn[self.grid](*args, **self.meta)
+        index = driver.active.get_current_device()     # Triton launches on the current device, as here
+        key = (index, not any(t.data_ptr() & 15 for t in check))
+        entry = self._compiled.get(key)
+        if entry is None:
+            compiled = self.fn[self.grid](*args, **self.meta)
+            self._compiled[key] = self._bind(compiled)
+            return compiled
+        launcher, head, compiled = entry
+        launcher(*head[:3], driver.active.get_current_stream(index), *head[3:], *args, *self.tail)
+        return compiled
+
+    def _bind(self, compiled):
+        # the C launcher takes every parameter in order, constexprs included (it skips them)
+        self.tail = tuple(self.meta[p.name] for p in self.fn.params if p.is_constexpr)
+        g = (tuple(self.grid) + (1, 1))[:3]
+        run = compiled.run
+        if (getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+                or not hasattr(run, "launch")):
+            # scratch to allocate per launch (or another launcher): Triton's launcher object does it
+            return run, (*g, compiled.function, compiled.packed_metadata, None, None, None), compiled
+        head = (*g, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                compiled.packed_metadata, None, None, None)
+        return run.launch, head, compiled
 
 
 def launch(fn: triton.JITFunction, grid: tuple, args: tuple, device: torch.device, **meta):
-    """``fn[grid](*args, **meta)``, returning the compiled kernel, with Triton's per-call binding done once.
-
-    ``args`` are the kernel's leading run-time arguments in order; ``meta`` names every remaining parameter
-    (the constexprs) and the launch options (``num_warps``, ...).
-    """
-    if device.type != "cuda" or interpret_mode() or knobs.runtime.launch_enter_hook.calls:
-        return fn[grid](*args, **meta)
-    index = driver.active.get_current_device()     # Triton launches on the current device, as here
-    key = (fn, grid, index, _signature(args), tuple(meta.items()))
-    entry = _cache.get(key)
-    if entry is None:
-        compiled = fn[grid](*args, **meta)
-        tail = tuple(meta[name] for name in fn.arg_names[len(args):])   # constexprs, in parameter order
-        if len(_cache) >= MAX_ENTRIES:
-            _cache.clear()
-        _cache[key] = (compiled, tail, (grid + (1, 1))[:3])
-        return compiled
-    compiled, tail, (g0, g1, g2) = entry
-    stream = driver.active.get_current_stream(index)
-    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
-    return compiled
+    """``fn[grid](*args, **meta)`` through a :class:`BoundKernel` looked up by the exact non-tensor arguments,
+    tensor dtypes, grid and ``meta``. ``args``: every run-time parameter in order; returns the compiled kernel."""
+    key = (fn, grid, tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in args), tuple(meta.items()))
+    bound = _bound.get(key)
+    if bound is None:
+        if len(_bound) >= MAX_BOUND:
+            _bound.clear()
+        bound = _bound[key] = BoundKernel(fn, grid, meta)
+    return bound(args, tuple(a for a in args if isinstance(a, torch.Tensor)), device)

@@ -279,7 +279,7 @@ import torch  # noqa: E402  (kept below the kernels: this half is host code)
 from triton.runtime import driver  # noqa: E402
 
 from ..backend import interpret_mode  # noqa: E402
-from ._launch import launch  # noqa: E402
+from ._launch import BoundKernel  # noqa: E402
 
 _INTERPRETER_SMS = 4
 _ws: dict = {}
@@ -337,22 +337,25 @@ def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
 
 
 class _Plan:
-    """What one problem (shape, strides, dtypes, op) launches: ``launches`` of (kernel, grid, run-time
-    arguments after the tensors, constexprs), the workspace it needs, and the record kept in ``last_launch``."""
+    """What one problem (shape, strides, dtypes, op) launches: ``launches`` (bound kernels, in order) with the
+    run-time arguments after the tensors, the workspace it needs, and the record kept in ``last_launch``."""
 
-    __slots__ = ("path", "launches", "workspace", "record")
+    __slots__ = ("path", "launches", "scalars", "workspace", "record")
 
-    def __init__(self, path, launches, workspace, record):
-        self.path, self.launches, self.workspace, self.record = path, launches, workspace, record
+    def __init__(self, path, launches, scalars, workspace, record):
+        self.path, self.launches, self.scalars, self.workspace, self.record = (
+            path, launches, scalars, workspace, record)
 
 
 def _run(plan: _Plan, tensors: tuple, device: torch.device) -> str:
+    args = tensors
     if plan.workspace is not None:
         rows, parts, dtype, pick = plan.workspace
         ws = _workspace(device, rows, parts, dtype)
-        tensors = tensors + tuple(ws[i] for i in pick)
-    for fn, grid, scalars, meta in plan.launches:
-        compiled = launch(fn, grid, tensors + scalars, device, **meta)
+        args = args + tuple(ws[i] for i in pick)
+    args = args + plan.scalars
+    for bound in plan.launches:
+        compiled = bound(args, tensors, device)
     last_launch.clear()
     last_launch.update(plan.record, regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
     return plan.path
@@ -393,10 +396,10 @@ def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
     return chunk, triton.cdiv(N, chunk)
 
 
-def _chunk_launches(fn, path: str, grid: tuple, scalars: tuple, meta: dict) -> list:
-    """coop: one launch (PHASE 0); split: publish (PHASE 1), then finish (PHASE 2)."""
+def _chunk_launches(fn, path: str, grid: tuple, meta: dict) -> list:
+    """coop: one launch (PHASE 0); split: publish (PHASE 1), then finish (PHASE 2); logsumexp: PHASE 1."""
     phases = (0,) if path == "coop" else (1,) if path == "chunks" else (1, 2)
-    return [(fn, grid, scalars, dict(meta, PHASE=p)) for p in phases]
+    return [BoundKernel(fn, grid, dict(meta, PHASE=p)) for p in phases]
 
 
 def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = None) -> str:
@@ -427,9 +430,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode) -> _Plan:
         tiles = triton.cdiv(M, block_m)
         grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms) if prefetch else tiles
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
-        launches = [(softmax_rows_kernel, (grid,), (M, N, INNER, *geo_x, *geo_y, grid), meta)]
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
-        return _Plan(path, launches, None, record)
+        return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
+                     None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 32))
@@ -437,10 +440,10 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode) -> _Plan:
     if mode == LOGSUMEXP:
         path = "chunks"
     meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
-    launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), (N, INNER, *geo_x, *geo_y, C), meta)
+    launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     # workspace order in the kernel: PART_M, PART_D, ARRIVE, GEN
     record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    return _Plan(path, launches, (M, M * C, part_dtype, (2, 3, 0, 1)), record)
+    return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), (M, M * C, part_dtype, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
@@ -462,15 +465,15 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log) -> _Pla
         warps = cfg.pop("num_warps", min(16, _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE)))
         grid = min(triton.cdiv(M, block_m), cfg.pop("waves", BWD_WAVES) * sms)
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, num_warps=warps)
-        launches = [(softmax_bwd_rows_kernel, (grid,), (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), meta)]
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
-        return _Plan(path, launches, None, record)
+        return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
+                     (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 16))
     meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
-    launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,),
-                               (N, INNER, *geo_y, *geo_dy, *geo_dx, C), meta)
+    launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
     # workspace order in the kernel: PART, ARRIVE, GEN
     record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    return _Plan(path, launches, (M, M * C, torch.float32, (2, 0, 1)), record)
+    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, torch.float32, (2, 0, 1)),
+                 record)
