@@ -86,7 +86,7 @@ def shapes():
                     if name == "oss.softmax":
                         t = res["torch.softmax"]
                         extra = (f"  {t[0] / e:4.1f}x / {t[2] / g:4.1f}x  max|err| {err:.1e} "
-                                 f"path {K.last_launch.get('path')}")
+                                 f"path {K.last_launch().get('path')}")
                     print(f"{m:>6}x{n:<9} {str(dtype)[6:]:8} {name:16} {e:7.1f}us {b:7.1f}us {g:6.1f}us{extra}")
 
 

@@ -95,7 +95,7 @@ def main(out_dir):
             out = fn(*sets[0])
             torch.cuda.synchronize()
             err = (out.float() - ref.float()).abs().max().item()
-            info = dict(K.last_launch) if name != "torch" else {}
+            info = K.last_launch() if name != "torch" else {}
             ms = timed(fn, sets)
         except Exception as e:  # a variant that fails to compile or run is reported, not fatal
             print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} FAILED {type(e).__name__}: {e}"[:200])

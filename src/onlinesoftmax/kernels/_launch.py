@@ -16,9 +16,17 @@ from __future__ import annotations
 import torch
 import triton
 from triton import knobs
-from triton.runtime import driver
 
 from ..backend import interpret_mode
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):      # what Triton's own launcher calls
+    current_device = torch._C._cuda_getDevice
+    current_stream = torch._C._cuda_getCurrentRawStream   # the raw cudaStream_t of a device's current stream
+else:                                                    # a torch built without CUDA: no launch comes here
+    current_device = torch.cuda.current_device
+
+    def current_stream(index: int) -> int:
+        return torch.cuda.current_stream(index).cuda_stream
 
 MAX_BOUND = 4096           # distinct generic launches kept by :func:`launch`; past this the cache starts over
 _bound: dict = {}
@@ -31,18 +39,19 @@ class BoundKernel:
     ``meta`` names every constexpr parameter plus launch options (``num_warps``).
     """
 
-    __slots__ = ("fn", "grid", "meta", "tail", "_compiled")
+    __slots__ = ("fn", "grid", "meta", "tail", "interpret", "_compiled")
 
     def __init__(self, fn: triton.JITFunction, grid: tuple, meta: dict):
         self.fn, self.grid, self.meta, self.tail = fn, grid, meta, ()
+        self.interpret = interpret_mode()
         self._compiled: dict = {}
 
-    def __call__(self, args: tuple, check: tuple, device: torch.device):
-        """Launch on the current stream; ``check``: the tensors of ``args`` that may be misaligned (the
-        caller's; fresh workspace allocations are always aligned). Returns the compiled kernel."""
-        if device.type != "cuda" or interpret_mode() or knobs.runtime.launch_enter_hook.calls:
+    def __call__(self, args: tuple, check: tuple, device: torch.device, stream: int | None = None):
+        """Launch on ``stream`` (default: the current one); ``check``: the tensors of ``args`` that may be
+        misaligned (the caller's; fresh workspace allocations are always aligned). Returns the compiled kernel."""
+        if device.type != "cuda" or self.interpret or knobs.runtime.launch_enter_hook.calls:
             return self.fn[self.grid](*args, **self.meta)
-        index = driver.active.get_current_device()     # Triton launches on the current device, as here
+        index = current_device()              # Triton launches on the current device, as here
         key = (index, not any(t.data_ptr() & 15 for t in check))
         entry = self._compiled.get(key)
         if entry is None:
@@ -50,7 +59,9 @@ class BoundKernel:
             self._compiled[key] = self._bind(compiled)
             return compiled
         launcher, head, compiled = entry
-        launcher(*head[:3], driver.active.get_current_stream(index), *head[3:], *args, *self.tail)
+        if stream is None:
+            stream = current_stream(index)
+        launcher(*head[:3], stream, *head[3:], *args, *self.tail)
         return compiled
 
     def _bind(self, compiled):

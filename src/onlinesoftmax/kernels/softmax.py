@@ -276,25 +276,24 @@ def softmax_bwd_chunks_kernel(
 
 # ---- launchers: choose a path once per problem, then launch -----------------------------------------------
 import torch  # noqa: E402  (kept below the kernels: this half is host code)
-from triton.runtime import driver  # noqa: E402
 
 from ..backend import interpret_mode  # noqa: E402
-from ._launch import BoundKernel  # noqa: E402
+from ._launch import BoundKernel, current_stream  # noqa: E402
 
 _INTERPRETER_SMS = 4
-_ws: dict = {}
+_sms: dict = {}           # device index -> SM count
+_ws: dict = {}            # (device, stream, dtype) -> the workspace of _workspace
 _plans: dict = {}         # problem -> _Plan: the path and launch configuration are chosen once per problem
 MAX_PLANS = 4096
-last_launch: dict = {}    # path and config of the latest launch, for tests and the benchmark
+_last = None              # (plan, compiled kernel) of the latest launch: see last_launch()
 
 
 def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return _INTERPRETER_SMS
-    key = ("sms", device.index)
-    if key not in _ws:
-        _ws[key] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _ws[key]
+    if device.index not in _sms:
+        _sms[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms[device.index]
 
 
 def _pow2(n: int) -> int:
@@ -305,40 +304,28 @@ def _acc(*dtypes) -> tl.dtype:
     return tl.float64 if torch.float64 in dtypes else tl.float32
 
 
-def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
+def _workspace(device: torch.device, stream: int, rows: int, parts: int, dtype: torch.dtype):
     """Barrier words (ARRIVE, GEN: int32 per row) and partial-state buffers (PART_M, PART_D: ``parts`` each).
 
     Every launch leaves ARRIVE as it found it (0) and writes the partial states it reads, so the buffers are
     cached per (device, stream) and reused without a memset; a CUDA graph being captured gets fresh ones.
     """
-    stream = None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            words = torch.zeros(2, rows, dtype=torch.int32, device=device)
-            part = torch.empty(2, parts, dtype=dtype, device=device)
-            return words[0], words[1], part[0], part[1]
-        stream = driver.active.get_current_stream(device.index)
-    key = (device.type, device.index, stream)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        words = torch.zeros(2, rows, dtype=torch.int32, device=device)
+        part = torch.empty(2, parts, dtype=dtype, device=device)
+        return words[0], words[1], part[0], part[1]
+    key = (device, stream, dtype)
     ws = _ws.get(key)
-    if ws is None:
-        ws = _ws[key] = {}
-    words = ws.get("words")
-    if words is None or words.shape[1] < rows:
-        words = ws["words"] = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
-        ws["views"] = {}
-    part = ws.get(dtype)
-    if part is None or part.shape[1] < parts:
-        part = ws[dtype] = torch.empty(2, max(parts, 1 << 16), dtype=dtype, device=device)
-        ws["views"] = {}
-    views = ws["views"].get(dtype)
-    if views is None:
-        views = ws["views"][dtype] = (words[0], words[1], part[0], part[1])
-    return views
+    if ws is None or ws[0].shape[0] < rows or ws[2].shape[0] < parts:
+        words = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
+        part = torch.empty(2, max(parts, 1 << 16), dtype=dtype, device=device)
+        ws = _ws[key] = (words[0], words[1], part[0], part[1])
+    return ws
 
 
 class _Plan:
     """What one problem (shape, strides, dtypes, op) launches: ``launches`` (bound kernels, in order) with the
-    run-time arguments after the tensors, the workspace it needs, and the record kept in ``last_launch``."""
+    run-time arguments after the tensors, the workspace it needs, and the record that ``last_launch()`` reports."""
 
     __slots__ = ("path", "launches", "scalars", "workspace", "record")
 
@@ -348,17 +335,26 @@ class _Plan:
 
 
 def _run(plan: _Plan, tensors: tuple, device: torch.device) -> str:
+    global _last
     args = tensors
+    stream = current_stream(device.index) if device.type == "cuda" else None
     if plan.workspace is not None:
         rows, parts, dtype, pick = plan.workspace
-        ws = _workspace(device, rows, parts, dtype)
+        ws = _workspace(device, stream, rows, parts, dtype)
         args = args + tuple(ws[i] for i in pick)
     args = args + plan.scalars
     for bound in plan.launches:
-        compiled = bound(args, tensors, device)
-    last_launch.clear()
-    last_launch.update(plan.record, regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
+        compiled = bound(args, tensors, device, stream)
+    _last = (plan, compiled)
     return plan.path
+
+
+def last_launch() -> dict:
+    """Path and configuration of the latest launch, with the compiler's registers and spills (tests, benchmarks)."""
+    if _last is None:
+        return {}
+    plan, compiled = _last
+    return dict(plan.record, regs=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None))
 
 
 def _cached_plan(key, build, config):

@@ -91,6 +91,19 @@ def _torch_backward(y, dy, dim, log):
 
 
 # ---- custom ops ---------------------------------------------------------------------------------------
+_K = None
+
+
+def _kernels():
+    """The Triton kernel module, imported on first use (``import onlinesoftmax`` never imports Triton)."""
+    global _K
+    if _K is None:
+        from ..kernels import softmax
+
+        _K = softmax
+    return _K
+
+
 def _eager_direct(x: torch.Tensor) -> bool:
     """Calls that need neither autograd nor tracing skip the custom-op dispatcher (tens of µs per call,
     which is most of the time of a decode-sized softmax); the result is the same function."""
@@ -100,7 +113,7 @@ def _eager_direct(x: torch.Tensor) -> bool:
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         return _torch_forward(x, dim, mode, out_dtype)
-    from ..kernels import softmax as K
+    K = _kernels()
 
     (x, y), (M, N, inner, (gx, gy)) = _rows_or_copy([x, torch.empty_like(x, dtype=out_dtype)], dim)
     K.forward(x, y, gx, gy, M, N, inner, mode)
@@ -120,7 +133,7 @@ def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool,
                          backend: str) -> torch.Tensor:
     if backend == "torch" or y.numel() == 0 or y.dim() == 0:
         return _torch_backward(y, dy, dim, log).to(in_dtype)
-    from ..kernels import softmax as K
+    K = _kernels()
 
     dx = torch.empty_like(y, dtype=in_dtype)
     (y, dy, dx), (M, N, inner, (gy, gdy, gdx)) = _rows_or_copy([y, dy, dx], dim)
@@ -155,7 +168,7 @@ def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
     acc = accumulation_dtype(x.dtype)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         return _torch_forward(x, dim, LOGSUMEXP, acc).reshape(out_shape)
-    from ..kernels import softmax as K
+    K = _kernels()
 
     (xc,), (M, N, inner, (gx,)) = _rows_or_copy([x], dim)
     # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape
