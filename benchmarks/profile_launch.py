@@ -5,7 +5,8 @@
 2. Every decode shape: ``eager`` = wall time per call of 300 back-to-back calls then a sync (what a Python loop
    of eager calls gets: the larger of host and GPU time), do_bench's median (GPU time between events; the host
    runs ahead while do_bench clears L2) and the GPU time alone, replayed from a CUDA graph.
-3. A cProfile of 1000 calls.
+3. The decode path's GPU time per chunk size.
+4. A cProfile of 1000 calls.
 
     PYTHONPATH=src python benchmarks/profile_launch.py
 """
@@ -90,6 +91,22 @@ def shapes():
                     print(f"{m:>6}x{n:<9} {str(dtype)[6:]:8} {name:16} {e:7.1f}us {b:7.1f}us {g:6.1f}us{extra}")
 
 
+def sweep():
+    """GPU time (graph replay) of the decode path per chunk size: the data behind DECODE_CHUNK."""
+    print("\nchunk sweep, graph replay us (coop)")
+    for dtype in (torch.float32, torch.bfloat16):
+        for m in (1, 8, 32):
+            for n in (128256, 262144):
+                x = torch.randn(m, n, device="cuda", dtype=dtype)
+                y = torch.empty_like(x)
+                (xv, yv), (M, N, inner, (gx, gy)) = _rows_or_copy([x, y], 1)
+                row = []
+                for chunk in (2048, 4096, 8192, 16384):
+                    cfg = dict(path="coop", chunk=chunk)
+                    row.append(f"{chunk}: {graph_us(lambda: K.forward(xv, yv, gx, gy, M, N, inner, 0, cfg)):5.1f}")
+                print(f"{m:>6}x{n:<9} {str(dtype)[6:]:8} " + "  ".join(row))
+
+
 def profile():
     x = torch.randn(1, 128256, device="cuda")
     for _ in range(20):
@@ -107,4 +124,5 @@ def profile():
 if __name__ == "__main__":
     layers()
     shapes()
+    sweep()
     profile()
