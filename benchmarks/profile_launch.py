@@ -92,7 +92,7 @@ def shapes():
 
 
 def sweep():
-    """GPU time (graph replay) of the decode path per chunk size: the data behind DECODE_CHUNK."""
+    """GPU time (graph replay) of the decode path per chunk size (behind DECODE_MIN_CHUNK, DECODE_PROGRAMS_PER_SM)."""
     print("\nchunk sweep, graph replay us (coop)")
     for dtype in (torch.float32, torch.bfloat16):
         for m in (1, 8, 32):

@@ -44,7 +44,10 @@ PREFETCH_MAX_ROW_BYTES = 2048    # rows this short (bf16 N = 1K) run the persist
 PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lost 2-70 points with it
 PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
 COOP_CHUNK = 8192            # long rows: elements per program in the coop path (large batch), 8 warps
-DECODE_CHUNK = 4096          # few rows: smaller chunks so that M x C programs fill the GPU
+DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
+DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
+                             # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
+BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
@@ -385,9 +388,14 @@ def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = Fals
 def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
     few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms
     if backward:
-        chunk = DECODE_CHUNK // BWD_CHUNK_SCALE if few_rows else BWD_COOP_CHUNK
+        chunk = BWD_DECODE_CHUNK if few_rows else BWD_COOP_CHUNK
+    elif few_rows:
+        chunk = DECODE_MIN_CHUNK
+        while chunk < COOP_CHUNK and (M * triton.cdiv(N, chunk) > DECODE_PROGRAMS_PER_SM * sms
+                                      or triton.cdiv(N, chunk) > COOP_MAX_CHUNKS):
+            chunk *= 2
     else:
-        chunk = DECODE_CHUNK if few_rows else COOP_CHUNK
+        chunk = COOP_CHUNK
     chunk = min(chunk, _pow2(N))
     return chunk, triton.cdiv(N, chunk)
 
