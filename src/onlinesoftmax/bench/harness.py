@@ -130,6 +130,9 @@ def environment() -> dict:
 
 
 def git_commit() -> str:
+    """``ONLINESOFTMAX_COMMIT`` when set (the device's copy of the tree may carry a stale ``.git``), else git."""
+    if os.environ.get("ONLINESOFTMAX_COMMIT"):
+        return os.environ["ONLINESOFTMAX_COMMIT"]
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
@@ -138,9 +141,7 @@ def git_commit() -> str:
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    if not sha:
-        return os.environ.get("ONLINESOFTMAX_COMMIT", "unknown")
-    return sha + ("-dirty" if dirty else "")
+    return sha + ("-dirty" if dirty else "") if sha else "unknown"
 
 
 def cache_bytes(device: torch.device) -> int:
