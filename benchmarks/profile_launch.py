@@ -8,7 +8,7 @@
 3. The decode path's GPU time per chunk size.
 4. A cProfile of 1000 calls.
 
-    PYTHONPATH=src python benchmarks/profile_launch.py
+    PYTHONPATH=src python benchmarks/profile_launch.py [layers|shapes|sweep|profile]...
 """
 
 import cProfile
@@ -93,7 +93,7 @@ def shapes():
 
 def sweep():
     """GPU time (graph replay) of the decode path per chunk size (behind DECODE_MIN_CHUNK, DECODE_PROGRAMS_PER_SM)."""
-    print("\nchunk sweep, graph replay us (coop)")
+    print("\nchunk sweep, graph replay us")
     for dtype in (torch.float32, torch.bfloat16):
         for m in (1, 8, 32):
             for n in (128256, 262144):
@@ -101,9 +101,11 @@ def sweep():
                 y = torch.empty_like(x)
                 (xv, yv), (M, N, inner, (gx, gy)) = _rows_or_copy([x, y], 1)
                 row = []
-                for chunk in (2048, 4096, 8192, 16384):
-                    cfg = dict(path="coop", chunk=chunk)
-                    row.append(f"{chunk}: {graph_us(lambda: K.forward(xv, yv, gx, gy, M, N, inner, 0, cfg)):5.1f}")
+                for path, chunk in (("coop", 2048), ("coop", 4096), ("coop", 8192), ("coop", 16384),
+                                    ("split", 4096), ("split", 8192), ("split", 16384)):
+                    cfg = dict(path=path, chunk=chunk)
+                    t = graph_us(lambda: K.forward(xv, yv, gx, gy, M, N, inner, 0, cfg))
+                    row.append(f"{path} {chunk}: {t:5.1f}")
                 print(f"{m:>6}x{n:<9} {str(dtype)[6:]:8} " + "  ".join(row))
 
 
@@ -122,7 +124,8 @@ def profile():
 
 
 if __name__ == "__main__":
-    layers()
-    shapes()
-    sweep()
-    profile()
+    import sys
+
+    steps = sys.argv[1:] or ["layers", "shapes", "sweep", "profile"]
+    for step in steps:
+        {"layers": layers, "shapes": shapes, "sweep": sweep, "profile": profile}[step]()
