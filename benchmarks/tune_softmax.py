@@ -3,7 +3,8 @@
 Each variant is a launcher config (path, tile, waves, chunk, num_warps). Every variant's output is checked
 against torch before timing. Prints a table and writes JSON to the folder given as argv[1].
 
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def graph_and_overhead(m, n, dtype, name, fn, x):
 GRAPH_ROWS = []
 
 
-def main(out_dir):
+def main(out_dir, only_long=False):
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  copy ceiling {ceiling:.0f} GB/s")
@@ -107,6 +108,23 @@ def main(out_dir):
         print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} {ms*1e3:9.1f} us {gbps:7.0f} GB/s "
               f"{r['pct']:5.1f}%  err {err:.1e}  regs {info.get('regs')} spills {info.get('spills')}")
 
+    if only_long:
+        for dtype, n in ((torch.bfloat16, 32768), (torch.float32, 131072), (torch.float32, 262144),
+                         (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
+            size = torch.finfo(dtype).bits // 8
+            m = MB256 // (n * size)
+            sets = inputs(m, n, dtype)
+            ref = torch.softmax(sets[0][0], -1)
+            nb = 2 * m * n * size
+            record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+            for chunk in (8192, 16384, 32768):
+                for w in (8, 16, 32):
+                    record("fwd", m, n, dtype, f"coop chunk={chunk} w={w}",
+                           fwd_variant({"path": "coop", "chunk": chunk, "num_warps": w}), sets, nb, ref)
+            del sets
+        with open(f"{out_dir}/tune_long.json", "w") as f:
+            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        return
     for dtype in (torch.float32, torch.bfloat16):
         size = torch.finfo(dtype).bits // 8
         for n in (1024, 4096, 16384, 32768, 131072, 262144):
@@ -166,4 +184,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    main(sys.argv[1] if len(sys.argv) > 1 else ".", only_long=sys.argv[2:] == ["long"])
