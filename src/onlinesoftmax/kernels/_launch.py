@@ -28,6 +28,11 @@ else:                                                    # a torch built without
     def current_stream(index: int) -> int:
         return torch.cuda.current_stream(index).cuda_stream
 
+def _hooks_installed() -> bool:
+    hook = knobs.runtime.launch_enter_hook          # a HookChain in Triton 3.6 (a callable or None before)
+    return bool(getattr(hook, "calls", hook))
+
+
 MAX_BOUND = 4096           # distinct generic launches kept by :func:`launch`; past this the cache starts over
 _bound: dict = {}
 
@@ -49,7 +54,7 @@ class BoundKernel:
     def __call__(self, args: tuple, check: tuple, device: torch.device, stream: int | None = None):
         """Launch on ``stream`` (default: the current one); ``check``: the tensors of ``args`` that may be
         misaligned (the caller's; fresh workspace allocations are always aligned). Returns the compiled kernel."""
-        if device.type != "cuda" or self.interpret or knobs.runtime.launch_enter_hook.calls:
+        if device.type != "cuda" or self.interpret or _hooks_installed():
             return self.fn[self.grid](*args, **self.meta)
         index = current_device()              # Triton launches on the current device, as here
         key = (index, not any(t.data_ptr() & 15 for t in check))
