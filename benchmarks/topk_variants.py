@@ -1,6 +1,7 @@
-"""Time softmax_topk kernel variants (chunk size, group size, warps) for a few shapes; one JSON + a table.
+"""Time softmax_topk kernel variants (chunk size, warps) and host cost for a few shapes; one JSON + a table.
 
-Run on the GPU machine: ``PYTHONPATH=src python benchmarks/topk_variants.py --out DIR``.
+Run on the GPU machine: ``PYTHONPATH=src python benchmarks/topk_variants.py --out DIR [--quick]``.
+Peers in the same run: ``torch.topk`` and ``torch.softmax → topk``, inputs rotated past L2, medians.
 """
 
 from __future__ import annotations
@@ -12,46 +13,50 @@ import time
 import torch
 from triton.testing import do_bench
 
+from onlinesoftmax import softmax_topk
 from onlinesoftmax.kernels import topk as kt
 
-SHAPES = [(256, 128256, 50), (1, 128256, 50), (32, 151936, 50), (256, 262144, 8), (1, 262144, 1024),
-          (256, 262144, 256), (256, 151936, 1024), (4000, 10000, 5)]
+SHAPES = [(256, 128256, 50), (1, 128256, 50), (32, 128256, 50), (256, 262144, 8), (32, 151936, 256),
+          (256, 151936, 1024), (1, 262144, 1024), (4000, 10000, 5)]
 
 
 def variants(B, V, k):
-    """The default configuration, then one change at a time: chunk ½ and 2×, other warps, other paths."""
+    """The default configuration, then the chunk halved and doubled (warps scaled to keep 64 per thread)."""
     base = kt.select_path(B, V, k)
-    cands = [base]
-    for blk in (base.block // 2, base.block * 2):
-        if kt.MIN_BLOCK <= blk <= kt.MAX_BLOCK:
-            cands.append(kt.select_path(B, V, k, path=base.path, block=blk))
-    for w in ((8,) if base.num_warps == 16 else (16,) if base.num_warps == 8 else (8,)):
-        cands.append(kt.select_path(B, V, k, path=base.path, block=base.block, group=base.group, num_warps=w))
-    for p in ("filter", "grouped", "direct")[:2]:
-        if p != base.path:
-            cands.append(kt.select_path(B, V, k, path=p))
-    out, seen = [], set()
-    for c in cands:
-        key = (c.path, c.block, c.group, c.num_warps)
-        if key in seen or c.path == "sort" or kt._pow2(c.splits) * c.cap > kt.STAGE2_MAX_CANDIDATES:
-            continue
-        if c.block * 1 < c.num_warps * 32 * 4:
-            continue
-        seen.add(key)
-        out.append(c)
-    return out[:5]
+    out = [base]
+    for f in (0.5, 2, 4):
+        blk = int(base.block * f)
+        w = max(1, base.num_warps * blk // base.block)
+        c = kt.select_path(B, V, k, block=blk, num_warps=w)
+        if c.path == "filter" and c.block >= c.cols and c not in out:
+            out.append(c)
+    return out
+
+
+def host_us(fn, n=200):
+    """Host time per call: the GPU is kept busy (a sleep kernel) so the loop measures only the CPU side."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9 * 0.05))             # ~50 ms of GPU work queued ahead
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
+    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     rows = []
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    for B, V, k in SHAPES:
+    shapes = SHAPES[:3] if args.quick else SHAPES
+    for B, V, k in shapes:
         n_sets = max(1, min(16, (3 * l2) // (B * V * 4) + 1))
         xs = [torch.randn(B, V, device="cuda") for _ in range(n_sets)]
-        ref = torch.softmax(xs[0], -1).topk(k, -1)
         st = {"i": 0}
 
         def rot(fn, xs=xs):
@@ -60,32 +65,36 @@ def main():
                 return fn(xs[st["i"] % n_sets])
             return call
 
-        t_topk = do_bench(rot(lambda x: torch.topk(x, k, -1)), return_mode="median")
-        t_sm = do_bench(rot(lambda x: torch.softmax(x, -1).topk(k, -1)), return_mode="median")
-        floor_us = B * V * 4 / 4.0e12 * 1e6
+        ref = torch.softmax(xs[0], -1).topk(k, -1)
+        t_topk = do_bench(rot(lambda x: torch.topk(x, k, -1)), return_mode="median") * 1e3
+        t_sm = do_bench(rot(lambda x: torch.softmax(x, -1).topk(k, -1)), return_mode="median") * 1e3
+        t_op = do_bench(rot(lambda x: softmax_topk(x, k)), return_mode="median") * 1e3
+        h_op = host_us(lambda x0=xs[0]: softmax_topk(x0, k))
+        h_topk = host_us(lambda x0=xs[0]: torch.topk(x0, k, -1))
+        floor_us = B * V * 4 / 4.25e12 * 1e6
+        print(f"B{B:5d} V{V:7d} k{k:5d} op {t_op:8.1f} us (host {h_op:5.1f}) | torch.topk {t_topk:7.1f} "
+              f"(host {h_topk:4.1f}) softmax→topk {t_sm:7.1f} floor {floor_us:6.1f} | "
+              f"x{t_sm / t_op:5.2f} vs softmax→topk, x{t_topk / t_op:5.2f} vs topk", flush=True)
         for cfg in variants(B, V, k):
             t0 = time.time()
             try:
                 v, i, lse = kt.softmax_topk_2d(xs[0], k, cfg)
                 torch.cuda.synchronize()
                 ok = bool(torch.allclose(v, ref.values, rtol=2e-5, atol=1e-7))
-                ms = do_bench(rot(lambda x, cfg=cfg: kt.softmax_topk_2d(x, k, cfg)), return_mode="median")
+                us = do_bench(rot(lambda x, cfg=cfg: kt.softmax_topk_2d(x, k, cfg)), return_mode="median") * 1e3
                 err = ""
             except Exception as e:  # report, keep going
-                ok, ms, err = False, None, f"{type(e).__name__}: {str(e)[:200]}"
-            r = dict(B=B, V=V, k=k, path=cfg.path, block=cfg.block, group=cfg.group, warps=cfg.num_warps,
-                     merge_warps=cfg.merge_warps, splits=cfg.splits, ok=ok,
-                     us=None if ms is None else ms * 1e3,
-                     torch_topk_us=t_topk * 1e3, torch_softmax_topk_us=t_sm * 1e3, floor_us_at_4TBps=floor_us,
+                ok, us, err = False, None, f"{type(e).__name__}: {str(e)[:300]}"
+            r = dict(B=B, V=V, k=k, block=cfg.block, cols=cfg.cols, warps=cfg.num_warps, merge_warps=cfg.merge_warps,
+                     splits=cfg.splits, cap=cfg.cap, ok=ok, us=us, op_us=t_op, op_host_us=h_op, torch_topk_us=t_topk,
+                     torch_topk_host_us=h_topk, torch_softmax_topk_us=t_sm, floor_us=floor_us,
                      default=cfg == kt.select_path(B, V, k), err=err, compile_s=time.time() - t0)
             rows.append(r)
             with open(f"{args.out}/variants.json", "w") as f:
                 json.dump(rows, f, indent=1)
-            print(f"B{B:5d} V{V:8d} k{k:5d} {cfg.path:8s} blk{cfg.block:6d} G{cfg.group:3d} "
-                  f"w{cfg.num_warps:2d} "
-                  f"S{cfg.splits:4d} ok={ok} {'%.1f' % (ms * 1e3) if ms else '-':>8s} us  "
-                  f"topk {t_topk * 1e3:.1f} sm→topk {t_sm * 1e3:.1f} floor {floor_us:.1f} "
-                  f"{'DEFAULT' if r['default'] else ''} {err}", flush=True)
+            print(f"   blk{cfg.block:6d} R{cfg.cols:5d} w{cfg.num_warps:2d} mw{cfg.merge_warps:2d} S{cfg.splits:4d} "
+                  f"ok={ok} {f'{us:.1f}' if us else '-':>8s} us {'DEFAULT' if r['default'] else ''} {err}",
+                  flush=True)
         del xs
         torch.cuda.empty_cache()
 

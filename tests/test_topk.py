@@ -163,24 +163,26 @@ def test_public_api_and_no_triton_on_cpu():
 
 def test_select_path_thresholds():
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    c = kt.select_path(256, 128256, 50)
-    assert c.path == "filter" and c.kp == 64 and c.cap == kt.FILTER_CAP_FACTOR * 64 * kt.FILTER_GROUP
-    assert c.block == kt.GROW_MAX_BLOCK and c.splits == 16
-    c = kt.select_path(1, 262144, 1024)                    # the merge takes at most 32 chunks of 1024
-    assert c.path == "direct" and c.block == 8192 and c.splits == 32
-    assert kt.select_path(256, 151936, 1024).path == "grouped"     # large batch: chunks grow to MAX_BLOCK
-    c = kt.select_path(1, 128256, 8)                       # small batch: smallest chunk the merge can take
-    assert c.path == "filter" and c.block == 2048 and c.splits == math.ceil(128256 / 2048)
-    assert kt.select_path(256, 262144, 128).path == "grouped"      # 16 chunks · 8·128·4 slots do not fit
+    c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
+    assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
+    assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 8
+    c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
+    assert (c.block, c.cols, c.cap, c.num_warps) == (2048, 256, 32, 1)
+    c = kt.select_path(32, 262144, 256)                    # R = 2·KP = 512 columns: more warps, larger chunks
+    assert (c.block, c.cols, c.cap, c.num_warps) == (4096, 512, 512, 2)
+    c = kt.select_path(1, 151936, 1024)                    # R = MAX_COLS; the merge holds <= 32768 slots
+    assert (c.block, c.cols, c.cap, c.splits, c.num_warps) == (16384, 1024, 2048, 10, 8)
     assert kt.select_path(4, 5000, 5000).path == "sort"            # k beyond MAX_FUSED_K
-    assert kt.select_path(2, 10, 10).path == "filter" and kt.select_path(2, 10, 10).block == 64
-    assert kt.select_path(2, 3000, 300).path == "direct"
+    assert kt.select_path(2, 10, 10).block == 128 and kt.select_path(2, 10, 10).cols == 128
+    assert kt.select_path(1, 10 ** 7, 2048).path == "sort"         # too many slots for one merge program
     for B in (1, 32, 256):
         for V in (128256, 151936, 262144):
             for k in (1, 8, 50, 256, 1024):
                 c = kt.select_path(B, V, k)
-                assert c.path in (("filter",) if k <= 64 else ("grouped", "direct")) and c.block >= c.kp
-                assert kt._pow2(c.splits) * c.cap <= kt.STAGE2_MAX_CANDIDATES
+                assert c.path == "filter" and c.cols >= min(2 * c.kp, kt.MAX_COLS) and c.cap == 2 * c.kp
+                assert c.block // (32 * c.num_warps) == kt.ELEMS_PER_THREAD          # 64 elements per thread
+                assert kt._pow2(c.splits) * c.cap <= kt.MERGE_MAX_SLOTS
+                assert (c.block, c.num_warps) == ((2048, 1) if k <= 50 else (c.block, c.num_warps))
 
 
 # --- the Triton kernels (interpreter on CPU, small sizes) ---------------------------------------------------
@@ -192,29 +194,45 @@ def _run_cfg(x, k, **over):
     return cfg, TopK(v, i, l)
 
 
-@pytest.mark.parametrize("over,path", [({}, "filter"), ({"path": "direct"}, "direct"),
-                                       ({"path": "grouped", "group": 4}, "grouped")])
-def test_kernel_paths_match_reference(kernel_device, over, path):
+@pytest.mark.parametrize("over", [{}, {"block": 1024}, {"block": 512, "num_warps": 2}])
+def test_kernel_matches_reference(kernel_device, over):
     gen = torch.Generator().manual_seed(3)
     x = torch.cat([torch.randn(2, 2500, generator=gen), _special_rows(2500, gen)]).to(kernel_device)
-    for k in (1, 13):
-        cfg, out = _run_cfg(x, k, block=1024, **over)
-        assert cfg.path == path and cfg.splits == 3
+    for k in (1, 13, 50):
+        cfg, out = _run_cfg(x, k, **over)
+        assert cfg.path == "filter" and cfg.block == over.get("block", 2048)
         assert_matches_ref(out, x, k)
 
 
-def test_kernel_filter_overflow_and_merge_fallback(kernel_device, monkeypatch):
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    monkeypatch.setattr(kt, "MERGE_MIN_CAP", 16)
+def test_kernel_exact_fallbacks(kernel_device):
+    """Chunks whose candidates overflow CAP (sorted rows, long runs of ties, ties across the bound) take the
+    exact path of stage 1; rows whose merge survivors overflow take the merge's exact path: still exact."""
     gen = torch.Generator().manual_seed(8)
     i = torch.arange(4096)
-    hot = torch.randn(4096, generator=gen) + 10 * (i % 16 < 3)       # 3 hot columns: > CAP candidates
-    ties = torch.where(i % 2048 < 200, 5.0, -i.double()).float()     # 400 ties above the row bound
-    x = torch.stack([hot, torch.full((4096,), 3.0), ties, -i.float()]).to(kernel_device)
-    cfg, out = _run_cfg(x, 16, block=2048)
-    assert cfg.path == "filter" and cfg.cap == 512 and cfg.cap2 == 64
-    assert_matches_ref(out, x, 16)
-    assert out.indices[2].tolist() == list(range(16))
+    rows = [i.float(),                                              # ascending: every column max of a chunk
+            torch.full((4096,), 3.0),                               # all equal
+            torch.where(i % 2048 < 200, 5.0, -i.double()).float(),  # 400 ties above everything else
+            -i.float(),                                             # descending
+            torch.round(torch.randn(4096, generator=gen) * 4) / 4,  # ties everywhere
+            torch.where(i < 4000, -INF, torch.randn(4096, generator=gen).double()).float()]  # mostly masked
+    x = torch.stack(rows).to(kernel_device)
+    for k in (16, 40):
+        cfg, out = _run_cfg(x, k, block=1024)
+        assert cfg.cap == 2 * cfg.kp
+        assert_matches_ref(out, x, k)
+        assert out.indices[1].tolist() == list(range(k)) and out.indices[2].tolist() == list(range(k))
+
+
+def test_kernel_merge_streams_tiles(kernel_device, monkeypatch):
+    """More candidate slots than MERGE_TILE: the merge counts them TILE at a time."""
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    monkeypatch.setattr(kt, "MERGE_TILE", 256)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.cat([torch.randn(2, 3000, generator=gen), _special_rows(3000, gen)[[1, 3, 8]]]).to(kernel_device)
+    for k in (5, 33):
+        cfg, out = _run_cfg(x, k, block=256)
+        assert kt._pow2(cfg.splits) * cfg.cap > 256
+        assert_matches_ref(out, x, k)
 
 
 def test_kernel_k_equals_n_and_odd_v(kernel_device):
@@ -265,7 +283,7 @@ def test_gpu_matches_reference(V, k):
     gen = torch.Generator().manual_seed(V + k)
     x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]]])
     out = softmax_topk(x.cuda(), k)
-    assert ops_topk.last_path() in ("filter", "direct", "grouped")
+    assert ops_topk.last_path() == "filter"
     assert_matches_ref(out, x, k)
 
 
@@ -274,14 +292,13 @@ def test_gpu_matches_reference(V, k):
 def test_gpu_batch_paths(B):
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     x = torch.randn(B, 128256, device="cuda").to(torch.bfloat16)
-    refs = {}
-    for k, over in ((1, {}), (50, {}), (50, {"path": "grouped", "group": 4}), (1024, {})):
-            cfg = kt.select_path(B, 128256, k, **over)
-            v, i, l = kt.softmax_topk_2d(x, k, cfg)
-            ref = refs.setdefault(k, softmax_topk(x, k, backend="torch"))   # stable sort on the GPU
-            torch.testing.assert_close(i, ref.indices)
-            torch.testing.assert_close(v, ref.values, rtol=1e-5, atol=1e-8)
-            torch.testing.assert_close(l, ref.lse, rtol=2e-6, atol=2e-6)
+    for k, over in ((1, {}), (50, {}), (50, {"block": 8192, "num_warps": 2}), (1024, {})):
+        cfg = kt.select_path(B, 128256, k, esize=2, **over)
+        v, i, l = kt.softmax_topk_2d(x, k, cfg)
+        ref = softmax_topk(x, k, backend="torch")                       # stable sort on the GPU
+        torch.testing.assert_close(i, ref.indices)
+        torch.testing.assert_close(v, ref.values, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(l, ref.lse, rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.gpu

@@ -20,11 +20,11 @@ from typing import NamedTuple
 import torch
 
 from .._checks import check_dim, check_float_tensor
-from ..backend import resolve_backend
+from ..backend import resolve_backend, triton_available
 
 __all__ = ["TopK", "softmax_topk"]
 
-_last_path: str | None = None     # the last call's path: "torch", "filter", "grouped", "direct", "sort"
+_last_path: str | None = None     # the last call's path: "torch", "filter", "sort"
 
 
 class TopK(NamedTuple):
@@ -34,9 +34,8 @@ class TopK(NamedTuple):
 
 
 def last_path() -> str | None:
-    """The path the most recent ``softmax_topk`` call ran: ``torch``, or the Triton ``filter`` / ``grouped`` /
-    ``direct`` /
-    ``sort`` (see ``onlinesoftmax.kernels.topk.select_path``)."""
+    """The path the most recent ``softmax_topk`` call ran: ``torch``, or the Triton ``filter`` / ``sort`` (see
+    ``onlinesoftmax.kernels.topk.select_path``)."""
     return _last_path
 
 
@@ -73,6 +72,16 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     """
     global _last_path
     check_float_tensor(x, "x")
+    if x.dim() == 2 and (dim == -1 or dim == 1) and x.is_cuda and backend is None and x.dtype != torch.float64 \
+            and triton_available():
+        # the decode call, [B, V] on the GPU: no reshapes, the cached plan (host time is the cost here)
+        k = _check_k(k, x.shape[1])
+        from ..kernels import topk as kt
+
+        cfg = kt.plan(x.shape[0], x.shape[1], k, x.dtype)
+        _last_path = cfg.path
+        if cfg.path != "sort":
+            return TopK(*kt.softmax_topk_2d(x, k, cfg))
     squeeze = x.dim() == 0
     if squeeze:
         x = x.unsqueeze(0)
@@ -89,13 +98,13 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     else:
         from ..kernels import topk as kt
 
-        cfg = kt.select_path(x2.shape[0], n, k)
+        if x2.dtype == torch.float64:
+            x2 = x2.float()
+        cfg = kt.plan(x2.shape[0], n, k, x2.dtype)
         _last_path = cfg.path
         if cfg.path == "sort":
             values, indices, lse = _torch_2d(x2, k)
         else:
-            if x2.dtype == torch.float64:
-                x2 = x2.float()
             values, indices, lse = kt.softmax_topk_2d(x2, k, cfg)
     values = values.reshape(*lead, k).movedim(-1, dim)
     indices = indices.reshape(*lead, k).movedim(-1, dim)
