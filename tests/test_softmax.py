@@ -352,3 +352,32 @@ def test_gpu_bound_launch_alignment_and_devices(n):
         torch.testing.assert_close(oss.logsumexp(v), torch.logsumexp(v, -1))
     with torch.cuda.device(0):
         torch.testing.assert_close(oss.softmax(views[1]), torch.softmax(views[1], -1))
+
+
+def test_launch_plan_cached_per_problem():
+    """The second call of a problem reuses its plan (path, grid, bound kernels); a new layout makes a new one."""
+    K._plans.clear()
+    x = torch.randn(6, 300, device=DEV)
+    for _ in range(3):
+        torch.testing.assert_close(oss.softmax(x, backend="triton"), torch.softmax(x, -1))
+    assert len(K._plans) == 1
+    torch.testing.assert_close(oss.softmax(x.t(), 0, backend="triton"), torch.softmax(x.t(), 0))
+    oss.log_softmax(x, backend="triton")
+    assert len(K._plans) == 2          # x.t() along dim 0 is the same row problem as x along dim 1
+
+
+def test_launch_hooks_take_tritons_path():
+    from triton import knobs
+
+    from onlinesoftmax.kernels import _launch
+
+    assert not _launch._hooks_installed()
+
+    def hook(*args):
+        pass
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert _launch._hooks_installed()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
