@@ -1,8 +1,9 @@
 """Pre-bound kernel launches: a decode-sized op must cost a few µs of host time, not tens.
 
 ``kernel[grid](*args, **meta)`` binds and specialises every argument on every call (Triton's ``JITFunction.run``:
-argument binding, the specialisation key, the device and stream look-ups): 13.6 µs for an empty kernel on the
-H200 machine's host, against 8 µs of GPU time for a whole 1 x 128K softmax (benchmarks/profile_launch.py).
+argument binding, the specialisation key, the device and stream look-ups): 12.6-21 µs for an empty kernel on the
+H200 machine's host in our runs, against about 8 µs of GPU time for a whole 1 x 128K softmax
+(benchmarks/profile_launch.py; benchmarks/results/softmax/profile*.log).
 
 A :class:`BoundKernel` is one launch configuration whose run-time integers (sizes, strides, grid), tensor dtypes
 and constexprs are fixed (a cached plan, or :func:`launch`'s key). The only thing that can then change Triton's
@@ -27,6 +28,7 @@ else:                                                    # a torch built without
 
     def current_stream(index: int) -> int:
         return torch.cuda.current_stream(index).cuda_stream
+
 
 def _hooks_installed() -> bool:
     hook = knobs.runtime.launch_enter_hook          # a HookChain in Triton 3.6 (a callable or None before)

@@ -281,7 +281,7 @@ def softmax_bwd_chunks_kernel(
 import torch  # noqa: E402  (kept below the kernels: this half is host code)
 
 from ..backend import interpret_mode  # noqa: E402
-from ._launch import BoundKernel, current_stream  # noqa: E402
+from ._launch import BoundKernel, current_device, current_stream  # noqa: E402
 
 _INTERPRETER_SMS = 4
 _sms: dict = {}           # device index -> SM count
@@ -340,7 +340,8 @@ class _Plan:
 def _run(plan: _Plan, tensors: tuple, device: torch.device) -> str:
     global _last
     args = tensors
-    stream = current_stream(device.index) if device.type == "cuda" else None
+    # Triton launches on the current device's current stream; so do the bound kernels
+    stream = current_stream(current_device()) if device.type == "cuda" else None
     if plan.workspace is not None:
         rows, parts, dtype, pick = plan.workspace
         ws = _workspace(device, stream, rows, parts, dtype)
