@@ -59,6 +59,9 @@ ELEMS_PER_THREAD = 64               # elements of x per thread: 64 fit in regist
 MERGE_TILE = 8192                   # candidate keys the merge holds in registers; more are streamed from L2
 MERGE_MAX_SLOTS = 32768             # S_pow2 · CAP candidate slots of a row, at most
 MERGE_SLOTS_PER_WARP = 1024         # merge warps: min(S_pow2 · CAP, MERGE_TILE) / this, at least 4
+FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
+FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 5: k = 256, 32 x 151936: 54 µs with
+                                    # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
@@ -107,9 +110,14 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     vec = 16 // esize                                   # elements per 16-byte load
     cols = max(min(COLS_PER_KP * kp, MAX_COLS), 32 * vec)
     max_warps = max(1, cols // (32 * vec))              # every warp along the columns: column maxima in-thread
+    if kp >= FIT_TILE_MIN_KP:
+        max_warps = max(max_warps, FIT_MAX_WARPS)
     if block is None:
         block = max(cols, min(32 * ELEMS_PER_THREAD, _pow2(V)))
         while _pow2(triton.cdiv(V, block)) * cap > MERGE_MAX_SLOTS:
+            block *= 2
+        while (kp >= FIT_TILE_MIN_KP and block < 32 * ELEMS_PER_THREAD * max_warps
+               and _pow2(triton.cdiv(V, block)) * cap > MERGE_TILE):
             block *= 2
     splits = triton.cdiv(V, block)
     if _pow2(splits) * cap > MERGE_MAX_SLOTS or block > 2 * 32 * ELEMS_PER_THREAD * max_warps:
@@ -336,7 +344,7 @@ def _topk_merge_kernel(ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, CAP: tl.cons
     cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
     keys0, _ = _slot_keys(cand_ptr, n_ptr, S, 0, TILE, CAP)
     # t <= the row's k-th key, to 16 bits: about k candidates >= t
-    t = _kth_slots(INT32_MIN, keys0, cand_ptr, n_ptr, S, k, 0, _COARSE, NT, TILE, CAP)
+    t = _kth_slots(tl.full([], INT32_MIN, tl.int32), keys0, cand_ptr, n_ptr, S, k, 0, _COARSE, NT, TILE, CAP)
     t_gt = t - 1                                    # survivors: key > t_gt, or key == t with index <= u
     u = 0x7FFFFFFF
     if _count(keys0, cand_ptr, n_ptr, S, t, 0, 0, NT, TILE, CAP) > CAP:
