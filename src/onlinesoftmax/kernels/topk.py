@@ -60,7 +60,7 @@ MERGE_TILE = 8192                   # candidate keys the merge holds in register
 MERGE_MAX_SLOTS = 32768             # S_pow2 · CAP candidate slots of a row, at most
 MERGE_SLOTS_PER_WARP = 1024         # merge warps: min(S_pow2 · CAP, MERGE_TILE) / this, at least 4
 FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
-FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 5: k = 256, 32 x 151936: 54 µs with
+FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256, 32 x 151936: 54 µs with
                                     # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
