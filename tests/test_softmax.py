@@ -381,3 +381,47 @@ def test_launch_hooks_take_tritons_path():
         assert _launch._hooks_installed()
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
+
+
+# ---- torch.vmap ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bdim,dim", [(0, -1), (1, 0), (2, 1)])
+def test_vmap_matches_a_loop(backend, bdim, dim, monkeypatch):
+    """torch.vmap runs the custom ops on the batched tensor (batch first, dim + 1), not through a per-sample loop,
+    and not through the eager shortcut (which cannot read a BatchedTensor)."""
+    import onlinesoftmax.ops.softmax as S
+
+    x = torch.randn(3, 5, 33, device=DEV)
+    x[1, 2] = -math.inf
+    for name in FNS:
+        got = torch.func.vmap(lambda r: FNS[name][0](r, dim, backend=backend), in_dims=bdim)(x)
+        expect = torch.stack([FNS[name][1](x.select(bdim, i), dim) for i in range(x.shape[bdim])])
+        torch.testing.assert_close(got, expect, equal_nan=True)
+    calls = []                              # the op's implementation, whichever backend: x's shape per call
+    inner = "_torch_forward" if backend == "torch" else "_rows_or_copy"
+    real = getattr(S, inner)
+    monkeypatch.setattr(S, inner, lambda t, *a: calls.append((t[0] if isinstance(t, list) else t).shape)
+                        or real(t, *a))
+    torch.func.vmap(lambda r: oss.softmax(r, dim, backend=backend), in_dims=bdim)(x)
+    assert calls == [(x.shape[bdim],) + tuple(n for i, n in enumerate(x.shape) if i != bdim)]   # one batched call
+    s = torch.randn(6, device=DEV)                          # 0-d samples
+    torch.testing.assert_close(torch.func.vmap(lambda r: oss.softmax(r, backend=backend))(s), torch.ones_like(s))
+    torch.testing.assert_close(torch.func.vmap(lambda r: oss.logsumexp(r, backend=backend))(s), s)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_backward_and_autograd_through_vmap(backend):
+    x = torch.randn(4, 40, device=DEV, requires_grad=True)
+    g = torch.randn(4, 40, device=DEV)
+    y = torch.func.vmap(lambda r: oss.softmax(r, backend=backend))(x)
+    (got,) = torch.autograd.grad(y, x, g)
+    xr = x.detach().requires_grad_()
+    (expect,) = torch.autograd.grad(torch.softmax(xr, -1), xr, g)
+    torch.testing.assert_close(got, expect)
+    yy = torch.softmax(x.detach(), -1)
+
+    def op(y, dy):
+        return torch.ops.onlinesoftmax.softmax_backward(y, dy, 0, False, torch.float32, backend)
+
+    torch.testing.assert_close(torch.func.vmap(op, in_dims=(0, None))(yy, g[0]),
+                               torch.stack([op(yy[i], g[0]) for i in range(4)]))

@@ -104,10 +104,14 @@ def _kernels():
     return _K
 
 
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def _eager_direct(x: torch.Tensor) -> bool:
-    """Calls that need neither autograd nor tracing skip the custom-op dispatcher (tens of µs per call,
-    which is most of the time of a decode-sized softmax); the result is the same function."""
-    return not (x.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling()
+    """Calls that need neither autograd nor tracing nor a torch.func transform skip the custom-op dispatcher
+    (tens of µs per call, which is most of the time of a decode-sized softmax); the result is the same function."""
+    return (not (x.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling()
+            and not _functorch_active())
 
 
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
@@ -161,6 +165,34 @@ def _backward(ctx, dy):
 torch.library.register_autograd("onlinesoftmax::softmax", _backward, setup_context=_setup)
 
 
+# ---- torch.vmap: the batch dim goes first and ``dim`` moves one to the right -------------------------------
+def _batch_first(t, bdim, size):
+    """``t`` with its vmapped dim first, or expanded to ``size`` along a new first dim if it is not batched."""
+    return t.movedim(bdim, 0) if bdim is not None else t.expand(size, *t.shape)
+
+
+def _vmapped(fn, info, in_dims, tensors, dim):
+    """Run ``fn(*batched tensors, dim + 1)``; a 0-d logical tensor becomes a size-1 dim that is squeezed away."""
+    ts = [_batch_first(t, b, info.batch_size) for t, b in zip(tensors, in_dims)]
+    scalar = ts[0].dim() == 1
+    if scalar:
+        ts = [t.unsqueeze(-1) for t in ts]
+    out = fn(*ts, dim + 1)
+    return (out.squeeze(-1) if scalar and out.dim() == 2 else out), 0
+
+
+@torch.library.register_vmap("onlinesoftmax::softmax")
+def _(info, in_dims, x, dim, mode, out_dtype, backend):
+    return _vmapped(lambda x, d: torch.ops.onlinesoftmax.softmax(x, d, mode, out_dtype, backend),
+                    info, in_dims[:1], [x], dim)
+
+
+@torch.library.register_vmap("onlinesoftmax::softmax_backward")
+def _(info, in_dims, y, dy, dim, log, in_dtype, backend):
+    return _vmapped(lambda y, dy, d: torch.ops.onlinesoftmax.softmax_backward(y, dy, d, log, in_dtype, backend),
+                    info, in_dims[:2], [y, dy], dim)
+
+
 def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
     """logsumexp over ``dim`` (removed), in the accumulation dtype (fp32, fp64 for fp64): the backward
     reads it, and an lse rounded to bf16 would cost e^(0.03) in every gradient."""
@@ -199,6 +231,11 @@ def _lse_backward(ctx, dlse):
 
 
 torch.library.register_autograd("onlinesoftmax::logsumexp", _lse_backward, setup_context=_lse_setup)
+
+
+@torch.library.register_vmap("onlinesoftmax::logsumexp")
+def _(info, in_dims, x, dim, backend):
+    return _vmapped(lambda x, d: torch.ops.onlinesoftmax.logsumexp(x, d, backend), info, in_dims[:1], [x], dim)
 
 
 # ---- public functions ---------------------------------------------------------------------------------
