@@ -12,7 +12,7 @@ for step in $steps; do
     tests) timeout 300 python -m pytest -q -p no:warnings tests/test_softmax.py tests/test_state.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     quicktests) timeout 200 python -m pytest -q -p no:warnings tests/test_softmax.py -m gpu -k "not 3000000" 2>&1 | tee "$OUT/tests.log" | tail -8
                 timeout 100 python -m pytest -q -p no:warnings tests/test_softmax.py -k "compile or special or empty or path" 2>&1 | tee -a "$OUT/tests.log" | tail -8 ;;
-    profile) timeout 60 python benchmarks/profile_launch.py 2>&1 | tee "$OUT/profile.log" | head -45 ;;
+    profile) timeout 180 python benchmarks/profile_launch.py 2>&1 | tee "$OUT/profile.log" | head -45 ;;
     tune) timeout 330 python benchmarks/tune_softmax.py "$OUT" 2>&1 | tee "$OUT/tune.log" ;;
     bench) if ls .whl/liger_kernel-*.whl >/dev/null 2>&1; then
              python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/liger_kernel-*.whl \
