@@ -425,3 +425,9 @@ def test_vmap_backward_and_autograd_through_vmap(backend):
 
     torch.testing.assert_close(torch.func.vmap(op, in_dims=(0, None))(yy, g[0]),
                                torch.stack([op(yy[i], g[0]) for i in range(4)]))
+    # the op called directly with a negative dim: the rule counts it from the end of a sample
+    x3 = torch.randn(3, 4, 5, device=DEV)
+    got = torch.func.vmap(lambda r: torch.ops.onlinesoftmax.softmax(r, -2, 0, torch.float32, backend))(x3)
+    torch.testing.assert_close(got, torch.softmax(x3, 1))
+    torch.testing.assert_close(torch.ops.onlinesoftmax.softmax(x3, -2, 0, torch.float32, backend), torch.softmax(x3, 1))
+    torch.testing.assert_close(torch.ops.onlinesoftmax.logsumexp(x3, -2, backend), torch.logsumexp(x3, 1))

@@ -115,6 +115,7 @@ def _eager_direct(x: torch.Tensor) -> bool:
 
 
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    dim %= max(x.dim(), 1)          # the ops take torch's negative dims too (the public functions check the range)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         return _torch_forward(x, dim, mode, out_dtype)
     K = _kernels()
@@ -135,6 +136,7 @@ def _(x, dim, mode, out_dtype, backend):
 @torch.library.custom_op("onlinesoftmax::softmax_backward", mutates_args=())
 def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, in_dtype: torch.dtype,
                          backend: str) -> torch.Tensor:
+    dim %= max(y.dim(), 1)
     if backend == "torch" or y.numel() == 0 or y.dim() == 0:
         return _torch_backward(y, dy, dim, log).to(in_dtype)
     K = _kernels()
@@ -177,7 +179,7 @@ def _vmapped(fn, info, in_dims, tensors, dim):
     scalar = ts[0].dim() == 1
     if scalar:
         ts = [t.unsqueeze(-1) for t in ts]
-    out = fn(*ts, dim + 1)
+    out = fn(*ts, dim % (ts[0].dim() - 1) + 1)      # dim of the sample (possibly negative), then past the batch
     return (out.squeeze(-1) if scalar and out.dim() == 2 else out), 0
 
 
@@ -196,6 +198,7 @@ def _(info, in_dims, y, dy, dim, log, in_dtype, backend):
 def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
     """logsumexp over ``dim`` (removed), in the accumulation dtype (fp32, fp64 for fp64): the backward
     reads it, and an lse rounded to bf16 would cost e^(0.03) in every gradient."""
+    dim %= max(x.dim(), 1)
     out_shape = x.shape[:dim] + x.shape[dim + 1:]
     acc = accumulation_dtype(x.dtype)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
@@ -214,6 +217,7 @@ _logsumexp_op = torch.library.custom_op("onlinesoftmax::logsumexp", _logsumexp_i
 
 @_logsumexp_op.register_fake
 def _(x, dim, backend):
+    dim %= max(x.dim(), 1)
     return x.new_empty(x.shape[:dim] + x.shape[dim + 1:], dtype=accumulation_dtype(x.dtype))
 
 
