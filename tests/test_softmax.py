@@ -431,3 +431,20 @@ def test_vmap_backward_and_autograd_through_vmap(backend):
     torch.testing.assert_close(got, torch.softmax(x3, 1))
     torch.testing.assert_close(torch.ops.onlinesoftmax.softmax(x3, -2, 0, torch.float32, backend), torch.softmax(x3, 1))
     torch.testing.assert_close(torch.ops.onlinesoftmax.logsumexp(x3, -2, backend), torch.logsumexp(x3, 1))
+
+
+def test_stream_scratch_views_aligned_reused_and_grown():
+    """Workspace views start 16-byte aligned (bound kernels take them as aligned), are reused while they fit and,
+    once a request outgrows one, are carved again no smaller from a zeroed buffer (barrier words start at 0)."""
+    from onlinesoftmax.kernels._launch import stream_scratch
+
+    tag = ("test", DEV)
+    a = stream_scratch(tag, DEV, ((5, torch.int32), (3, torch.float64), (7, torch.float32)))
+    assert [v.numel() for v in a] == [5, 3, 7] and all(v.data_ptr() % 16 == 0 for v in a)
+    assert all(bool((v == 0).all()) for v in a)
+    a[0].fill_(1)
+    b = stream_scratch(tag, DEV, ((4, torch.int32), (3, torch.float64), (1, torch.float32)))
+    assert all(x is y for x, y in zip(a, b))
+    c = stream_scratch(tag, DEV, ((9, torch.int32), (2, torch.float64), (7, torch.float32)))
+    assert [v.numel() for v in c] == [9, 3, 7] and all(v.data_ptr() % 16 == 0 for v in c)
+    assert bool((c[0] == 0).all()) and c[1].dtype == torch.float64

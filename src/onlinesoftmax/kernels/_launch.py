@@ -30,6 +30,35 @@ else:                                                    # a torch built without
         return torch.cuda.current_stream(index).cuda_stream
 
 
+_scratch: dict = {}
+
+
+def stream_scratch(tag, device: torch.device, layout: tuple) -> tuple:
+    """Workspace: one view per ``(numel, dtype)`` of ``layout``, carved from one zero-initialised buffer cached
+    per (``tag``, device, current stream).
+
+    Every view starts 16-byte aligned (a :class:`BoundKernel` takes workspace pointers as aligned) and holds at
+    least its ``numel``. The views keep their sizes and offsets until a request outgrows one; then all are carved
+    again, no smaller, from a new zeroed buffer. Kernels must leave the buffer as they need to find it: nothing is
+    cleared between launches. While a CUDA graph is being captured the caller gets a fresh buffer of its own.
+    """
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing:
+        key = (tag, device, current_stream(current_device()) if device.type == "cuda" else None)
+        views = _scratch.get(key)
+        if views is not None:
+            if all(v.numel() >= n for v, (n, _) in zip(views, layout)):
+                return views
+            layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
+    nbytes = [-(-n * dt.itemsize // 16) * 16 for n, dt in layout]
+    buf = torch.zeros(sum(nbytes), dtype=torch.uint8, device=device)
+    starts = [sum(nbytes[:i]) for i in range(len(layout))]
+    views = tuple(buf[o:o + n * dt.itemsize].view(dt) for o, (n, dt) in zip(starts, layout))
+    if not capturing:
+        _scratch[key] = views
+    return views
+
+
 def _hooks_installed() -> bool:
     hook = knobs.runtime.launch_enter_hook          # a HookChain in Triton 3.6 (a callable or None before)
     return bool(getattr(hook, "calls", hook))
@@ -53,9 +82,9 @@ class BoundKernel:
         self.interpret = interpret_mode()
         self._compiled: dict = {}
 
-    def __call__(self, args: tuple, check: tuple, device: torch.device, stream: int | None = None):
-        """Launch on ``stream`` (default: the current one); ``check``: the tensors of ``args`` that may be
-        misaligned (the caller's; fresh workspace allocations are always aligned). Returns the compiled kernel."""
+    def __call__(self, args: tuple, check: tuple, device: torch.device):
+        """Launch on the current stream; ``check``: the tensors of ``args`` that may be misaligned (the caller's;
+        workspace from :func:`stream_scratch` is always aligned). Returns the compiled kernel."""
         if device.type != "cuda" or self.interpret or _hooks_installed():
             return self.fn[self.grid](*args, **self.meta)
         index = current_device()              # Triton launches on the current device, as here
@@ -66,9 +95,7 @@ class BoundKernel:
             self._compiled[key] = self._bind(compiled)
             return compiled
         launcher, head, compiled = entry
-        if stream is None:
-            stream = current_stream(index)
-        launcher(*head[:3], stream, *head[3:], *args, *self.tail)
+        launcher(*head[:3], current_stream(index), *head[3:], *args, *self.tail)
         return compiled
 
     def _bind(self, compiled):

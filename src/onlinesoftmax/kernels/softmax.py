@@ -281,11 +281,10 @@ def softmax_bwd_chunks_kernel(
 import torch  # noqa: E402  (kept below the kernels: this half is host code)
 
 from ..backend import interpret_mode  # noqa: E402
-from ._launch import BoundKernel, current_device, current_stream  # noqa: E402
+from ._launch import BoundKernel, stream_scratch  # noqa: E402
 
 _INTERPRETER_SMS = 4
 _sms: dict = {}           # device index -> SM count
-_ws: dict = {}            # (device, stream, dtype) -> the workspace of _workspace
 _plans: dict = {}         # problem -> _Plan: the path and launch configuration are chosen once per problem
 MAX_PLANS = 4096
 _last = None              # (plan, compiled kernel) of the latest launch: see last_launch()
@@ -307,23 +306,15 @@ def _acc(*dtypes) -> tl.dtype:
     return tl.float64 if torch.float64 in dtypes else tl.float32
 
 
-def _workspace(device: torch.device, stream: int, rows: int, parts: int, dtype: torch.dtype):
+def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
     """Barrier words (ARRIVE, GEN: int32 per row) and partial-state buffers (PART_M, PART_D: ``parts`` each).
 
     Every launch leaves ARRIVE as it found it (0) and writes the partial states it reads, so the buffers are
-    cached per (device, stream) and reused without a memset; a CUDA graph being captured gets fresh ones.
+    cached per (device, stream) and reused without a memset (``stream_scratch``).
     """
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        words = torch.zeros(2, rows, dtype=torch.int32, device=device)
-        part = torch.empty(2, parts, dtype=dtype, device=device)
-        return words[0], words[1], part[0], part[1]
-    key = (device, stream, dtype)
-    ws = _ws.get(key)
-    if ws is None or ws[0].shape[0] < rows or ws[2].shape[0] < parts:
-        words = torch.zeros(2, max(rows, 1024), dtype=torch.int32, device=device)
-        part = torch.empty(2, max(parts, 1 << 16), dtype=dtype, device=device)
-        ws = _ws[key] = (words[0], words[1], part[0], part[1])
-    return ws
+    rows, parts = max(rows, 1024), max(parts, 1 << 16)
+    return stream_scratch(("softmax", dtype), device,
+                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype)))
 
 
 class _Plan:
@@ -340,15 +331,13 @@ class _Plan:
 def _run(plan: _Plan, tensors: tuple, device: torch.device) -> str:
     global _last
     args = tensors
-    # Triton launches on the current device's current stream; so do the bound kernels
-    stream = current_stream(current_device()) if device.type == "cuda" else None
     if plan.workspace is not None:
         rows, parts, dtype, pick = plan.workspace
-        ws = _workspace(device, stream, rows, parts, dtype)
+        ws = _workspace(device, rows, parts, dtype)
         args = args + tuple(ws[i] for i in pick)
     args = args + plan.scalars
     for bound in plan.launches:
-        compiled = bound(args, tensors, device, stream)
+        compiled = bound(args, tensors, device)
     _last = (plan, compiled)
     return plan.path
 

@@ -39,6 +39,7 @@ per-chunk cost that the chunk size amortises. Dispatch: :func:`select_path`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ..backend import interpret_mode
-from ._launch import launch
+from ._launch import launch, stream_scratch
 
 # --- dispatch thresholds (see select_path) ------------------------------------------------------------------
 MAX_FUSED_K = 2048                  # k above this (after rounding up to a power of two) takes the sort path
@@ -390,11 +391,6 @@ def _topk_merge_kernel(ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, CAP: tl.cons
 
 # --- launcher -----------------------------------------------------------------------------------------------
 
-_ws: dict = {}
-_plans: dict = {}
-MAX_PLANS = 4096
-
-
 def workspace_words(B: int, cfg: TopKConfig) -> int:
     """int32 words of scratch: m_c, d_c, n_c (B·S each), the candidates (B·S·CAP int64: value bits, index) and
     the merge's survivors (B·CAP int64), 8-byte aligned."""
@@ -403,29 +399,15 @@ def workspace_words(B: int, cfg: TopKConfig) -> int:
 
 
 def _workspace(device: torch.device, words: int) -> torch.Tensor:
-    """Scratch cached per (device, stream), grown when needed. Every launch writes what it reads (stage 1 writes
-    every chunk's state and n_c candidates), so nothing is cleared; a CUDA graph being captured gets its own."""
-    stream = None
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return torch.empty(words, dtype=torch.int32, device=device)
-        stream = torch.cuda.current_stream(device).cuda_stream
-    key = (device.type, device.index, stream)
-    ws = _ws.get(key)
-    if ws is None or ws.numel() < words:
-        ws = _ws[key] = torch.empty(max(words, 1 << 20), dtype=torch.int32, device=device)
-    return ws
+    """Scratch cached per (device, stream), grown when needed (``stream_scratch``). Every launch writes what it
+    reads (stage 1 writes every chunk's state and n_c candidates), so nothing is cleared."""
+    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32),))[0]
 
 
+@functools.lru_cache(maxsize=4096)
 def plan(B: int, V: int, k: int, dtype: torch.dtype) -> TopKConfig:
     """:func:`select_path`, cached per problem."""
-    key = (B, V, k, dtype)
-    cfg = _plans.get(key)
-    if cfg is None:
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        cfg = _plans[key] = select_path(B, V, k, esize=torch.finfo(dtype).bits // 8)
-    return cfg
+    return select_path(B, V, k, esize=torch.finfo(dtype).bits // 8)
 
 
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
