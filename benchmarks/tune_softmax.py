@@ -5,7 +5,6 @@ against torch before timing. Prints a table and writes JSON to the folder given 
 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT persist  # chunked paths: persistent row groups
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ def graph_and_overhead(m, n, dtype, name, fn, x):
 GRAPH_ROWS = []
 
 
-def main(out_dir, only_long=False, persist=False):
+def main(out_dir, only_long=False):
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  copy ceiling {ceiling:.0f} GB/s")
@@ -109,60 +108,6 @@ def main(out_dir, only_long=False, persist=False):
         print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} {ms*1e3:9.1f} us {gbps:7.0f} GB/s "
               f"{r['pct']:5.1f}%  err {err:.1e}  regs {info.get('regs')} spills {info.get('spills')}")
 
-    if persist:
-        old = {"programs_per_sm": 1 << 20, "prefetch": False}       # one row per group (before persistence)
-        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
-                         (torch.bfloat16, 262144), (torch.bfloat16, 32768), (torch.float32, 32768)):
-            size = torch.finfo(dtype).bits // 8
-            m = MB256 // (n * size)
-            sets = inputs(m, n, dtype)
-            ref = torch.softmax(sets[0][0], -1)
-            nb = 2 * m * n * size
-            record("fwd", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
-            record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
-            record("fwd", m, n, dtype, "coop G=M", fwd_variant(dict(old, path="coop")), sets, nb, ref)
-            variants = [(8192, 8, p, True) for p in (1, 2, 3, 4)] + [
-                (8192, 8, 2, False), (4096, 4, 2, True), (4096, 4, 4, True), (16384, 16, 1, True),
-                (16384, 16, 2, True), (16384, 8, 2, True)]
-            for chunk, w, p, pre in variants:
-                record("fwd", m, n, dtype, f"persist chunk={chunk} w={w} pps={p} pre={int(pre)}",
-                       fwd_variant({"path": "coop", "chunk": chunk, "num_warps": w, "programs_per_sm": p,
-                                    "prefetch": pre}), sets, nb, ref)
-            if n > 32768:
-                lse_ref = torch.logsumexp(sets[0][0].float(), -1)
-                record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb // 2, lse_ref)
-                record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb // 2, lse_ref)
-                record("lse", m, n, dtype, "G=M", fwd_variant(old, K.LOGSUMEXP), sets, nb // 2, lse_ref)
-                record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb,
-                       torch.log_softmax(sets[0][0], -1))
-            del sets
-            bsets = inputs(m, n, dtype, bwd=True)
-            bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
-            nb3 = 3 * m * n * size
-            record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
-                   bsets, nb3, bref)
-            record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
-            record("bwd", m, n, dtype, "coop G=M", bwd_variant(dict(old, path="coop")), bsets, nb3, bref)
-            for chunk, w, p in ((4096, 8, 1), (4096, 8, 2), (4096, 8, 4), (8192, 16, 1), (2048, 4, 4)):
-                record("bwd", m, n, dtype, f"persist chunk={chunk} w={w} pps={p}",
-                       bwd_variant({"path": "coop", "chunk": chunk, "num_warps": w, "programs_per_sm": p}),
-                       bsets, nb3, bref)
-            del bsets
-        for dtype in (torch.float32, torch.bfloat16):
-            size = torch.finfo(dtype).bits // 8
-            for n in (128256, 262144):
-                m = 32
-                sets = inputs(m, n, dtype)
-                ref = torch.softmax(sets[0][0], -1)
-                nb = 2 * m * n * size
-                record("dec", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
-                record("dec", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
-                record("dec", m, n, dtype, "coop G=M", fwd_variant(old), sets, nb, ref)
-                for p in (1, 4):
-                    record("dec", m, n, dtype, f"pps={p}", fwd_variant({"programs_per_sm": p}), sets, nb, ref)
-        with open(f"{out_dir}/tune_persist.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
-        return
     if only_long:
         for dtype, n in ((torch.bfloat16, 32768), (torch.float32, 131072), (torch.float32, 262144),
                          (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
@@ -239,5 +184,4 @@ def main(out_dir, only_long=False, persist=False):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".", only_long=sys.argv[2:] == ["long"],
-         persist=sys.argv[2:] == ["persist"])
+    main(sys.argv[1] if len(sys.argv) > 1 else ".", only_long=sys.argv[2:] == ["long"])

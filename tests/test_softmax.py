@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import triton
 
 import onlinesoftmax as oss
 from onlinesoftmax import reference as ref
@@ -278,37 +277,6 @@ def test_prefetching_loop_only_for_short_rows(dtype, prefetch):
     assert K.last_launch()["path"] == "rows" and K.last_launch()["prefetch"] is prefetch
     torch.testing.assert_close(oss.softmax(x, backend="triton").float(), torch.softmax(x.float(), -1),
                                atol=1e-2, rtol=1e-2)
-
-
-def test_many_long_rows_run_a_persistent_grid():
-    # H200, 256 x 262144 fp32: C = 32 chunks, 2 programs per SM -> 8 row groups looping over 32 rows each
-    C = triton.cdiv(262144, K.COOP_CHUNK)
-    assert K._groups(256, C, H200_SMS, {}) == K.COOP_PROGRAMS_PER_SM * H200_SMS // C < 256
-    assert K._groups(8, C, H200_SMS, {}) == 8                   # decode sizes: one row per group
-
-
-@pytest.mark.parametrize("mode", [K.SOFTMAX, K.LOG_SOFTMAX, K.LOGSUMEXP, "backward"])
-def test_persistent_chunked_grid_matches_torch(mode):
-    # 61 rows of 5000 in chunks of 1024 (C = 5) on a grid of fewer row groups than rows, rows % G != 0;
-    # the prefetch of a row past M must be masked out
-    m, n = 61, 5000
-    x = torch.randn(m, n, device=DEV) * 3
-    cfg = {"path": "coop" if HAS_CUDA else "split", "chunk": 1024, "programs_per_sm": 1}
-    if mode == "backward":
-        y, dy = torch.softmax(x, -1), torch.randn_like(x)
-        dx = torch.empty_like(x)
-        rm, rn, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
-        K.backward(y, dy, dx, g1, g2, g3, rm, rn, inner, False, config=cfg)
-        got, want = dx, torch._softmax_backward_data(dy, y, -1, y.dtype)
-    else:
-        out = torch.empty(m, device=DEV) if mode == K.LOGSUMEXP else torch.empty_like(x)
-        rm, rn, inner, (gx, gy) = row_geometry([x, x if mode == K.LOGSUMEXP else out], 1)
-        K.forward(x, out, gx, gy, rm, rn, inner, mode, config=cfg)
-        got = out
-        want = {K.SOFTMAX: torch.softmax, K.LOG_SOFTMAX: torch.log_softmax, K.LOGSUMEXP: torch.logsumexp}[mode](x, -1)
-    info = K.last_launch()
-    assert info["groups"] < m and info["prefetch"] and info["grid"] == info["groups"] * 5
-    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-5)
 
 
 # ---- GPU only: sizes the interpreter cannot afford ---------------------------------------------------

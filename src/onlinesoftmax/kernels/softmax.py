@@ -51,9 +51,6 @@ BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
-COOP_PROGRAMS_PER_SM = 2     # chunked paths with more rows than this fills: a persistent grid of row groups
-                             # (C programs each, this many programs per SM) that loops over the rows and
-                             # prefetches the next row's chunk while the current one waits at its barrier
 BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
 BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
 BWD_COOP_CHUNK = 4096        # backward long rows: 4096 beat 8192 and 16384 by 4-12 points (H200, fp32 and bf16)
@@ -105,7 +102,7 @@ def _lse(m, d):
 
 @triton.jit
 def _row_offsets(rows, INNER, stride_o, stride_i):
-    rows = tl.cast(rows, tl.int64)       # (a loop counter is a Python int under the interpreter)
+    rows = rows.to(tl.int64)
     return (rows // INNER) * stride_o + (rows % INNER) * stride_i
 
 
@@ -167,21 +164,11 @@ def softmax_rows_kernel(
 
 # ---- forward: a row cut into C chunks ------------------------------------------------------------------
 @triton.jit
-def _load_chunk(X, row, M, cols, mask, INNER, so, si, sn, OTHER: tl.constexpr, ACC: tl.constexpr):
-    """Chunk ``cols`` of ``row``; a row past M is all masked (no traffic)."""
-    off = _row_offsets(row, INNER, so, si) + cols.to(tl.int64) * sn
-    return tl.load(X + off, mask=mask & (row < M), other=OTHER).to(ACC)
-
-
-@triton.jit
 def softmax_chunks_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, M, N, INNER, sxo, sxi, sxn, syo, syi, syn, C, G,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
-    """Program (g, c) owns chunk c of rows g, g + G, g + 2G, ... (G = M: one row per program; G < M: a
-    persistent grid of G row groups. With PREFETCH the chunk of the group's next row is loading while this
-    row waits at its barrier and writes y.)
+    """Program (row, c) owns chunk c of its row.
 
     PHASE 0 (coop):    read chunk, publish (m_c, d_c), row barrier, merge with ⊕, write y from registers.
     PHASE 1 (publish): read chunk, publish (m_c, d_c); for LOGSUMEXP the last program of the row to arrive
@@ -189,45 +176,38 @@ def softmax_chunks_kernel(
     PHASE 2 (finish):  merge the published states, re-read the chunk, write y (`split`, interpreter only).
     """
     pid = tl.program_id(0)
-    g = pid // C
+    row = pid // C
     c = pid % C
     cols = c * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
+    x_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
+    x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)          # read x
     k = tl.arange(0, C_POW2)
-    if PREFETCH:
-        x_next = _load_chunk(X, g, M, cols, mask, INNER, sxo, sxi, sxn, float("-inf"), ACC)
-    for row in tl.range(g, M, G):
-        if PREFETCH:
-            x = x_next
-            x_next = _load_chunk(X, row + G, M, cols, mask, INNER, sxo, sxi, sxn, float("-inf"), ACC)
-        else:
-            x = _load_chunk(X, row, M, cols, mask, INNER, sxo, sxi, sxn, float("-inf"), ACC)   # read x
-        part = row * C + c
-        if PHASE != 2:
-            # 1. publish this chunk's state (m_c, d_c)
-            m_c, d_c, e = _state(x, 0)
-            tl.store(PART_M + part, m_c)
-            tl.store(PART_D + part, d_c)
-            tl.debug_barrier()
-        if PHASE == 1:
-            if MODE == 2:
-                if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
-                    tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
-                    pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-                    pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-                    m, d = _combine_all(pm, pd, 0)
-                    tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
-        else:
-            if PHASE == 0:
-                _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
-            pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-            pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-            m, d = _combine_all(pm, pd, 0)                                       # 3. (m, d) = ⊕_c (m_c, d_c)
-            if PHASE == 2:
-                m_c, _, e = _state(x, 0)
-            y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
-            y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
-            tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
+    if PHASE != 2:
+        # 1. publish this chunk's state (m_c, d_c)
+        m_c, d_c, e = _state(x, 0)
+        tl.store(PART_M + pid, m_c)
+        tl.store(PART_D + pid, d_c)
+        tl.debug_barrier()
+    if PHASE == 1:
+        if MODE == 2:
+            if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
+                tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
+                pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+                pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+                m, d = _combine_all(pm, pd, 0)
+                tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
+    else:
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
+        pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+        pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+        m, d = _combine_all(pm, pd, 0)                                       # 3. (m, d) = ⊕_c (m_c, d_c)
+        if PHASE == 2:
+            m_c, _, e = _state(x, 0)
+        y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
+        y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
+        tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
 
 
 # ---- backward ---------------------------------------------------------------------------------------
@@ -272,40 +252,29 @@ def softmax_bwd_rows_kernel(
 
 @triton.jit
 def softmax_bwd_chunks_kernel(
-    Yp, DY, DX, PART, ARRIVE, GEN, M, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C, G,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr, PREFETCH: tl.constexpr,
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr,
 ):
-    """Long rows: chunk c of y and dy in registers, for rows g, g + G, ... as the forward; partial sums s_c
-    meet at the row barrier (PHASE 0), or are published (PHASE 1) and finished by a second launch that
-    re-reads the chunk (PHASE 2, interpreter)."""
+    """Long rows: chunk c of y and dy in registers; partial sums s_c meet at the row barrier (PHASE 0), or
+    are published (PHASE 1) and finished by a second launch that re-reads the chunk (PHASE 2, interpreter)."""
     pid = tl.program_id(0)
-    g = pid // C
+    row = pid // C
     c = pid % C
     cols = c * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
-    k = tl.arange(0, C_POW2)
-    if PREFETCH:
-        y_next = _load_chunk(Yp, g, M, cols, mask, INNER, syo, syi, syn, 0.0, tl.float32)
-        dy_next = _load_chunk(DY, g, M, cols, mask, INNER, sdo, sdi, sdn, 0.0, tl.float32)
-    for row in tl.range(g, M, G):
-        if PREFETCH:
-            y = y_next
-            dy = dy_next
-            y_next = _load_chunk(Yp, row + G, M, cols, mask, INNER, syo, syi, syn, 0.0, tl.float32)
-            dy_next = _load_chunk(DY, row + G, M, cols, mask, INNER, sdo, sdi, sdn, 0.0, tl.float32)
-        else:
-            y = _load_chunk(Yp, row, M, cols, mask, INNER, syo, syi, syn, 0.0, tl.float32)
-            dy = _load_chunk(DY, row, M, cols, mask, INNER, sdo, sdi, sdn, 0.0, tl.float32)
-        if PHASE != 2:
-            tl.store(PART + row * C + c, _grad_sum(y, dy, 0, LOG))             # 1. publish s_c
-            tl.debug_barrier()
-        if PHASE != 1:
-            if PHASE == 0:
-                _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
-            s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)  # 3. s = Σ s_c
-            dx = _grad(y, dy, s, LOG)                                            # 4. dx from registers
-            dx_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
-            tl.store(DX + dx_off, dx.to(DX.dtype.element_ty), mask=mask)
+    c64 = cols.to(tl.int64)
+    y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(tl.float32)
+    if PHASE != 2:
+        tl.store(PART + pid, _grad_sum(y, dy, 0, LOG))                      # 1. publish s_c
+        tl.debug_barrier()
+    if PHASE != 1:
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
+        k = tl.arange(0, C_POW2)
+        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)  # 3. s = sum s_c
+        dx = _grad(y, dy, s, LOG)                                            # 4. dx from registers
+        tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + c64 * sxn, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 # ---- launchers: choose a path once per problem, then launch -----------------------------------------------
@@ -421,12 +390,6 @@ def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
     return chunk, triton.cdiv(N, chunk)
 
 
-def _groups(M: int, C: int, sms: int, cfg: dict) -> int:
-    """Row groups G of the chunked paths: every row (G = M) while M·C programs fit COOP_PROGRAMS_PER_SM per SM,
-    else as many groups of C programs as fit (a persistent grid; each group loops over M / G rows)."""
-    return max(1, min(M, cfg.pop("programs_per_sm", COOP_PROGRAMS_PER_SM) * sms // C))
-
-
 def _chunk_launches(fn, path: str, grid: tuple, meta: dict) -> list:
     """coop: one launch (PHASE 0); split: publish (PHASE 1), then finish (PHASE 2); logsumexp: PHASE 1."""
     phases = (0,) if path == "coop" else (1,) if path == "chunks" else (1, 2)
@@ -466,18 +429,15 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode) -> _Plan:
                      None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False)[0]
     C = triton.cdiv(N, chunk)
-    G = _groups(M, C, sms, cfg)
-    prefetch = cfg.pop("prefetch", G < M)
     warps = cfg.pop("num_warps", _warps(chunk, 32))
     part_dtype = torch.float64 if acc == tl.float64 else torch.float32
     if mode == LOGSUMEXP:
         path = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
-    launches = _chunk_launches(softmax_chunks_kernel, path, (G * C,), meta)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
+    launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     # workspace order in the kernel: PART_M, PART_D, ARRIVE, GEN
-    record = dict(path=path, chunk=chunk, chunks=C, groups=G, prefetch=prefetch, num_warps=warps, grid=G * C)
-    return _Plan(path, launches, (M, N, INNER, *geo_x, *geo_y, C, G), (M, M * C, part_dtype, (2, 3, 0, 1)),
-                 record)
+    record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), (M, M * C, part_dtype, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
@@ -504,12 +464,10 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log) -> _Pla
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
     C = triton.cdiv(N, chunk)
-    G = _groups(M, C, sms, cfg)
-    prefetch = cfg.pop("prefetch", G < M)
     warps = cfg.pop("num_warps", _warps(chunk, 16))
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, PREFETCH=prefetch, num_warps=warps)
-    launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (G * C,), meta)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
+    launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
     # workspace order in the kernel: PART, ARRIVE, GEN
-    record = dict(path=path, chunk=chunk, chunks=C, groups=G, prefetch=prefetch, num_warps=warps, grid=G * C)
-    return _Plan(path, launches, (M, N, INNER, *geo_y, *geo_dy, *geo_dx, C, G),
-                 (M, M * C, torch.float32, (2, 0, 1)), record)
+    record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, torch.float32, (2, 0, 1)),
+                 record)
