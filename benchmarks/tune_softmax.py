@@ -5,6 +5,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def graph_and_overhead(m, n, dtype, name, fn, x):
 GRAPH_ROWS = []
 
 
-def main(out_dir, only_long=False):
+def main(out_dir, only_long=False, bf16x2=False):
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  copy ceiling {ceiling:.0f} GB/s")
@@ -108,6 +109,39 @@ def main(out_dir, only_long=False):
         print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} {ms*1e3:9.1f} us {gbps:7.0f} GB/s "
               f"{r['pct']:5.1f}%  err {err:.1e}  regs {info.get('regs')} spills {info.get('spills')}")
 
+    if bf16x2:
+        bf = torch.bfloat16
+        for n in (131072, 262144, 32768, 65536):
+            m = MB256 // (n * 2)
+            sets = inputs(m, n, bf)
+            nb = 2 * m * n * 2
+            for mode, fn in ((K.SOFTMAX, torch.softmax), (K.LOG_SOFTMAX, torch.log_softmax)):
+                kind = "fwd" if mode == K.SOFTMAX else "log"
+                ref = fn(sets[0][0], -1)
+                record(kind, m, n, bf, "torch", lambda x, fn=fn: fn(x, -1), sets, nb, ref)
+                record(kind, m, n, bf, "default", fwd_variant(None, mode), sets, nb, ref)
+                record(kind, m, n, bf, "generic coop", fwd_variant({"path": "coop", "bf16x2": False}, mode), sets,
+                       nb, ref)
+                if mode == K.LOG_SOFTMAX:
+                    continue
+                for chunk, w, extra in ((16384, 8, {}), (16384, 8, {"maxnreg": 48}), (32768, 16, {}),
+                                        (32768, 16, {"maxnreg": 48}), (8192, 4, {}), (16384, 16, {})):
+                    name = f"bf16x2 chunk={chunk} w={w}" + "".join(f" {k}={v}" for k, v in extra.items())
+                    record(kind, m, n, bf, name,
+                           fwd_variant(dict(path="coop", bf16x2=True, chunk=chunk, num_warps=w, **extra)),
+                           sets, nb, ref)
+            del sets
+        for m in (1, 8, 32):
+            for n in (128256, 151936, 262144):
+                sets = inputs(m, n, bf)
+                ref = torch.softmax(sets[0][0], -1)
+                nb = 2 * m * n * 2
+                record("dec", m, n, bf, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
+                record("dec", m, n, bf, "default", fwd_variant(None), sets, nb, ref)
+                record("dec", m, n, bf, "generic coop", fwd_variant({"bf16x2": False}), sets, nb, ref)
+        with open(f"{out_dir}/tune_bf16x2.json", "w") as f:
+            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        return
     if only_long:
         for dtype, n in ((torch.bfloat16, 32768), (torch.float32, 131072), (torch.float32, 262144),
                          (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
@@ -184,4 +218,5 @@ def main(out_dir, only_long=False):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".", only_long=sys.argv[2:] == ["long"])
+    main(sys.argv[1] if len(sys.argv) > 1 else ".", only_long=sys.argv[2:] == ["long"],
+         bf16x2=sys.argv[2:] == ["bf16x2"])

@@ -354,6 +354,24 @@ def test_gpu_bound_launch_alignment_and_devices(n):
         torch.testing.assert_close(oss.softmax(views[1]), torch.softmax(views[1], -1))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(300, 131072), (3, 151936), (40, 50258)])
+def test_gpu_bf16x2_coop_kernel_and_its_fallbacks(m, n):
+    """bf16 coop rows of unit stride, even N and 4-byte aligned starts run the packed kernel; an odd start, an
+    odd N, strided columns and a row holding ±inf / NaN / all -inf keep torch's semantics."""
+    base = (torch.randn(m, n + 2, device="cuda") * 4).to(torch.bfloat16)
+    base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
+    base[m - 1, 3] = float("-inf")
+    cases = [(base[:, :n], "bf16x2"), (base[:, 1:n + 1], "chunks"), (base[:, :n - 1], "chunks"),
+             (base.t().contiguous()[:n].t(), "chunks")]
+    for x, kernel in cases:
+        for name in ("softmax", "log_softmax"):
+            out = FNS[name][0](x, -1)
+            info = K.last_launch()
+            assert info["path"] == "coop" and info["kernel"] == kernel, (x.stride(), x.shape, info)
+            assert_matches_low_precision_eager(name, out, x, -1)
+
+
 def test_launch_plan_cached_per_problem():
     """The second call of a problem reuses its plan (path, grid, bound kernels); a new layout makes a new one."""
     K._plans.clear()

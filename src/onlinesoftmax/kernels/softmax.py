@@ -20,6 +20,9 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
            normalises its chunk from registers: still one read of x and one write of y (seed §7 "segmented
            reduce"). The barrier needs all C programs of a row resident at once (C <= COOP_MAX_CHUNKS) and
            programs dispatched in order, as decoupled look-back scans assume.
+           bf16 rows of unit stride and even N take ``softmax_coop_bf16x2_kernel``: x is held as int32 words
+           of two elements, twice the chunk in the same registers (on-chip bytes in flight per SM set the
+           speed of this path).
 ``split``  The same cut, in two launches with no waiting: the first publishes partial states, the second merges
            them and re-reads its chunk. Used under TRITON_INTERPRET=1 (the CPU interpreter runs programs one
            after another, so a barrier would hang there) and when a row needs more than COOP_MAX_CHUNKS chunks.
@@ -44,6 +47,7 @@ PREFETCH_MAX_ROW_BYTES = 2048    # rows this short (bf16 N = 1K) run the persist
 PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lost 2-70 points with it
 PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
 COOP_CHUNK = 8192            # long rows: elements per program in the coop path (large batch), 8 warps
+COOP_BF16X2_CHUNK = 16384    # ... in the bf16x2 coop kernel (x held as int32 words: same registers)
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -61,13 +65,18 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
 # ---- building blocks, in the paper's notation ------------------------------------------------------
 @triton.jit
+def _shift(m):
+    """What d and e are taken relative to: m, or 0 where m = ±inf."""
+    return tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
+
+
+@triton.jit
 def _state(x, axis: tl.constexpr):
     """(m, d) of x along axis, and e = e^(x - m) (kept: the output reuses it, one exponential per element).
     d and e are taken relative to m, or to 0 where m = ±inf, so an all -inf set gives (-inf, 0), the identity
     of ⊕, and a set holding +inf gives d = inf (logsumexp = +inf), as torch.logsumexp."""
     m = tl.max(x, axis=axis)                                  # 1. m = max_j x_j
-    shift = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
-    e = tl.exp(x - tl.expand_dims(shift, axis))
+    e = tl.exp(x - tl.expand_dims(_shift(m), axis))
     d = tl.sum(e, axis=axis)                                  # 2. d = sum_j e^(x_j - m)
     return m, d, e
 
@@ -95,9 +104,8 @@ def _normalise(x, e, m_c, m, d, MODE: tl.constexpr):
 
 @triton.jit
 def _lse(m, d):
-    """logsumexp = m + log d with d relative to shift (see _state): -inf for the identity, +inf for +inf."""
-    shift = tl.where((m == float("inf")) | (m == float("-inf")), 0.0, m)
-    return shift + tl.log(d)
+    """logsumexp = m + log d with d relative to _shift(m): -inf for the identity, +inf for +inf."""
+    return _shift(m) + tl.log(d)
 
 
 @triton.jit
@@ -193,21 +201,91 @@ def softmax_chunks_kernel(
         if MODE == 2:
             if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
                 tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
-                pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-                pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-                m, d = _combine_all(pm, pd, 0)
+                m, d = _merge_row(PART_M, PART_D, row, C, k)
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
         if PHASE == 0:
             _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
-        pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-        pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-        m, d = _combine_all(pm, pd, 0)                                       # 3. (m, d) = ⊕_c (m_c, d_c)
+        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0)
         y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
         tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
+
+
+@triton.jit
+def _merge_row(PART_M, PART_D, row, C, k):
+    pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+    pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+    return _combine_all(pm, pd, 0)
+
+
+@triton.jit
+def _bf16_halves(w, FORM: tl.constexpr):
+    """The two bf16 of each int32 word w as fp32: element 2j is the low half (little-endian), 2j + 1 the high.
+    FORM 0 is plain shift/and; FORMs 1 and 2 give the same values by other instructions (byte permute;
+    funnel shift and bit-field insert) in inline PTX, which neither LLVM nor ptxas merges with another
+    FORM. Each use of the halves unpacks w again in its own FORM, so only w (one register per two elements)
+    is live between uses, not both fp32 halves."""
+    if FORM == 1:
+        lo = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x1044;", "=r,r", [w], dtype=tl.float32,
+                                       is_pure=False, pack=1)
+        hi = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x3244;", "=r,r", [w], dtype=tl.float32,
+                                       is_pure=False, pack=1)
+        return lo, hi
+    if FORM == 2:
+        lo = tl.inline_asm_elementwise("shf.l.wrap.b32 $0, 0, $1, 16;", "=r,r", [w], dtype=tl.float32,
+                                       is_pure=False, pack=1)
+        hi = tl.inline_asm_elementwise("bfi.b32 $0, 0, $1, 0, 16;", "=r,r", [w], dtype=tl.float32,
+                                       is_pure=False, pack=1)
+        return lo, hi
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def softmax_coop_bf16x2_kernel(
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr,
+):
+    """The coop path for bf16 rows of unit stride and even N: x is read and held as int32 words of two
+    elements, one register per two elements where fp32 e^(x - m_c) needs one per element, so a program
+    holds twice the chunk and an SM twice the bytes in flight (bf16 at 8192 elements per program
+    reached 59-61 % of copy against fp32's 76-81 % at the same register footprint: tune-long.log).
+    Offsets here count words (element offset / 2; the plan checks that strides are even)."""
+    pid = tl.program_id(0)
+    row = pid // C
+    c = pid % C
+    HALF: tl.constexpr = CHUNK // 2
+    words = c * HALF + tl.arange(0, HALF)
+    mask = words < N // 2
+    w = tl.load(X.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sxo // 2, sxi // 2) + words,
+                mask=mask, other=-8323200)                                  # read x: 0xFF80FF80 = (-inf, -inf)
+    # 1. (m_c, d_c) of the chunk's 2·HALF elements, unpacking w once per pass
+    lo, hi = _bf16_halves(w, 0)
+    m_c = tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0))
+    s_c = _shift(m_c)
+    lo, hi = _bf16_halves(w, 1)
+    d_c = tl.sum(tl.exp(lo - s_c), axis=0) + tl.sum(tl.exp(hi - s_c), axis=0)
+    tl.store(PART_M + pid, m_c)
+    tl.store(PART_D + pid, d_c)
+    tl.debug_barrier()
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
+    m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
+    lo, hi = _bf16_halves(w, 2)
+    if MODE == 0:                                                            # 4. y = e^(x - m) / d
+        scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
+        s = _shift(m)
+        y_lo = tl.exp(lo - s) * scale
+        y_hi = tl.exp(hi - s) * scale
+    else:                                                                    #    y = (x - m) - log d
+        log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
+        y_lo = (lo - m) - log_d
+        y_hi = (hi - m) - log_d
+    y_w = (y_lo.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
+           | (y_hi.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32) << 16))
+    tl.store(Y.to(tl.pointer_type(tl.uint32)) + _row_offsets(row, INNER, syo // 2, syi // 2) + words, y_w,
+             mask=mask)                                                      # write y
 
 
 # ---- backward ---------------------------------------------------------------------------------------
@@ -375,7 +453,9 @@ def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = Fals
     return "coop"
 
 
-def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
+def _chunking(M: int, N: int, sms: int, backward: bool, words: bool = False) -> tuple[int, int]:
+    """(chunk, C). ``words``: the bf16x2 kernel, which holds a chunk in half the registers, takes
+    COOP_BF16X2_CHUNK for many rows (decode sizes are chunked as any dtype)."""
     few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms
     if backward:
         chunk = BWD_DECODE_CHUNK if few_rows else BWD_COOP_CHUNK
@@ -385,7 +465,7 @@ def _chunking(M: int, N: int, sms: int, backward: bool) -> tuple[int, int]:
                                       or triton.cdiv(N, chunk) > COOP_MAX_CHUNKS):
             chunk *= 2
     else:
-        chunk = COOP_CHUNK
+        chunk = COOP_BF16X2_CHUNK if words else COOP_CHUNK
     chunk = min(chunk, _pow2(N))
     return chunk, triton.cdiv(N, chunk)
 
@@ -402,12 +482,21 @@ def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = 
     ``geo_*`` are (stride_outer, stride_inner, stride_n) of the row view. Returns the path taken.
     """
     device = x.device
-    key = (M, N, INNER, geo_x, geo_y, mode, x.dtype, out.dtype, device)
-    plan = _cached_plan(key, lambda cfg: _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode), config)
+    words = x.dtype == torch.bfloat16 and not (x.data_ptr() | out.data_ptr()) & 3   # see _bf16x2_ok
+    key = (M, N, INNER, geo_x, geo_y, mode, x.dtype, out.dtype, device, words)
+    plan = _cached_plan(key, lambda cfg: _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words),
+                        config)
     return _run(plan, (x, out), device)
 
 
-def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode) -> _Plan:
+def _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words) -> bool:
+    """softmax_coop_bf16x2_kernel applies: bf16 in and out, unit-stride rows that start on a 4-byte boundary
+    (pointers, when ``words``, and even row strides), even N, and an output per element."""
+    return (words and out.dtype == torch.bfloat16 and mode != LOGSUMEXP and N % 2 == 0
+            and geo_x[2] == geo_y[2] == 1 and not any(s % 2 for s in geo_x[:2] + geo_y[:2]))
+
+
+def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> _Plan:
     device = x.device
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
@@ -427,17 +516,25 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode) -> _Plan:
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
-    chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False)[0]
+    bf16x2 = path == "coop" and cfg.pop("bf16x2", _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words))
+    chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False, words=bf16x2)[0]
     C = triton.cdiv(N, chunk)
-    warps = cfg.pop("num_warps", _warps(chunk, 32))
+    warps = cfg.pop("num_warps", _warps(chunk, 64 if bf16x2 else 32))
     part_dtype = torch.float64 if acc == tl.float64 else torch.float32
+    options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
+    record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
+                  grid=M * C, **options)
+    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN
+    workspace = (M, M * C, part_dtype, (2, 3, 0, 1))
+    if bf16x2:
+        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, num_warps=warps, **options)
+        return _Plan(path, [BoundKernel(softmax_coop_bf16x2_kernel, (M * C,), meta)],
+                     (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
     if mode == LOGSUMEXP:
-        path = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps)
+        path = record["path"] = "chunks"
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
-    # workspace order in the kernel: PART_M, PART_D, ARRIVE, GEN
-    record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), (M, M * C, part_dtype, (2, 3, 0, 1)), record)
+    return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
