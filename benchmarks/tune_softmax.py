@@ -45,10 +45,21 @@ def timed(fn, sets):
 
 
 def fwd_variant(cfg, mode=K.SOFTMAX):
+    """A forward launch with ``cfg`` overrides; its plan is built once per layout and reused, as a default call's
+    is, so decode-sized timings are not host-bound on plan building."""
+    plans = {}
+
     def run(x):
         out = torch.empty(x.shape[0], device=x.device) if mode == K.LOGSUMEXP else torch.empty_like(x)
         m, n, inner, (gx, gy) = row_geometry([x, out if mode != K.LOGSUMEXP else x], 1)
-        K.forward(x, out, gx, gy, m, n, inner, mode, config=cfg)
+        if cfg is None:
+            K.forward(x, out, gx, gy, m, n, inner, mode)
+            return out
+        key = (x.shape, x.dtype, x.stride())
+        if key not in plans:
+            words = x.dtype == torch.bfloat16 and not (x.data_ptr() | out.data_ptr()) & 3
+            plans[key] = K._forward_plan(dict(cfg), x, out, gx, gy, m, n, inner, mode, words)
+        K._run(plans[key], (x, out), x.device)
         return out
     return run
 
@@ -122,17 +133,13 @@ def main(out_dir, only_long=False, bf16x2=False):
                 record(kind, m, n, bf, "default", fwd_variant(None, mode), sets, nb, ref)
                 record(kind, m, n, bf, "generic coop", fwd_variant({"path": "coop", "bf16x2": False}, mode), sets,
                        nb, ref)
-                if mode == K.LOG_SOFTMAX:
-                    continue
-                for chunk, w, extra in ((16384, 8, {}), (16384, 8, {"maxnreg": 48}), (32768, 16, {}),
-                                        (32768, 16, {"maxnreg": 48}), (8192, 4, {}), (16384, 16, {})):
-                    name = f"bf16x2 chunk={chunk} w={w}" + "".join(f" {k}={v}" for k, v in extra.items())
-                    record(kind, m, n, bf, name,
-                           fwd_variant(dict(path="coop", bf16x2=True, chunk=chunk, num_warps=w, **extra)),
+                for chunk, w in ((16384, 8), (8192, 4), (4096, 4), (16384, 16), (8192, 2)):
+                    record(kind, m, n, bf, f"bf16x2 chunk={chunk} w={w}",
+                           fwd_variant(dict(path="coop", bf16x2=True, chunk=chunk, num_warps=w), mode),
                            sets, nb, ref)
             del sets
         for m in (1, 8, 32):
-            for n in (128256, 151936, 262144):
+            for n in (128256, 262144):
                 sets = inputs(m, n, bf)
                 ref = torch.softmax(sets[0][0], -1)
                 nb = 2 * m * n * 2

@@ -261,12 +261,12 @@ def softmax_coop_bf16x2_kernel(
     mask = words < N // 2
     w = tl.load(X.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sxo // 2, sxi // 2) + words,
                 mask=mask, other=-8323200)                                  # read x: 0xFF80FF80 = (-inf, -inf)
-    # 1. (m_c, d_c) of the chunk's 2·HALF elements, unpacking w once per pass
+    # 1. (m_c, d_c) of the chunk's 2·HALF elements, unpacking w once per pass; one reduction each
     lo, hi = _bf16_halves(w, 0)
-    m_c = tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0))
+    m_c = tl.max(tl.maximum(lo, hi), axis=0)
     s_c = _shift(m_c)
     lo, hi = _bf16_halves(w, 1)
-    d_c = tl.sum(tl.exp(lo - s_c), axis=0) + tl.sum(tl.exp(hi - s_c), axis=0)
+    d_c = tl.sum(tl.exp(lo - s_c) + tl.exp(hi - s_c), axis=0)
     tl.store(PART_M + pid, m_c)
     tl.store(PART_D + pid, d_c)
     tl.debug_barrier()
@@ -274,17 +274,18 @@ def softmax_coop_bf16x2_kernel(
     m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
-        scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
         s = _shift(m)
+        scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
         y_lo = tl.exp(lo - s) * scale
         y_hi = tl.exp(hi - s) * scale
-    else:                                                                    #    y = (x - m) - log d
-        log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
-        y_lo = (lo - m) - log_d
-        y_hi = (hi - m) - log_d
-    y_w = (y_lo.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32)
-           | (y_hi.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.uint32) << 16))
-    tl.store(Y.to(tl.pointer_type(tl.uint32)) + _row_offsets(row, INNER, syo // 2, syi // 2) + words, y_w,
+    else:                                                                    #    y = x - (m + log d)
+        b = m + tl.where(m == float("inf"), float("nan"), tl.log(d))  # (16 registers fewer than (x - m) - log d;
+        y_lo = lo - b                                                 # the difference is far below bf16's ulp)
+        y_hi = hi - b
+    # both halves rounded to nearest even and packed by one instruction
+    y_w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,r,r", [y_hi, y_lo], dtype=tl.int32,
+                                    is_pure=True, pack=1)
+    tl.store(Y.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, syo // 2, syi // 2) + words, y_w,
              mask=mask)                                                      # write y
 
 
