@@ -165,7 +165,7 @@ def test_select_path_thresholds():
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
     assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
-    assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 8
+    assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4
     c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
     assert (c.block, c.cols, c.cap, c.num_warps) == (2048, 256, 32, 1)
     c = kt.select_path(32, 262144, 256)                    # R = 2·KP = 512 columns; the merge fits its tile

@@ -13,20 +13,22 @@ top-k ⊕ top-k = top-k of the union. Selection is by *threshold*, never by sort
    rows of R contiguous elements (16-byte loads), and R strided *columns* of G elements, each held by one
    thread, so a column's maximum ``gmax[r]`` is a reduction inside the thread.
    a. ``m = max gmax``, ``d = Σ e^(x − m)``.
-   b. ``t`` = the k-th largest of the R column maxima, to ``COARSE_BITS`` bits (bisection on the keys, which
-      rounds it down). k distinct columns hold an element ``>= t``, so ``t`` is at most the chunk's k-th
-      largest key: the chunk's top-k lies in ``{x >= t}``, about ``k·(1 + k/2R)`` elements for i.i.d. data
-      (R >= 2·KP keeps that ≤ 1.25·k).
+   b. ``t`` = the k-th largest of the R column maxima, to ``COARSE_BITS`` bits (radix bisection on the keys,
+      ``RADIX_BITS`` per step: 2^B − 1 counts packed in one int64 reduction; it rounds down). k distinct
+      columns hold an element ``>= t``, so ``t`` is at most the chunk's k-th largest key: the chunk's top-k
+      lies in ``{x >= t}``, about ``k·(1 + k/2R)`` elements for i.i.d. data (R >= 2·KP keeps that ≤ 1.25·k).
    c. Those candidates (value, index) go to the chunk's ``CAP = 2·KP`` slots: per-column counts, one scan over
       the R columns and a running count down each column (inside the thread), not a scan over BLOCK elements.
    d. Exact fallback (more than CAP candidates: sorted rows, long runs of ties; or a NaN, or fewer than k
-      finite column maxima): the exact k-th key by 32-step bisection over the tile, its ties cut at the
-      lower index (:func:`_select`), so exactly k winners.
-3. Stage 2, one program per row. ``m = max m_c``, ``d = Σ d_c e^(m_c − m)`` (paper eq. 4). On the ``S·CAP``
-   slots: ``t`` = the k-th largest key to ``COARSE_BITS`` bits, the ``≈ k`` candidates ``>= t`` are compacted
-   to ``CAP`` slots and sorted by (key desc, index asc) as one int64; the first k are the answer. More than
-   CAP candidates (ties): exact ``t`` and a cut of the ties at the lower index first. ``p = e^(x − m) / d``,
-   ``lse = m + log d``.
+      finite column maxima): stage 1 marks the chunk (``n_c = -1``) and the merge re-reads it: the exact k-th
+      key by 32-step bisection, its ties cut at the lower index (:func:`_select`), so exactly k winners.
+      (Kept out of stage 1, its four [G, R] tiles set the register count: 254 → 168, 8 → 12 warps per SM.)
+3. Stage 2, one program per row. ``m = max m_c``, ``d = Σ d_c e^(m_c − m)`` (paper eq. 4). Row bound:
+   chunk c holds k elements ``>= t_c``, so the row's k-th key is ``>= lo = max_c t_c``. With ``hi`` = the
+   largest candidate key + 1 (``#{>= lo} >= k > #{>= hi}``), ``[lo, hi)`` is cut in 4 (three counts, one
+   reduction) until at most CAP candidates are ``>= lo`` (2-3 steps for i.i.d. data) or ``hi = lo + 1`` (lo is
+   then the exact k-th key: ties cut at the lower index). The survivors are sorted by (key desc, index asc) as
+   one int64; the first k are the answer. ``p = e^(x − m) / d``, ``lse = m + log d``.
 
 Memory traffic per row, V elements of b bytes: read V·b once (stage 1); about ``k·(1 + k/2R)`` candidates of 8
 bytes per chunk written and read back (stage 1 → 2: ``S·k·8`` bytes, ≈ 0.3 % of V·b at V = 128256, k = 50,
@@ -55,11 +57,14 @@ MIN_KP = 16                         # candidate lists are at least this long (tl
 CAP_FACTOR = 2                      # CAP = 2·KP candidate slots per chunk, and survivors in the merge
 COLS_PER_KP = 2                     # R = 2·KP column maxima per chunk: ≈ k·(1 + k/2R) <= 1.25·k candidates
 MAX_COLS = 1024                     # k = 1024: R = KP, ≈ 1.5·k candidates in 2·KP slots
-COARSE_BITS = 16                    # bisection steps for a threshold that only has to be a lower bound
+COARSE_BITS = 16                    # bits of a threshold that only has to be a lower bound
+RADIX_BITS = 3                      # stage 1: bits per bisection step (2^3 − 1 counts packed in one int64 sum;
+                                    # 2 bits when R >= 512, as a count then needs more than 9 bits)
 ELEMS_PER_THREAD = 64               # elements of x per thread: 64 fit in registers beside the rest (no spills)
 MERGE_TILE = 8192                   # candidate keys the merge holds in registers; more are streamed from L2
 MERGE_MAX_SLOTS = 32768             # S_pow2 · CAP candidate slots of a row, at most
-MERGE_SLOTS_PER_WARP = 1024         # merge warps: min(S_pow2 · CAP, MERGE_TILE) / this, at least 4
+MERGE_SLOTS_PER_WARP = 2048         # merge warps: min(S_pow2 · CAP, MERGE_TILE) / this, at least 4
+MERGE_FEW_ROWS = 128                # B <= this: twice the merge warps (every row's program runs at once)
 FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
 FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256, 32 x 151936: 54 µs with
                                     # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2)
@@ -70,6 +75,7 @@ NAN_KEY = tl.constexpr(0x7FC00000)       # canonical NaN key: above +inf (0x7F80
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 _COARSE = tl.constexpr(COARSE_BITS)
+RADIX_BITS_ = tl.constexpr(RADIX_BITS)
 PATHS = ("filter", "sort")
 
 
@@ -126,7 +132,11 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     cols = min(cols, block)
     if num_warps is None:
         num_warps = max(1, min(max_warps, block // (32 * ELEMS_PER_THREAD)))
-    merge_warps = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP)
+    # the merge also runs a chunk's exact path (1d) at 64 elements per thread; few rows (one wave of
+    # programs whatever their size): twice the warps, half the latency
+    merge_warps = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP, num_warps)
+    if B <= MERGE_FEW_ROWS:
+        merge_warps = min(2 * merge_warps, 16)
     return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, merge_warps)
 
 
@@ -177,6 +187,43 @@ def _kth_key(keys, k, BITS: tl.constexpr):
         cand = t + (tl.full([], 1, tl.int32) << (31 - i))
         c = tl.sum((keys >= cand).to(tl.int32))
         t = tl.where(c >= k, cand, t)
+    return t
+
+
+@triton.jit
+def _packed_counts(keys, lo, s, B: tl.constexpr):
+    """Σ over ``keys >= lo`` of the thermometer code of ``p = min((key − lo) >> s, F)``, F = 2^B − 1: field j
+    (W = 63 // F bits, j = 1 … F) of the int64 sum is ``#{key >= lo + j·2^s}``. One reduction for F counts."""
+    F: tl.constexpr = (tl.constexpr(1) << B) - 1
+    W: tl.constexpr = 63 // F
+    p = tl.minimum((keys - lo).to(tl.uint32, bitcast=True) >> s.to(tl.uint32), F).to(tl.int32)
+    p = tl.where(keys >= lo, p, 0)
+    code = tl.zeros(keys.shape, tl.int64)
+    for j in tl.static_range(1, F + 1):
+        code += tl.where(p >= j, tl.full([], 1, tl.int64) << (W * (j - 1)), 0)
+    return tl.sum(code)
+
+
+@triton.jit
+def _field(tot, j: tl.constexpr, B: tl.constexpr):
+    W: tl.constexpr = 63 // ((tl.constexpr(1) << B) - 1)
+    return ((tot >> (W * (j - 1))) & ((tl.constexpr(1) << W) - 1)).to(tl.int32)
+
+
+@triton.jit
+def _kth_key_radix(keys, k, BITS: tl.constexpr, B: tl.constexpr):
+    """:func:`_kth_key` with B bits per step (``ceil(BITS / B)`` reductions instead of BITS): the largest
+    ``t = INT32_MIN + j·2^(32 − B·steps)`` with ``#{keys >= t} >= k``. Counts must fit 63 // (2^B − 1) bits."""
+    F: tl.constexpr = (tl.constexpr(1) << B) - 1
+    STEPS: tl.constexpr = (BITS + B - 1) // B
+    t = tl.full([], INT32_MIN, tl.int32)
+    for i in tl.static_range(STEPS):
+        s = tl.full([], 32 - B * (i + 1), tl.int32)
+        tot = _packed_counts(keys, t, s, B)
+        j = tl.full([], 0, tl.int32)
+        for f in tl.static_range(1, F + 1):
+            j += (_field(tot, f, B) >= k).to(tl.int32)     # the counts fall with f: j = the largest f >= k
+        t = (t.to(tl.int64) + (j.to(tl.int64) << s.to(tl.int64))).to(tl.int32)
     return t
 
 
@@ -233,6 +280,7 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
 def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr):
     G: tl.constexpr = BLOCK // R
+    RADIX_B: tl.constexpr = RADIX_BITS_ if R < 512 else 2
     pid = tl.program_id(0)
     row = pid // S
     start = (pid % S) * BLOCK
@@ -255,133 +303,182 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
     # b. t <= the k-th largest column maximum <= the chunk's k-th largest key (columns with no element of
     # the row are padding)
     gkey = tl.where(start + tl.arange(0, R) < V, _key_of(gmax), INT32_MIN)
-    t = _kth_key(gkey, k, _COARSE)
+    t = _kth_key_radix(gkey, k, _COARSE, RADIX_B)
     tf = _value_of(t)
-    run = tl.cumsum((x >= tf).to(tl.int32), axis=0)                        # running count down each column
-    cnt = tl.sum(tl.where(tl.arange(0, G)[:, None] == G - 1, run, 0), axis=0)     # [R] candidates per column
+    ge = x >= tf
+    cnt = tl.sum(ge.to(tl.int32), axis=0)                                  # [R] candidates per column
     n = tl.sum(cnt)
-    slots = (ws_ptr + 3 * BS + BS % 2).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
-    idx = start + off
     exact = (n > CAP) | (d != d) | (t <= NEG_INF_KEY)
-    # c. straight-line (no branch around it: the compiler keeps the tile in registers); stores nothing when the
-    # exact path below has to run (x >= NaN is false)
+    # c. straight-line; stores nothing when the chunk is left to the exact path (x >= NaN is false)
+    idx = start + off
+    run = tl.cumsum(ge.to(tl.int32), axis=0)                               # running count down each column
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
     _compact(slots, run, cnt, x, idx, tl.where(exact, float("nan"), tf), x, False, FAST)
-    if exact:
-        # d. exact: the chunk's k first elements (key desc, index asc); x is read again (from L2)
-        mask = off < V - start
-        x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
-        keys = tl.where(mask, _key_of(x), INT32_MIN)
-        m2 = _value_of(tl.max(tl.max(keys, axis=0))) * LOG2E               # NaN-aware
-        win = _select(keys, idx, k, _kth_key(keys, k, 32)) & mask
-        cnt = tl.sum(win.to(tl.int32), axis=0)
-        n = tl.sum(cnt)
-        _compact(slots, tl.cumsum(win.to(tl.int32), axis=0), cnt, x, idx, tf, win, True, FAST)
+    # d. the exact path (rare) runs in the merge, which re-reads the chunk: n_c = -1 marks it. Its registers
+    # (four [G, R] tiles) would otherwise set this kernel's register count and so its occupancy.
     tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
     tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + BS + pid, d)
-    tl.store(ws_ptr + 2 * BS + pid, n)
+    tl.store(ws_ptr + 2 * BS + pid, tl.where(exact, -1, n))
+    tl.store(ws_ptr + 3 * BS + pid, t)
+
+
+@triton.jit
+def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
+                 BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
+    """1d. Exact path of chunk ``pid`` (more than CAP candidates: sorted rows, long runs of ties; or a NaN, or
+    fewer than k finite column maxima): the chunk's k first elements (key desc, index asc), re-read from x: the
+    exact k-th key by 32-step bisection, its ties cut at the lower index (:func:`_select`); and m_c NaN-aware."""
+    G: tl.constexpr = BLOCK // R
+    off = tl.arange(0, G)[:, None] * R + tl.arange(0, R)[None, :]
+    ptrs = x_ptr + row.to(tl.int64) * stride_b + (start + off).to(tl.int64) * stride_v
+    mask = off < V - start
+    x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
+    keys = tl.where(mask, _key_of(x), INT32_MIN)
+    m2 = _value_of(tl.max(tl.max(keys, axis=0))) * LOG2E
+    idx = start + off
+    win = _select(keys, idx, k, _kth_key(keys, k, 32)) & mask
+    cnt = tl.sum(win.to(tl.int32), axis=0)
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
+    _compact(slots, tl.cumsum(win.to(tl.int32), axis=0), cnt, x, idx, 0.0, win, True, False)
+    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
+    tl.store(ws_ptr + 2 * BS + pid, tl.sum(cnt))
 
 
 # --- stage 2: merge the S chunk states of a row -------------------------------------------------------------
 
 @triton.jit
-def _slot_keys(cand_ptr, n_ptr, S, j, TILE: tl.constexpr, CAP: tl.constexpr):
-    """Keys of the row's slots ``[j·TILE, (j + 1)·TILE)`` (INT32_MIN where chunk c has no candidate: ``>= n_c``)
-    and the slots' offsets."""
-    o = j * TILE + tl.arange(0, TILE)
-    c = o // CAP
-    live = (c < S) & (o % CAP < tl.load(n_ptr + c, mask=c < S, other=0))
-    bits = tl.load(cand_ptr + 2 * o, mask=live, other=0)
+def _add3(a1, a2, a3, b1, b2, b3):
+    return a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _slot_tile(cand_ptr, n_ptr, S, j, CT: tl.constexpr, CAP: tl.constexpr):
+    """Keys of chunks ``[j·CT, (j + 1)·CT)`` of the row, ``[CT, CAP]`` (INT32_MIN where chunk c has no
+    candidate: slot ``>= n_c``), and the slots' offsets. Loads bypass L1: the merge may have written them."""
+    c = j * CT + tl.arange(0, CT)
+    n = tl.load(n_ptr + c, mask=c < S, other=0, cache_modifier=".cg")
+    o = c[:, None] * CAP + tl.arange(0, CAP)[None, :]
+    live = tl.arange(0, CAP)[None, :] < n[:, None]
+    bits = tl.load(cand_ptr + 2 * o, mask=live, other=0, cache_modifier=".cg")
     return tl.where(live, _key_of(bits.to(tl.float32, bitcast=True)), INT32_MIN), o
 
 
 @triton.jit
-def _count(keys0, cand_ptr, n_ptr, S, lo, tie, u, NT: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr):
-    """``#{key >= lo} + #{key == tie, index < u}`` over the row's slots: from the register tile ``keys0`` when
-    it holds them all (NT = 1), else TILE at a time (from L2)."""
-    c = 0
-    for j in tl.static_range(NT):
-        if NT == 1:
-            kj = keys0
-            o = tl.arange(0, TILE)
-        else:
-            kj, o = _slot_keys(cand_ptr, n_ptr, S, j, TILE, CAP)
-        c += tl.sum((kj >= lo).to(tl.int32))
-        if u > 0:
-            eq = kj == tie
-            c += tl.sum((eq & (tl.load(cand_ptr + 2 * o + 1, mask=eq, other=0) < u)).to(tl.int32))
-    return c
+def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, CAP: tl.constexpr):
+    """Tile j of the row's slots: the register tile when it holds them all (NT = 1), else loaded (from L2)."""
+    if NT == 1:     # the offsets are recomputed, not held in registers beside the keys
+        c = tl.arange(0, CT)
+        return keys0, c[:, None] * CAP + tl.arange(0, CAP)[None, :]
+    else:
+        return _slot_tile(cand_ptr, n_ptr, S, j, CT, CAP)
 
 
 @triton.jit
-def _kth_slots(t, keys0, cand_ptr, n_ptr, S, k, FIRST: tl.constexpr, LAST: tl.constexpr, NT: tl.constexpr,
-               TILE: tl.constexpr, CAP: tl.constexpr):
-    """Bits FIRST..LAST-1 of the bisection of :func:`_kth_key` over the row's slots, from ``t``."""
-    for i in range(FIRST, LAST):
-        cand = t + (tl.full([], 1, tl.int32) << (31 - i))
-        t = tl.where(_count(keys0, cand_ptr, n_ptr, S, cand, 0, 0, NT, TILE, CAP) >= k, cand, t)
-    return t
-
-
-@triton.jit
-def _topk_merge_kernel(ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, CAP: tl.constexpr, SP: tl.constexpr,
-                       TILE: tl.constexpr, FAST: tl.constexpr):
-    NT: tl.constexpr = SP * CAP // TILE
+def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
+                       CT: tl.constexpr, FAST: tl.constexpr):
+    NT: tl.constexpr = SP // CT
     row = tl.program_id(0)
     base_s = row * S
     m_ptr = ws_ptr.to(tl.pointer_type(tl.float32))
-    # (m, d) = ⊕ over the S chunks, in base 2: m = max m_c, d = Σ d_c 2^(m_c − m)   (NaN in any chunk → NaN)
+    n_ptr = ws_ptr + 2 * BS + base_s
     so = tl.arange(0, SP)
     smask = so < S
-    mc = tl.load(m_ptr + base_s + so, mask=smask, other=float("-inf"))
+    # 0. chunks stage 1 left to the exact path (n_c = -1), rare
+    if tl.min(tl.load(n_ptr + so, mask=smask, other=0)) < 0:
+        for c in range(S):
+            if tl.load(n_ptr + c, cache_modifier=".cg") < 0:
+                _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, c * BLOCK, BLOCK, R, CAP)
+        tl.debug_barrier()
+    # 1. (m, d) = ⊕ over the S chunks, in base 2: m = max m_c, d = Σ d_c 2^(m_c − m)   (NaN in any chunk → NaN)
+    mc = tl.load(m_ptr + base_s + so, mask=smask, other=float("-inf"), cache_modifier=".cg")
     dc = tl.load(m_ptr + BS + base_s + so, mask=smask, other=0.0)
     has_nan = tl.sum((mc != mc).to(tl.int32)) > 0
     m = tl.max(tl.where(mc != mc, float("-inf"), mc))
     m = tl.where(has_nan, float("nan"), m)
     d = tl.sum(tl.where(smask, dc * tl.where(mc == m, 1.0, tl.exp2(mc - m)), 0.0))
     tl.store(lse_ptr + row, (m + tl.log2(d)) * LN2)
+    # 2. the row's k-th key is >= lo = max_c t_c: chunk c holds k elements >= t_c. (t_c is a lower bound for
+    # chunk c's k-th key whichever path it took; every real key is >= the key of -inf.)
+    tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN)
+    lo = tl.maximum(tl.max(tc), NEG_INF_KEY)
     # the S·CAP candidate slots of the row (chunk c holds n_c): int64 = value bits | index << 32
-    n_ptr = ws_ptr + 2 * BS + base_s
-    slots = (ws_ptr + 3 * BS + BS % 2).to(tl.pointer_type(tl.int64))
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64))
     cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
-    keys0, _ = _slot_keys(cand_ptr, n_ptr, S, 0, TILE, CAP)
-    # t <= the row's k-th key, to 16 bits: about k candidates >= t
-    t = _kth_slots(tl.full([], INT32_MIN, tl.int32), keys0, cand_ptr, n_ptr, S, k, 0, _COARSE, NT, TILE, CAP)
+    keys0, _ = _slot_tile(cand_ptr, n_ptr, S, 0, CT, CAP)
+    kmax = tl.full([], INT32_MIN, tl.int32)
+    cnt = 0
+    for j in tl.static_range(NT):
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+        kmax = tl.maximum(kmax, tl.max(kj))
+        cnt += tl.sum((kj >= lo).to(tl.int32))
+    # 3. narrow [lo, hi) (#{key >= lo} >= k > #{key >= hi}) by 4-way splits until <= CAP keys are >= lo, or
+    # hi = lo + 1 (lo is then the exact k-th key): 3 counts per reduction, about 2-3 reductions for i.i.d. data
+    hi = kmax.to(tl.int64) + 1
+    while (cnt > CAP) & (hi - lo.to(tl.int64) > 1):
+        w = hi - lo.to(tl.int64)
+        e = (w.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127       # floor(log2 w) or above
+        s = tl.maximum(e - 1, 0)                                           # 4·2^s > w
+        step = tl.full([], 1, tl.int64) << s.to(tl.int64)
+        th1 = tl.minimum(lo.to(tl.int64) + step, 0x7FFFFFFF).to(tl.int32)   # thresholds past the largest key
+        th2 = tl.minimum(lo.to(tl.int64) + 2 * step, 0x7FFFFFFF).to(tl.int32)   # count nothing (hi <= 2^31)
+        th3 = tl.minimum(lo.to(tl.int64) + 3 * step, 0x7FFFFFFF).to(tl.int32)
+        c1 = 0
+        c2 = 0
+        c3 = 0
+        for j in tl.static_range(NT):
+            kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+            a1, a2, a3 = tl.reduce(tl.reduce(((kj >= th1).to(tl.int32), (kj >= th2).to(tl.int32),
+                                              (kj >= th3).to(tl.int32)), 1, _add3), 0, _add3)   # one tree
+            c1 += a1
+            c2 += a2
+            c3 += a3
+        f = (c1 >= k).to(tl.int32) + (c2 >= k).to(tl.int32) + (c3 >= k).to(tl.int32)
+        cnt = tl.where(f == 0, cnt, tl.where(f == 1, c1, tl.where(f == 2, c2, c3)))
+        new_lo = lo.to(tl.int64) + (f.to(tl.int64) << s.to(tl.int64))
+        hi = tl.minimum(hi, new_lo + (tl.full([], 1, tl.int64) << s.to(tl.int64)))
+        lo = new_lo.to(tl.int32)
+    t = lo
     t_gt = t - 1                                    # survivors: key > t_gt, or key == t with index <= u
     u = 0x7FFFFFFF
-    if _count(keys0, cand_ptr, n_ptr, S, t, 0, 0, NT, TILE, CAP) > CAP:
-        # rare (ties, or keys closer than 16 bits): the exact k-th key, its ties cut at the lower index
-        t = _kth_slots(t, keys0, cand_ptr, n_ptr, S, k, _COARSE, 32, NT, TILE, CAP)
+    if cnt > CAP:
+        # rare (ties): t is the exact k-th key; its ties cut at the lower index, the largest u with
+        # #{key == t, index < u} < k − #{key > t}
         t_gt = t
-        n_gt = _count(keys0, cand_ptr, n_ptr, S, t + 1, 0, 0, NT, TILE, CAP)
-        if _count(keys0, cand_ptr, n_ptr, S, t, 0, 0, NT, TILE, CAP) > k:
-            u = 0                                   # the largest u with #{ties, index < u} < k − n_gt
-            for i in range(31):
-                c_u = u + (1 << (30 - i))
-                below = _count(keys0, cand_ptr, n_ptr, S, 0x7FFFFFFF, t, c_u, NT, TILE, CAP)
-                u = tl.where(below < k - n_gt, c_u, u)
-    # compact the survivors (<= CAP) and sort them by (key desc, index asc) packed in one int64
+        n_gt = 0
+        for j in tl.static_range(NT):
+            kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+            n_gt += tl.sum((kj > t).to(tl.int32))
+        u = 0
+        for i in range(31):
+            c_u = u + (1 << (30 - i))
+            below = 0
+            for j in tl.static_range(NT):
+                kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+                eq = kj == t
+                below += tl.sum((eq & (tl.load(cand_ptr + 2 * o + 1, mask=eq, other=0) < c_u)).to(tl.int32))
+            u = tl.where(below < k - n_gt, c_u, u)
+    # 4. compact the survivors (<= CAP) and sort them by (key desc, index asc) packed in one int64
     buf = slots + BS.to(tl.int64) * CAP + row.to(tl.int64) * CAP
     n = 0
     for j in tl.static_range(NT):
-        if NT == 1:
-            kj = keys0
-            o = tl.arange(0, TILE)
-        else:
-            kj, o = _slot_keys(cand_ptr, n_ptr, S, j, TILE, CAP)
-        maybe = kj >= t_gt
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+        maybe = kj >= t
         idx = tl.load(cand_ptr + 2 * o + 1, mask=maybe, other=0)
-        surv = (kj > t_gt) | ((kj == t) & (idx <= u))
+        surv = maybe & ((kj > t_gt) | (idx <= u))
+        per_c = tl.sum(surv.to(tl.int32), axis=1)
+        pos = n + (tl.cumsum(per_c, 0) - per_c)[:, None] + tl.cumsum(surv.to(tl.int32), axis=1) - 1
         packed = (kj.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
-        tl.store(buf + n + tl.cumsum(surv.to(tl.int32), 0) - 1, packed, mask=surv)
-        n += tl.sum(surv.to(tl.int32))
+        tl.store(buf + pos, packed, mask=surv)
+        n += tl.sum(per_c)
     tl.debug_barrier()
     j = tl.arange(0, CAP)
     packed = tl.load(buf + j, mask=j < n, other=-9223372036854775808, cache_modifier=".cg")
     packed = tl.sort(packed, descending=True)
     key = (packed >> 32).to(tl.int32)
     ind = 0x7FFFFFFF - (packed & 0xFFFFFFFF).to(tl.int32)
-    # p = e^(x − m) / d = 2^(x·log2(e) − m2) / d; NaN where torch.softmax gives NaN for the whole row (m = ±inf,
-    # or NaN)
+    # 5. p = e^(x − m) / d = 2^(x·log2(e) − m2) / d; NaN where torch.softmax gives NaN for the whole row
+    # (m = ±inf, or NaN)
     p = tl.exp2(_log2_rel(_value_of(key), m, FAST)) / d
     p = tl.where((m == float("inf")) | (m == float("-inf")), float("nan"), p)
     out = row.to(tl.int64) * k + j
@@ -392,10 +489,10 @@ def _topk_merge_kernel(ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, CAP: tl.cons
 # --- launcher -----------------------------------------------------------------------------------------------
 
 def workspace_words(B: int, cfg: TopKConfig) -> int:
-    """int32 words of scratch: m_c, d_c, n_c (B·S each), the candidates (B·S·CAP int64: value bits, index) and
-    the merge's survivors (B·CAP int64), 8-byte aligned."""
+    """int32 words of scratch: m_c, d_c, n_c, t_c (B·S each), the candidates (B·S·CAP int64: value bits,
+    index) and the merge's survivors (B·CAP int64), 16-byte aligned."""
     bs = B * cfg.splits
-    return 3 * bs + 1 + 2 * (bs + B) * cfg.cap
+    return 4 * bs + 2 * (bs + B) * cfg.cap
 
 
 def _workspace(device: torch.device, words: int) -> torch.Tensor:
@@ -427,6 +524,7 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     fast = dev.type == "cuda" and not interpret_mode()
     launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
            BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, num_warps=cfg.num_warps)
-    launch(_topk_merge_kernel, (B,), (ws, values, indices, lse, k, S, B * S), dev,
-           CAP=cfg.cap, SP=_pow2(S), TILE=min(_pow2(S) * cfg.cap, MERGE_TILE), FAST=fast, num_warps=cfg.merge_warps)
+    launch(_topk_merge_kernel, (B,), (x, x.stride(0), x.stride(1), V, ws, values, indices, lse, k, S, B * S), dev,
+           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, SP=_pow2(S), CT=max(1, min(_pow2(S), MERGE_TILE // cfg.cap)),
+           FAST=fast, num_warps=cfg.merge_warps)
     return values, indices, lse
