@@ -257,6 +257,19 @@ def test_path_choice_on_h200(m, n, path):
     assert K.choose_path(m, n, H200_SMS, interpret=False) == path
 
 
+@pytest.mark.parametrize("m,n,path,chunk", [
+    (4096, 32768, "coop", 4096), (2048, 65536, "coop", 4096), (1024, 131072, "coop", 16384),
+    (8192, 16384, "rows", None), (32, 151936, "coop", K.COOP_CHUNK),
+])
+def test_bf16x2_path_and_chunk_on_h200(m, n, path, chunk):
+    """bf16 rows the bf16x2 kernel can take: coop from N > BF16X2_ROW_MAX_N with their own chunk sizes;
+    decode sizes keep the generic chunking."""
+    words = m > K.DECODE_MAX_ROWS_PER_SM * H200_SMS
+    assert K.choose_path(m, n, H200_SMS, interpret=False, words=words) == path
+    if chunk:
+        assert K._chunking(m, n, H200_SMS, backward=False, words=words)[0] == chunk
+
+
 def test_interpreter_uses_split_for_long_rows():
     assert K.choose_path(512, 131072, H200_SMS, interpret=True) == "split"
 
@@ -355,20 +368,22 @@ def test_gpu_bound_launch_alignment_and_devices(n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n", [(300, 131072), (3, 151936), (40, 50258)])
-def test_gpu_bf16x2_coop_kernel_and_its_fallbacks(m, n):
-    """bf16 coop rows of unit stride, even N and 4-byte aligned starts run the packed kernel; an odd start, an
-    odd N, strided columns and a row holding ±inf / NaN / all -inf keep torch's semantics."""
+@pytest.mark.parametrize("m,n,kernel", [(300, 131072, "bf16x2"), (600, 32768, "bf16x2"), (3, 151936, "chunks")])
+def test_gpu_bf16x2_coop_kernel_and_its_fallbacks(m, n, kernel):
+    """Many bf16 coop rows of unit stride, even N and 4-byte aligned starts run the packed kernel; an odd start,
+    an odd N, strided columns and decode sizes do not; rows holding ±inf / NaN / all -inf keep torch's
+    semantics everywhere."""
     base = (torch.randn(m, n + 2, device="cuda") * 4).to(torch.bfloat16)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3] = float("-inf")
-    cases = [(base[:, :n], "bf16x2"), (base[:, 1:n + 1], "chunks"), (base[:, :n - 1], "chunks"),
-             (base.t().contiguous()[:n].t(), "chunks")]
-    for x, kernel in cases:
+    fallback = ("coop", "chunks") if n > K.ROW_MAX_N or m <= 264 else ("rows", None)
+    cases = [(base[:, :n], ("coop", kernel)), (base[:, 1:n + 1], fallback), (base[:, :n - 1], fallback),
+             (base.t().contiguous()[:n].t(), fallback)]
+    for x, (path, kern) in cases:
         for name in ("softmax", "log_softmax"):
             out = FNS[name][0](x, -1)
             info = K.last_launch()
-            assert info["path"] == "coop" and info["kernel"] == kernel, (x.stride(), x.shape, info)
+            assert (info["path"], info.get("kernel")) == (path, kern), (x.stride(), x.shape, info)
             assert_matches_low_precision_eager(name, out, x, -1)
 
 

@@ -20,9 +20,9 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
            normalises its chunk from registers: still one read of x and one write of y (seed §7 "segmented
            reduce"). The barrier needs all C programs of a row resident at once (C <= COOP_MAX_CHUNKS) and
            programs dispatched in order, as decoupled look-back scans assume.
-           bf16 rows of unit stride and even N take ``softmax_coop_bf16x2_kernel``: x is held as int32 words
-           of two elements, twice the chunk in the same registers (on-chip bytes in flight per SM set the
-           speed of this path).
+           Many bf16 rows of unit stride and even N take ``softmax_coop_bf16x2_kernel`` from N >
+           BF16X2_ROW_MAX_N: x is held as int32 words of two elements, twice the chunk in the same registers
+           (on-chip bytes in flight per SM set the speed of this path).
 ``split``  The same cut, in two launches with no waiting: the first publishes partial states, the second merges
            them and re-reads its chunk. Used under TRITON_INTERPRET=1 (the CPU interpreter runs programs one
            after another, so a barrier would hang there) and when a row needs more than COOP_MAX_CHUNKS chunks.
@@ -47,7 +47,11 @@ PREFETCH_MAX_ROW_BYTES = 2048    # rows this short (bf16 N = 1K) run the persist
 PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lost 2-70 points with it
 PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
 COOP_CHUNK = 8192            # long rows: elements per program in the coop path (large batch), 8 warps
-COOP_BF16X2_CHUNK = 16384    # ... in the bf16x2 coop kernel (x held as int32 words: same registers)
+BF16X2_ROW_MAX_N = 16384     # rows the bf16x2 kernel can take (see _bf16x2_ok) longer than this, for many rows,
+                             # run it rather than `rows`: 4096 x 32768 bf16 77.5 % vs 68.7 % (tune-bf16x2.log)
+BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warps) up to this N, 77.5 / 75.1 %
+BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
+COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -444,10 +448,12 @@ def _warps(elems_per_program: int, per_thread: int) -> int:
     return max(4, min(32, elems_per_program // (32 * per_thread)))
 
 
-def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = False) -> str:
-    """``rows``, ``coop`` or ``split`` for an (M rows, N) problem (see the module docstring)."""
+def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = False, words: bool = False) -> str:
+    """``rows``, ``coop`` or ``split`` for an (M rows, N) problem (see the module docstring). ``words``: the
+    forward's bf16x2 kernel applies (bf16 rows of unit stride, even N, 4-byte aligned starts)."""
     few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms and N > DECODE_MIN_N
-    if N <= ROW_MAX_N // (BWD_CHUNK_SCALE if backward else 1) and not few_rows:
+    row_max = BF16X2_ROW_MAX_N if words and not interpret else ROW_MAX_N
+    if N <= row_max // (BWD_CHUNK_SCALE if backward else 1) and not few_rows:
         return "rows"
     if interpret or _chunking(M, N, sms, backward)[1] > COOP_MAX_CHUNKS:
         return "split"
@@ -455,8 +461,7 @@ def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = Fals
 
 
 def _chunking(M: int, N: int, sms: int, backward: bool, words: bool = False) -> tuple[int, int]:
-    """(chunk, C). ``words``: the bf16x2 kernel, which holds a chunk in half the registers, takes
-    COOP_BF16X2_CHUNK for many rows (decode sizes are chunked as any dtype)."""
+    """(chunk, C). ``words``: many rows in the bf16x2 kernel, which holds a chunk in half the registers."""
     few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms
     if backward:
         chunk = BWD_DECODE_CHUNK if few_rows else BWD_COOP_CHUNK
@@ -465,8 +470,10 @@ def _chunking(M: int, N: int, sms: int, backward: bool, words: bool = False) -> 
         while chunk < COOP_CHUNK and (M * triton.cdiv(N, chunk) > DECODE_PROGRAMS_PER_SM * sms
                                       or triton.cdiv(N, chunk) > COOP_MAX_CHUNKS):
             chunk *= 2
+    elif words:
+        chunk = BF16X2_SHORT_CHUNK if N <= BF16X2_SHORT_N else COOP_BF16X2_CHUNK
     else:
-        chunk = COOP_BF16X2_CHUNK if words else COOP_CHUNK
+        chunk = COOP_CHUNK
     chunk = min(chunk, _pow2(N))
     return chunk, triton.cdiv(N, chunk)
 
@@ -501,7 +508,10 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     device = x.device
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
-    path = cfg.pop("path", None) or choose_path(M, N, sms, interpret)
+    eligible = _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words)
+    # bf16x2 for many rows: at decode sizes the generic kernel measured as fast or 1 µs faster (tune-bf16x2.log)
+    words = eligible and M > DECODE_MAX_ROWS_PER_SM * sms
+    path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, words=words)
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
@@ -517,7 +527,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
-    bf16x2 = path == "coop" and cfg.pop("bf16x2", _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words))
+    bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False, words=bf16x2)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 64 if bf16x2 else 32))
