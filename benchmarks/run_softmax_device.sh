@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Softmax family on the GPU machine: GPU tests, the variant sweep, then the committed benchmark suites.
-#   bash benchmarks/run_softmax_device.sh [tests|tune|bench]...   (default: all three); logs under $OUT
+#   bash benchmarks/run_softmax_device.sh [tests|quicktests|tune|tune-bf16x2|profile|bench|graphtest]...
+#   (default: tests tune bench); logs under $OUT
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-bench-out}
@@ -11,9 +12,10 @@ for step in $steps; do
   case $step in
     tests) timeout 300 python -m pytest -q -p no:warnings tests/test_softmax.py tests/test_state.py 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     quicktests) timeout 200 python -m pytest -q -p no:warnings tests/test_softmax.py -m gpu -k "not 3000000" 2>&1 | tee "$OUT/tests.log" | tail -8
-                timeout 100 python -m pytest -q -p no:warnings tests/test_softmax.py -k "compile or special or empty or path" 2>&1 | tee -a "$OUT/tests.log" | tail -8 ;;
+                timeout 100 python -m pytest -q -p no:warnings tests/test_softmax.py -k "compile or special or empty or path or gradients or bf16x2" 2>&1 | tee -a "$OUT/tests.log" | tail -8 ;;
     profile) timeout 180 python benchmarks/profile_launch.py 2>&1 | tee "$OUT/profile.log" | head -45 ;;
     tune) timeout 330 python benchmarks/tune_softmax.py "$OUT" 2>&1 | tee "$OUT/tune.log" ;;
+    tune-bf16x2) timeout 300 python benchmarks/tune_softmax.py "$OUT" bf16x2 2>&1 | tee "$OUT/tune-bf16x2.log" | tail -3 ;;
     bench) if ls .whl/liger_kernel-*.whl >/dev/null 2>&1; then
              python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/liger_kernel-*.whl \
                && export PYTHONPATH=src:/tmp/site

@@ -256,8 +256,9 @@ def softmax_coop_bf16x2_kernel(
     """The coop path for bf16 rows of unit stride and even N: x is read and held as int32 words of two
     elements, one register per two elements where fp32 e^(x - m_c) needs one per element, so a program
     holds twice the chunk and an SM twice the bytes in flight (bf16 at 8192 elements per program
-    reached 59-61 % of copy against fp32's 76-81 % at the same register footprint: tune-long.log).
-    Offsets here count words (element offset / 2; the plan checks that strides are even)."""
+    reached 59-61 % of copy against fp32's 76-81 % at the same register footprint: tune-long.log; this kernel
+    66-78 % at N = 32K-256K: tune-bf16x2-f0cf1a3.log). Offsets here count words (element offset / 2; the
+    plan checks that strides are even)."""
     pid = tl.program_id(0)
     row = pid // C
     c = pid % C
