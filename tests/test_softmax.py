@@ -466,6 +466,42 @@ def test_vmap_backward_and_autograd_through_vmap(backend):
     torch.testing.assert_close(torch.ops.onlinesoftmax.logsumexp(x3, -2, backend), torch.logsumexp(x3, 1))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(FNS))
+def test_torch_func_transforms_match_torch(backend, name):
+    """torch.func.grad / jacrev / jacfwd / hessian and vmap(grad) through our functions equal torch's (fp64):
+    under torch.func the ops run inside an autograd.Function whose derivatives are torch ops."""
+    import onlinesoftmax.ops.softmax as S
+
+    ours, theirs = FNS[name][0], FNS[name][1]
+    x = torch.randn(3, 7, device=DEV, dtype=torch.float64)
+    w = torch.randn(3, 7 if name != "logsumexp" else 1, device=DEV, dtype=torch.float64).squeeze(-1)
+
+    def loss(f):
+        return lambda x: (f(x) * w).sum()
+
+    transforms = {
+        "grad": lambda f: torch.func.grad(loss(f)),
+        "jacrev": torch.func.jacrev,
+        "jacfwd": torch.func.jacfwd,
+        "hessian": lambda f: torch.func.hessian(loss(f)),
+        "vmap(grad)": lambda f: torch.func.vmap(torch.func.grad(lambda r: (f(r.unsqueeze(0)) * w[0]).sum())),
+    }
+    for tname, transform in transforms.items():
+        got = transform(lambda x: ours(x, 1, backend=backend))(x)
+        want = transform(lambda x: theirs(x, 1))(x)
+        torch.testing.assert_close(got, want, msg=lambda m: f"{name} {tname}: {m}")
+    calls = []                          # and the forward is our op, not a fallback
+    real = S._SoftmaxFunction.forward if name != "logsumexp" else S._LogsumexpFunction.forward
+    cls = S._SoftmaxFunction if name != "logsumexp" else S._LogsumexpFunction
+    try:
+        cls.forward = staticmethod(lambda *a: calls.append(1) or real(*a))
+        torch.func.grad(loss(lambda x: ours(x, 1, backend=backend)))(x)
+    finally:
+        cls.forward = staticmethod(real)
+    assert calls == [1]
+
+
 def test_stream_scratch_views_aligned_reused_and_grown():
     """Workspace views start 16-byte aligned (bound kernels take them as aligned), are reused while they fit and,
     once a request outgrows one, are carved again no smaller from a zeroed buffer (barrier words start at 0)."""

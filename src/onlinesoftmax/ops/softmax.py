@@ -108,10 +108,10 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 
 
 def _eager_direct(x: torch.Tensor) -> bool:
-    """Calls that need neither autograd nor tracing nor a torch.func transform skip the custom-op dispatcher
-    (tens of µs per call, which is most of the time of a decode-sized softmax); the result is the same function."""
-    return (not (x.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling()
-            and not _functorch_active())
+    """Calls that need neither autograd nor tracing skip the custom-op dispatcher (tens of µs per call, which is
+    most of the time of a decode-sized softmax); the result is the same function. (torch.func transforms are
+    routed before this: see _SoftmaxFunction.)"""
+    return not (x.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling()
 
 
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
@@ -242,6 +242,72 @@ def _(info, in_dims, x, dim, backend):
     return _vmapped(lambda x, d: torch.ops.onlinesoftmax.logsumexp(x, d, backend), info, in_dims[:1], [x], dim)
 
 
+# ---- torch.func transforms (grad, vjp, jacrev, jacfwd, hessian, and vmap over them) -----------------------
+# torch.library's autograd (register_autograd above) is not a functorch transform in torch 2.13 ("must override
+# the setup_context staticmethod"). Under torch.func the public functions go through these autograd.Functions
+# instead: the forward is our op; the derivatives are written in torch ops, which every transform can trace
+# and differentiate again (hessians):
+#   softmax      vjp dx = y·(dy − Σ y·dy)        jvp dy = y·(t − Σ y·t)
+#   log_softmax  vjp dx = dy − e^y·Σ dy          jvp dy = t − Σ e^y·t
+#   logsumexp    vjp dx = dlse·e^(x − lse)       jvp dlse = Σ e^(x − lse)·t
+def _softmax_jvp_math(y, t, dim, log):
+    acc = accumulation_dtype(y.dtype)
+    yf, tf = y.to(acc), t.to(acc)
+    if log:
+        return tf - (torch.exp(yf) * tf).sum(dim, keepdim=True)
+    return yf * (tf - (yf * tf).sum(dim, keepdim=True))
+
+
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(x, dim, mode, out_dtype, backend):
+        return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup(ctx, inputs, output)
+        ctx.save_for_forward(output)
+        ctx.out_dtype = output.dtype
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return _torch_backward(y, dy, ctx.dim, ctx.log).to(ctx.in_dtype), None, None, None, None
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        (y,) = ctx.saved_tensors
+        return _softmax_jvp_math(y, t, ctx.dim, ctx.log).to(ctx.out_dtype)
+
+    @staticmethod
+    def vmap(info, in_dims, x, dim, mode, out_dtype, backend):
+        return _vmapped(lambda x, d: torch.ops.onlinesoftmax.softmax(x, d, mode, out_dtype, backend),
+                        info, in_dims[:1], [x], dim)
+
+
+class _LogsumexpFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(x, dim, backend):
+        return torch.ops.onlinesoftmax.logsumexp(x, dim, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _lse_setup(ctx, inputs, output)
+        ctx.save_for_forward(inputs[0], output)
+
+    backward = staticmethod(_lse_backward)
+
+    @staticmethod
+    def jvp(ctx, t, *_):
+        x, lse = ctx.saved_tensors
+        p = torch.exp(x.to(lse.dtype) - lse.unsqueeze(ctx.dim))
+        return (p * t.to(lse.dtype)).sum(ctx.dim)
+
+    @staticmethod
+    def vmap(info, in_dims, x, dim, backend):
+        return _vmapped(lambda x, d: torch.ops.onlinesoftmax.logsumexp(x, d, backend), info, in_dims[:1], [x], dim)
+
+
 # ---- public functions ---------------------------------------------------------------------------------
 def _prepare(name, x, dim, dtype, backend):
     if not isinstance(x, torch.Tensor):
@@ -259,6 +325,8 @@ def _prepare(name, x, dim, dtype, backend):
 
 def _softmax_call(name, mode, x, dim, dtype, backend):
     x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
+    if _functorch_active():
+        return _SoftmaxFunction.apply(x, dim, mode, out_dtype, backend)
     if _eager_direct(x):
         return _softmax_impl(x, dim, mode, out_dtype, backend)
     return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
@@ -285,6 +353,9 @@ def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
               backend: str | None = None) -> torch.Tensor:
     """``torch.logsumexp`` over one ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf."""
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
-    op = _logsumexp_impl if _eager_direct(x) else torch.ops.onlinesoftmax.logsumexp
-    out = op(x, dim, backend).to(x.dtype)
+    if _functorch_active():
+        out = _LogsumexpFunction.apply(x, dim, backend).to(x.dtype)
+    else:
+        op = _logsumexp_impl if _eager_direct(x) else torch.ops.onlinesoftmax.logsumexp
+        out = op(x, dim, backend).to(x.dtype)
     return out.unsqueeze(dim) if keepdim and x.dim() else out
