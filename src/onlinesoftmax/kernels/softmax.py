@@ -49,7 +49,7 @@ PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lo
 PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
 COOP_CHUNK = 8192            # long rows: elements per program in the coop path (large batch), 8 warps
 BF16X2_ROW_MAX_N = 16384     # rows the bf16x2 kernel can take (see _bf16x2_ok) longer than this, for many rows,
-                             # run it rather than `rows`: 4096 x 32768 bf16 77.5 % vs 68.7 % (tune-bf16x2.log)
+                             # run it rather than `rows`: 4096 x 32768 bf16 77.5 % vs 68.7 % (tune-bf16x2-f0cf1a3.log)
 BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warps) up to this N, 77.5 / 75.1 %
 BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
@@ -514,7 +514,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
     eligible = _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words)
-    # bf16x2 for many rows: at decode sizes the generic kernel measured as fast or 1 µs faster (tune-bf16x2.log)
+    # bf16x2 for many rows: at decode sizes the generic kernel measured as fast or 1 µs faster (tune-bf16x2-f0cf1a3.log)
     words = eligible and M > DECODE_MAX_ROWS_PER_SM * sms
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, words=words)
     acc = _acc(x.dtype, out.dtype)
