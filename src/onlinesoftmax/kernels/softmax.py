@@ -514,7 +514,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
     eligible = _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words)
-    # bf16x2 for many rows: at decode sizes the generic kernel measured as fast or 1 µs faster (tune-bf16x2-f0cf1a3.log)
+    # bf16x2 for many rows only: at decode sizes the generic kernel was 0.1-1.1 µs faster on 5 of 6 shapes and
+    # 1.8 µs slower on one (32 x 262144), tune-bf16x2-f0cf1a3.log
     words = eligible and M > DECODE_MAX_ROWS_PER_SM * sms
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, words=words)
     acc = _acc(x.dtype, out.dtype)
