@@ -227,6 +227,12 @@ def _merge_row(PART_M, PART_D, row, C, k):
 
 
 @triton.jit
+def _ptx_f32(w, ASM: tl.constexpr):
+    """One PTX instruction on each int32 of w, its 32-bit result read as fp32 (not pure: never merged)."""
+    return tl.inline_asm_elementwise(ASM, "=r,r", [w], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _bf16_halves(w, FORM: tl.constexpr):
     """The two bf16 of each int32 word w as fp32: element 2j is the low half (little-endian), 2j + 1 the high.
     FORM 0 is plain shift/and; FORMs 1 and 2 give the same values by other instructions (byte permute;
@@ -234,17 +240,9 @@ def _bf16_halves(w, FORM: tl.constexpr):
     FORM. Each use of the halves unpacks w again in its own FORM, so only w (one register per two elements)
     is live between uses, not both fp32 halves."""
     if FORM == 1:
-        lo = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x1044;", "=r,r", [w], dtype=tl.float32,
-                                       is_pure=False, pack=1)
-        hi = tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, 0x3244;", "=r,r", [w], dtype=tl.float32,
-                                       is_pure=False, pack=1)
-        return lo, hi
+        return _ptx_f32(w, "prmt.b32 $0, $1, 0, 0x1044;"), _ptx_f32(w, "prmt.b32 $0, $1, 0, 0x3244;")
     if FORM == 2:
-        lo = tl.inline_asm_elementwise("shf.l.wrap.b32 $0, 0, $1, 16;", "=r,r", [w], dtype=tl.float32,
-                                       is_pure=False, pack=1)
-        hi = tl.inline_asm_elementwise("bfi.b32 $0, 0, $1, 0, 16;", "=r,r", [w], dtype=tl.float32,
-                                       is_pure=False, pack=1)
-        return lo, hi
+        return _ptx_f32(w, "shf.l.wrap.b32 $0, 0, $1, 16;"), _ptx_f32(w, "bfi.b32 $0, 0, $1, 0, 16;")
     return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
 
 

@@ -251,11 +251,11 @@ def _(info, in_dims, x, dim, backend):
 #   log_softmax  vjp dx = dy − e^y·Σ dy          jvp dy = t − Σ e^y·t
 #   logsumexp    vjp dx = dlse·e^(x − lse)       jvp dlse = Σ e^(x − lse)·t
 def _softmax_jvp_math(y, t, dim, log):
+    if not log:
+        return _torch_backward(y, t, dim, False)       # softmax's Jacobian is symmetric: jvp = vjp
     acc = accumulation_dtype(y.dtype)
     yf, tf = y.to(acc), t.to(acc)
-    if log:
-        return tf - (torch.exp(yf) * tf).sum(dim, keepdim=True)
-    return yf * (tf - (yf * tf).sum(dim, keepdim=True))
+    return tf - (torch.exp(yf) * tf).sum(dim, keepdim=True)
 
 
 class _SoftmaxFunction(torch.autograd.Function):

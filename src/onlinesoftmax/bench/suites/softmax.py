@@ -7,6 +7,7 @@ Liger-Kernel's Triton softmax and torch.compile where they are installed / asked
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -111,21 +112,5 @@ def _cases(ctx: BenchContext, op: str):
                        group=f"{str(dtype).replace('torch.', '')} {group}")
 
 
-@register_suite("softmax")
-def softmax_suite(ctx):
-    return _cases(ctx, "softmax")
-
-
-@register_suite("log_softmax")
-def log_softmax_suite(ctx):
-    return _cases(ctx, "log_softmax")
-
-
-@register_suite("logsumexp")
-def logsumexp_suite(ctx):
-    return _cases(ctx, "logsumexp")
-
-
-@register_suite("softmax_backward")
-def softmax_backward_suite(ctx):
-    return _cases(ctx, "softmax_backward")
+for _op in ("softmax", "log_softmax", "logsumexp", "softmax_backward"):
+    register_suite(_op)(functools.partial(_cases, op=_op))
