@@ -206,6 +206,19 @@ def test_gradients_match_torch_autograd(backend, n, dtype):
     assert_grad_like_eager(oss.logsumexp, torch.logsumexp, x, torch.randn(4, device=DEV).to(dtype), backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [37, 3000, 40000])
+def test_fp64_gradients_computed_in_fp64(backend, n):
+    """fp64 in, fp64 arithmetic: the backward kernels must not round y or dy to fp32 (errors ~1e-7)."""
+    x = torch.randn(4, n, dtype=torch.float64, device=DEV) * 2
+    g = torch.randn(4, n, dtype=torch.float64, device=DEV)
+    for fn, torch_fn in ((oss.softmax, torch.softmax), (oss.log_softmax, torch.log_softmax)):
+        a, r = x.clone().requires_grad_(), x.clone().requires_grad_()
+        fn(a, -1, backend=backend).backward(g)
+        torch_fn(r, -1).backward(g)
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-12, atol=1e-12 * r.grad.abs().max().item())
+
+
 def test_gradcheck_fp64():
     x = torch.randn(3, 11, dtype=torch.float64, device=DEV, requires_grad=True)
     for fn in (oss.softmax, oss.log_softmax, oss.logsumexp):
@@ -281,6 +294,15 @@ def test_op_runs_the_chosen_path(m, n, path):
     assert K.last_launch()["path"] == path
     oss.logsumexp(x, backend="triton")
     assert K.last_launch()["path"] == ("rows" if path == "rows" else "chunks")
+
+
+@pytest.mark.parametrize("dtype,n,warps", [(torch.float32, 4096, 16), (torch.float32, 1024, 8),
+                                           (torch.bfloat16, 16384, 16), (torch.float32, 16384, 32)])
+def test_rows_warps(dtype, n, warps):
+    """One row per program takes ROW_WARPS_MEASURED's warps where measured, else tile elements / 16 per thread."""
+    x = torch.randn(4, n, device=DEV).to(dtype)
+    oss.softmax(x, backend="triton")
+    assert K.last_launch()["path"] == "rows" and K.last_launch()["num_warps"] == warps
 
 
 @pytest.mark.parametrize("dtype,prefetch", [(torch.bfloat16, True), (torch.float32, False)])

@@ -44,6 +44,10 @@ ROW_TILE_ELEMS = 4096        # a `rows` tile holds about this many elements (BLO
                              # 94.1 % vs 86.8 % with 8192, bf16 N = 4K 93.7 % vs 79.8 %, fp32 N = 4K 93.3 % vs 94.0 %
 ROW_ELEMS_PER_THREAD = 16    # num_warps = tile elements / (32 * this), clamped to [4, 32]; 32 warps at
                              # N = 16K fp32 gave 94.6 % against 80 % with 16
+ROW_WARPS_MEASURED = {       # (element bytes, N) -> num_warps where one row per program measured better with 16:
+    (4, 4096): 16,           # 1 GiB tensors, two runs: fp32 97.6 / 97.4 % against 96.3 / 96.2 % with 8, and
+    (2, 16384): 16,          # bf16 91.8 / 91.6 % against 90.7 / 90.7 % with 32 (tune-gib1.log, tune-gib2.log)
+}
 PREFETCH_MAX_ROW_BYTES = 2048    # rows this short (bf16 N = 1K) run the persistent, prefetching loop:
 PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lost 2-70 points with it
 PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
@@ -297,26 +301,30 @@ def softmax_coop_bf16x2_kernel(
 @triton.jit
 def _grad(y, dy, s, LOG: tl.constexpr, LIBDEVICE: tl.constexpr):
     if LOG:
-        # log-softmax: dx = dy - e^y · sum(dy). On the GPU libdevice's exp, as torch's expf: the fast
-        # 2^(y·log2 e) errs by ~1e-6 relative at y ~ -10, which sum(dy) (~55 at N = 3000) carried to 1.5x the
-        # test's bound (2x torch's error). The interpreter has no libdevice; its tl.exp is numpy's, exact.
+        # log-softmax: dx = dy - e^y · sum(dy). On the GPU libdevice's exp, as torch's expf: e^y · sum(dy)
+        # reaches ~4 at N = 3000 (|sum(dy)| ~ 55), where the fast 2^(y·log2 e)'s few-ulp error is several of
+        # dx's ulps. The interpreter has no libdevice; its tl.exp is numpy's, exact.
         return dy - (libdevice.exp(y) if LIBDEVICE else tl.exp(y)) * s
     else:
         return y * (dy - s)                # softmax:     dx = y · (dy - sum(y · dy))
 
 
 @triton.jit
-def _grad_sum(y, dy, axis: tl.constexpr, LOG: tl.constexpr):
+def _grad_sum(y, dy, axis: tl.constexpr, LOG: tl.constexpr, SUM: tl.constexpr):
+    """sum(dy) or sum(y · dy), accumulated in SUM: fp64 for fp32 tensors. The terms have both signs, so the
+    sum cancels (|sum| ~ sqrt(N) of sum|terms| ~ N): an fp32 tree's error, times e^y, measured 7x torch's in
+    dx on the H200 (N = 3000), and was as large whether y came from this library, torch or fp64."""
     if LOG:
-        return tl.sum(dy, axis=axis)
+        return tl.sum(dy.to(SUM), axis=axis)
     else:
-        return tl.sum(y * dy, axis=axis)
+        return tl.sum((y * dy).to(SUM), axis=axis)
 
 
 @triton.jit
 def softmax_bwd_rows_kernel(
     Yp, DY, DX, M, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, GRID,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOG: tl.constexpr, LIBDEVICE: tl.constexpr,
+    ACC: tl.constexpr, SUM: tl.constexpr,
 ):
     """Read y and dy once, write dx once."""
     cols = tl.arange(0, BLOCK_N)
@@ -328,9 +336,9 @@ def softmax_bwd_rows_kernel(
         c64 = cols[None, :].to(tl.int64)
         y = tl.load(Yp + _row_offsets(rows, INNER, syo, syi)[:, None] + c64 * syn, mask=mask, other=0.0)
         dy = tl.load(DY + _row_offsets(rows, INNER, sdo, sdi)[:, None] + c64 * sdn, mask=mask, other=0.0)
-        y = y.to(tl.float32)                # padding: y = dy = 0 adds nothing to either sum
-        dy = dy.to(tl.float32)
-        s = _grad_sum(y, dy, 1, LOG)
+        y = y.to(ACC)                       # padding: y = dy = 0 adds nothing to either sum
+        dy = dy.to(ACC)
+        s = _grad_sum(y, dy, 1, LOG, SUM).to(ACC)
         dx = _grad(y, dy, s[:, None], LOG, LIBDEVICE)
         tl.store(DX + _row_offsets(rows, INNER, sxo, sxi)[:, None] + c64 * sxn,
                  dx.to(DX.dtype.element_ty), mask=mask)
@@ -340,6 +348,7 @@ def softmax_bwd_rows_kernel(
 def softmax_bwd_chunks_kernel(
     Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr, LIBDEVICE: tl.constexpr,
+    ACC: tl.constexpr, SUM: tl.constexpr,
 ):
     """Long rows: chunk c of y and dy in registers; partial sums s_c meet at the row barrier (PHASE 0), or
     are published (PHASE 1) and finished by a second launch that re-reads the chunk (PHASE 2, interpreter)."""
@@ -349,16 +358,16 @@ def softmax_bwd_chunks_kernel(
     cols = c * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
     c64 = cols.to(tl.int64)
-    y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(ACC)
+    dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(ACC)
     if PHASE != 2:
-        tl.store(PART + pid, _grad_sum(y, dy, 0, LOG))                      # 1. publish s_c
+        tl.store(PART + pid, _grad_sum(y, dy, 0, LOG, SUM))                 # 1. publish s_c
         tl.debug_barrier()
     if PHASE != 1:
         if PHASE == 0:
             _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
         k = tl.arange(0, C_POW2)
-        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)  # 3. s = sum s_c
+        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
         tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + c64 * sxn, dx.to(DX.dtype.element_ty), mask=mask)
 
@@ -390,6 +399,11 @@ def _pow2(n: int) -> int:
 
 def _acc(*dtypes) -> tl.dtype:
     return tl.float64 if torch.float64 in dtypes else tl.float32
+
+
+def _bwd_sum(*dtypes) -> tl.dtype:
+    """The backward's sum: fp64 when any tensor is fp32 or fp64 (see _grad_sum), fp32 for 16-bit ones."""
+    return tl.float64 if {torch.float32, torch.float64} & set(dtypes) else tl.float32
 
 
 def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
@@ -524,7 +538,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         prefetch = cfg.pop("prefetch", block_n * x.element_size() <= PREFETCH_MAX_ROW_BYTES)
         tile = cfg.pop("tile", PREFETCH_TILE_ELEMS if prefetch else ROW_TILE_ELEMS)
         block_m = min(_pow2(M), max(1, tile // block_n))
-        warps = cfg.pop("num_warps", _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
+        measured = ROW_WARPS_MEASURED.get((x.element_size(), block_n)) if block_m == 1 else None
+        warps = cfg.pop("num_warps", measured or _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
         tiles = triton.cdiv(M, block_m)
         grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms) if prefetch else tiles
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
@@ -555,31 +570,33 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
     """dx from y and dy: softmax ``dx = y·(dy − Σ y·dy)``, log-softmax ``dx = dy − e^y·Σ dy``."""
     device = y.device
-    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, y.dtype, dy.dtype, dx.dtype, device)
-    plan = _cached_plan(key, lambda cfg: _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log),
-                        config)
+    dtypes = (y.dtype, dy.dtype, dx.dtype)
+    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, *dtypes, device)
+    plan = _cached_plan(key, lambda cfg: _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log,
+                                                        dtypes), config)
     return _run(plan, (y, dy, dx), device)
 
 
-def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log) -> _Plan:
+def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes) -> _Plan:
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
+    types = dict(LOG=log, LIBDEVICE=not interpret, ACC=_acc(*dtypes), SUM=_bwd_sum(*dtypes))
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, backward=True)
     if path == "rows":
         block_n = _pow2(N)
         block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS // BWD_CHUNK_SCALE) // block_n))
         warps = cfg.pop("num_warps", min(16, _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE)))
         grid = min(triton.cdiv(M, block_m), cfg.pop("waves", BWD_WAVES) * sms)
-        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, LOG=log, LIBDEVICE=not interpret, num_warps=warps)
+        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **types)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", _warps(chunk, 16))
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, LIBDEVICE=not interpret, num_warps=warps)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), num_warps=warps, **types)
     launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
     # workspace order in the kernel: PART, ARRIVE, GEN
     record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, torch.float32, (2, 0, 1)),
-                 record)
+    part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
+    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, part, (2, 0, 1)), record)
