@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors: the shapes below 97 % (sets 1, 2)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors, below 97 % (sets 1, 2; lse)
 """
 
 from __future__ import annotations
@@ -185,6 +185,28 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 record("dec", m, n, bf, "default", fwd_variant(None), sets, nb, ref)
                 record("dec", m, n, bf, "generic coop", fwd_variant({"bf16x2": False}), sets, nb, ref)
         with open(f"{out_dir}/tune_bf16x2.json", "w") as f:
+            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        return
+    if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
+        for dtype in (torch.float32, torch.bfloat16):
+            size = torch.finfo(dtype).bits // 8
+            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+                m = GIB // (n * size)
+                sets = inputs(m, n, dtype)
+                ref = torch.logsumexp(sets[0][0].float(), -1)
+                nb = m * n * size
+                record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
+                record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
+                if n <= K.ROW_MAX_N:
+                    variants = {f"prefetch tile={t} waves={w}": {"prefetch": True, "tile": max(t, n), "waves": w}
+                                for t in (4096, 8192, 16384) for w in (2, 4)}
+                else:
+                    variants = {f"chunks chunk={c} w={w}": {"path": "chunks", "chunk": c, "num_warps": w}
+                                for c, w in ((2048, 4), (4096, 4), (4096, 8), (16384, 8), (32768, 16))}
+                for name, cfg in variants.items():
+                    record("lse", m, n, dtype, name, fwd_variant(cfg, K.LOGSUMEXP), sets, nb, ref)
+                del sets
+        with open(f"{out_dir}/tune_gib_lse.json", "w") as f:
             json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
         return
     if gib:

@@ -305,6 +305,30 @@ def test_rows_warps(dtype, n, warps):
     assert K.last_launch()["path"] == "rows" and K.last_launch()["num_warps"] == warps
 
 
+@pytest.mark.parametrize("dtype,n,prefetch", [(torch.float32, 1024, False), (torch.float32, 4096, True),
+                                              (torch.bfloat16, 16384, True), (torch.float32, 32768, False)])
+def test_logsumexp_prefetches_rows_of_16_to_64_kb(dtype, n, prefetch):
+    m = 2 * K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1      # not "few rows"
+    x = torch.randn(m, n, device=DEV).to(dtype)
+    lse = oss.logsumexp(x, backend="triton")
+    assert K.last_launch()["path"] == "rows" and K.last_launch()["prefetch"] is prefetch
+    torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1).to(dtype))
+
+
+def test_logsumexp_long_rows_chunk():
+    """Many long rows: LSE_CHUNK elements per program (few rows keep the decode chunking)."""
+    many = K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1
+    for m, chunk in ((many, K.LSE_CHUNK), (2, None)):
+        x = torch.randn(m, 40000, device=DEV)
+        torch.testing.assert_close(oss.logsumexp(x, backend="triton"), torch.logsumexp(x, -1))
+        rec = K.last_launch()
+        assert rec["path"] == "chunks"
+        if chunk:
+            assert (rec["chunk"], rec["num_warps"]) == (chunk, K.LSE_CHUNK_WARPS)
+        else:
+            assert rec["chunk"] != K.LSE_CHUNK
+
+
 @pytest.mark.parametrize("dtype,prefetch", [(torch.bfloat16, True), (torch.float32, False)])
 def test_prefetching_loop_only_for_short_rows(dtype, prefetch):
     x = torch.randn(64, 1024, device=DEV).to(dtype)

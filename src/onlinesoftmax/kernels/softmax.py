@@ -60,6 +60,12 @@ COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
+LSE_PREFETCH_MIN_ROW_BYTES = 16384   # logsumexp (reads x, writes one value per row): rows of 16-64 KB run the
+LSE_PREFETCH_MAX_ROW_BYTES = 65536   # prefetching loop too, LSE_WAVES programs per SM. 1 GiB, bytes read over the
+LSE_WAVES = 4                        # copy ceiling: fp32 N = 4K 99.6 % vs 90.1 %, bf16 N = 16K 82.9 vs 72.2 %,
+                                     # N = 32K 71.4 vs 57.0 %; fp32 N = 16K 100.5 vs 103.7 % (tune-gib-lse.log)
+LSE_CHUNK = 16384            # logsumexp long rows, many rows: chunks of this many elements, LSE_CHUNK_WARPS warps:
+LSE_CHUNK_WARPS = 8          # fp32 99.7 / 100.1 % vs 96.1 / 95.1 % with COOP_CHUNK, bf16 81.1 / 83.0 vs 75.9 / 75.9
 BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
@@ -535,21 +541,26 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         geo_y = (0, 0, 0)
     if path == "rows":
         block_n = _pow2(N)
-        prefetch = cfg.pop("prefetch", block_n * x.element_size() <= PREFETCH_MAX_ROW_BYTES)
+        row_bytes = block_n * x.element_size()
+        lse_loop = mode == LOGSUMEXP and LSE_PREFETCH_MIN_ROW_BYTES <= row_bytes <= LSE_PREFETCH_MAX_ROW_BYTES
+        prefetch = cfg.pop("prefetch", row_bytes <= PREFETCH_MAX_ROW_BYTES or lse_loop)
         tile = cfg.pop("tile", PREFETCH_TILE_ELEMS if prefetch else ROW_TILE_ELEMS)
         block_m = min(_pow2(M), max(1, tile // block_n))
         measured = ROW_WARPS_MEASURED.get((x.element_size(), block_n)) if block_m == 1 else None
         warps = cfg.pop("num_warps", measured or _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
         tiles = triton.cdiv(M, block_m)
-        grid = min(tiles, cfg.pop("waves", PERSISTENT_WAVES) * sms) if prefetch else tiles
+        waves = cfg.pop("waves", LSE_WAVES if mode == LOGSUMEXP else PERSISTENT_WAVES)
+        grid = min(tiles, waves * sms) if prefetch else tiles
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
-    chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=False, words=bf16x2)[0]
+    lse_many = mode == LOGSUMEXP and M > DECODE_MAX_ROWS_PER_SM * sms
+    chunk = cfg.pop("chunk", None) or (min(LSE_CHUNK, _pow2(N)) if lse_many else
+                                       _chunking(M, N, sms, backward=False, words=bf16x2)[0])
     C = triton.cdiv(N, chunk)
-    warps = cfg.pop("num_warps", _warps(chunk, 64 if bf16x2 else 32))
+    warps = cfg.pop("num_warps", LSE_CHUNK_WARPS if lse_many else _warps(chunk, 64 if bf16x2 else 32))
     part_dtype = torch.float64 if acc == tl.float64 else torch.float32
     options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
