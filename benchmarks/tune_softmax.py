@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors, below 97 % (sets 1, 2; lse)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (sets 1, 2; lse; bwd)
 """
 
 from __future__ import annotations
@@ -185,6 +185,29 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 record("dec", m, n, bf, "default", fwd_variant(None), sets, nb, ref)
                 record("dec", m, n, bf, "generic coop", fwd_variant({"bf16x2": False}), sets, nb, ref)
         with open(f"{out_dir}/tune_bf16x2.json", "w") as f:
+            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        return
+    if gib == "bwd":      # softmax backward (reads y, dy, writes dx) at 1 GiB per tensor
+        for dtype in (torch.float32, torch.bfloat16):
+            size = torch.finfo(dtype).bits // 8
+            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+                m = GIB // (n * size)
+                bsets = inputs(m, n, dtype, bwd=True)
+                bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
+                nb3 = 3 * m * n * size
+                record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
+                       bsets, nb3, bref)
+                record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
+                if n <= K.ROW_MAX_N // K.BWD_CHUNK_SCALE:
+                    variants = {"waves=2": {"waves": 2}, "waves=8": {"waves": 8}, "tile=4096": {"tile": 4096},
+                                "tile=1024": {"tile": 1024}}
+                else:
+                    variants = {f"coop chunk={c} w={w}": {"path": "coop", "chunk": c, "num_warps": w}
+                                for c, w in ((2048, 4), (4096, 4), (8192, 8), (8192, 16))}
+                for name, cfg in variants.items():
+                    record("bwd", m, n, dtype, name, bwd_variant(cfg), bsets, nb3, bref)
+                del bsets, bref
+        with open(f"{out_dir}/tune_gib_bwd.json", "w") as f:
             json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
         return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes

@@ -315,6 +315,19 @@ def test_logsumexp_prefetches_rows_of_16_to_64_kb(dtype, n, prefetch):
     torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1).to(dtype))
 
 
+def test_backward_long_rows_chunk():
+    """Many long rows: the backward holds BWD_COOP_CHUNK elements of y and dy per program, 8 warps."""
+    m = K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1
+    x = torch.randn(m, 40000, device=DEV, requires_grad=True)
+    g = torch.randn(m, 40000, device=DEV)
+    oss.softmax(x, backend="triton").backward(g)
+    rec = K.last_launch()
+    assert (rec["chunk"], rec["num_warps"]) == (K.BWD_COOP_CHUNK, 8) and rec["path"] in ("coop", "split")
+    x2 = x.detach().clone().requires_grad_()
+    torch.softmax(x2, -1).backward(g)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
 def test_logsumexp_long_rows_chunk():
     """Many long rows: LSE_CHUNK elements per program (few rows keep the decode chunking)."""
     many = K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1

@@ -72,7 +72,10 @@ DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
 BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
 BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
-BWD_COOP_CHUNK = 4096        # backward long rows: 4096 beat 8192 and 16384 by 4-12 points (H200, fp32 and bf16)
+BWD_COOP_CHUNK = 8192        # backward long rows, BWD_ELEMS_PER_THREAD (8 warps): 1 GiB, fp32 99.7 / 95.5 / 91.7 %
+BWD_ELEMS_PER_THREAD = 32    # at N = 32K / 128K / 256K against 95.0 / 91.2 / 85.9 % with 4096 (8 warps), bf16
+                             # 82.8 / 80.4 / 76.9 against 73.3 / 72.4 / 69.0 %; 8192 with 16 warps lost 4-20
+                             # points (tune-gib-bwd.log; the earlier 256 MB sweep tried 8192 with 16 warps only)
 
 # MODE of the forward kernels
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
@@ -604,7 +607,7 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes)
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
     chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
     C = triton.cdiv(N, chunk)
-    warps = cfg.pop("num_warps", _warps(chunk, 16))
+    warps = cfg.pop("num_warps", _warps(chunk, BWD_ELEMS_PER_THREAD))
     meta = dict(CHUNK=chunk, C_POW2=_pow2(C), num_warps=warps, **types)
     launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
     # workspace order in the kernel: PART, ARRIVE, GEN
