@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (sets 1, 2; lse; bwd)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (1, 2, lse, bwd, bwd16)
 """
 
 from __future__ import annotations
@@ -102,11 +102,11 @@ def fwd_variant(cfg, mode=K.SOFTMAX):
     return run
 
 
-def bwd_variant(cfg):
+def bwd_variant(cfg, log=False):
     def run(y, dy):
         dx = torch.empty_like(y)
         m, n, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
-        K.backward(y, dy, dx, g1, g2, g3, m, n, inner, False, config=cfg)
+        K.backward(y, dy, dx, g1, g2, g3, m, n, inner, log, config=cfg)
         return dx
     return run
 
@@ -187,10 +187,10 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         with open(f"{out_dir}/tune_bf16x2.json", "w") as f:
             json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
         return
-    if gib == "bwd":      # softmax backward (reads y, dy, writes dx) at 1 GiB per tensor
-        for dtype in (torch.float32, torch.bfloat16):
+    if gib in ("bwd", "bwd16"):   # softmax backward (reads y, dy, writes dx) at 1 GiB per tensor
+        for dtype in (torch.float32, torch.bfloat16) if gib == "bwd" else (torch.bfloat16,):
             size = torch.finfo(dtype).bits // 8
-            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+            for n in (1024, 4096, 16384, 32768, 131072, 262144) if gib == "bwd" else (32768, 131072, 262144):
                 m = GIB // (n * size)
                 bsets = inputs(m, n, dtype, bwd=True)
                 bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
@@ -204,10 +204,19 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 else:
                     variants = {f"coop chunk={c} w={w}": {"path": "coop", "chunk": c, "num_warps": w}
                                 for c, w in ((2048, 4), (4096, 4), (8192, 8), (8192, 16))}
+                    if dtype == torch.bfloat16:   # the packed-word kernel (set "bwd16": after its first version)
+                        variants = {f"bf16x2 chunk={c} w={w}": {"path": "coop", "bf16x2": True, "chunk": c,
+                                                                "num_warps": w}
+                                    for c, w in ((4096, 4), (8192, 8), (16384, 16), (8192, 4), (16384, 8))}
+                        variants["generic coop chunk=8192 w=8"] = {"path": "coop", "bf16x2": False, "chunk": 8192,
+                                                                   "num_warps": 8}
                 for name, cfg in variants.items():
                     record("bwd", m, n, dtype, name, bwd_variant(cfg), bsets, nb3, bref)
+                    if "bf16x2" in name or "generic" in name:
+                        record("lbwd", m, n, dtype, name, bwd_variant(cfg, log=True), bsets, nb3,
+                               torch._log_softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype))
                 del bsets, bref
-        with open(f"{out_dir}/tune_gib_bwd.json", "w") as f:
+        with open(f"{out_dir}/tune_gib_{gib}.json", "w") as f:
             json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
         return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes

@@ -283,6 +283,15 @@ def test_bf16x2_path_and_chunk_on_h200(m, n, path, chunk):
         assert K._chunking(m, n, H200_SMS, backward=False, words=words)[0] == chunk
 
 
+def test_bf16x2_backward_eligibility():
+    row = (65536, 0, 1)                       # (stride_outer, stride_inner, stride_n) of contiguous rows
+    assert K._bf16x2_bwd_ok((row, row, row), 65536, words=True)
+    assert not K._bf16x2_bwd_ok((row, row, row), 65536, words=False)          # a pointer off a 4-byte boundary
+    assert not K._bf16x2_bwd_ok((row, row, row), 65535, words=True)           # odd N
+    assert not K._bf16x2_bwd_ok((row, (65537, 0, 1), row), 65536, words=True)   # an odd row stride
+    assert not K._bf16x2_bwd_ok((row, row, (1, 0, 4096)), 65536, words=True)    # strided columns
+
+
 def test_interpreter_uses_split_for_long_rows():
     assert K.choose_path(512, 131072, H200_SMS, interpret=True) == "split"
 
@@ -444,6 +453,21 @@ def test_gpu_bf16x2_coop_kernel_and_its_fallbacks(m, n, kernel):
             info = K.last_launch()
             assert (info["path"], info.get("kernel")) == (path, kern), (x.stride(), x.shape, info)
             assert_matches_low_precision_eager(name, out, x, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(600, 32768), (300, 131072)])
+def test_gpu_bf16x2_backward_and_its_fallbacks(m, n):
+    """Many bf16 coop rows: the backward holds y and dy as words when y, dy, dx are unit-stride rows with even N
+    and 4-byte aligned starts; dy starting on an odd element, or an odd N, takes the generic kernel."""
+    x = (torch.randn(m, n, device="cuda") * 4).to(torch.bfloat16)
+    gbase = torch.randn(m, n + 2, device="cuda").to(torch.bfloat16)
+    cases = [(x, gbase[:, :n], "bf16x2"), (x, gbase[:, 1:n + 1], "chunks"), (x[:, :n - 1], gbase[:, :n - 1], "chunks")]
+    for xx, g, kern in cases:
+        for fn, torch_fn in ((oss.softmax, torch.softmax), (oss.log_softmax, torch.log_softmax)):
+            assert_grad_like_eager(fn, torch_fn, xx, g, "triton")
+            info = K.last_launch()
+            assert (info["path"], info["kernel"]) == ("coop", kern), (g.stride(), g.storage_offset(), info)
 
 
 def test_launch_plan_cached_per_problem():

@@ -66,6 +66,10 @@ LSE_WAVES = 4                        # copy ceiling: fp32 N = 4K 99.6 % vs 90.1 
                                      # N = 32K 71.4 vs 57.0 %; fp32 N = 16K 100.5 vs 103.7 % (tune-gib-lse.log)
 LSE_CHUNK = 16384            # logsumexp long rows, many rows: chunks of this many elements, LSE_CHUNK_WARPS warps:
 LSE_CHUNK_WARPS = 8          # fp32 99.7 / 100.1 % vs 96.1 / 95.1 % with COOP_CHUNK, bf16 81.1 / 83.0 vs 75.9 / 75.9
+BWD_BF16X2_CHUNK = 16384     # backward, bf16 words (softmax_bwd_coop_bf16x2_kernel), 8 warps: softmax 93.4 / 87.2 /
+BWD_BF16X2_WARPS = 8         # 83.8 % at N = 32K / 128K / 256K, log-softmax 81.3 / 75.3 / 73.2, against 92.2 / 85.8 /
+                             # 85.5 and 76.1 / 69.5 / 69.2 with 8192 (8 warps), and 83.1 / 80.4 / 76.4 and 73.2 /
+                             # 68.5 / 68.7 for the generic kernel (1 GiB, tune-gib-bwd16.log)
 BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
@@ -310,9 +314,10 @@ def softmax_coop_bf16x2_kernel(
 @triton.jit
 def _grad(y, dy, s, LOG: tl.constexpr, LIBDEVICE: tl.constexpr):
     if LOG:
-        # log-softmax: dx = dy - e^y · sum(dy). On the GPU libdevice's exp, as torch's expf: e^y · sum(dy)
-        # reaches ~4 at N = 3000 (|sum(dy)| ~ 55), where the fast 2^(y·log2 e)'s few-ulp error is several of
-        # dx's ulps. The interpreter has no libdevice; its tl.exp is numpy's, exact.
+        # log-softmax: dx = dy - e^y · sum(dy). For fp32/fp64 dx (LIBDEVICE) libdevice's exp, as torch's expf:
+        # e^y · sum(dy) reaches ~4 at N = 3000 (|sum(dy)| ~ 55), where the fast 2^(y·log2 e)'s few-ulp error is
+        # several of dx's ulps; for 16-bit dx the fast exp's error is far below an ulp. The interpreter has no
+        # libdevice; its tl.exp is numpy's, exact.
         return dy - (libdevice.exp(y) if LIBDEVICE else tl.exp(y)) * s
     else:
         return y * (dy - s)                # softmax:     dx = y · (dy - sum(y · dy))
@@ -379,6 +384,45 @@ def softmax_bwd_chunks_kernel(
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
         tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + c64 * sxn, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_bwd_coop_bf16x2_kernel(
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr,
+):
+    """The backward's coop path for bf16 rows of unit stride and even N, as softmax_coop_bf16x2_kernel: y and
+    dy are held across the row barrier as int32 words of two elements (one register per two elements of each)
+    and unpacked again after it. Offsets count words (element offset / 2; the plan checks even strides)."""
+    pid = tl.program_id(0)
+    row = pid // C
+    c = pid % C
+    HALF: tl.constexpr = CHUNK // 2
+    words = c * HALF + tl.arange(0, HALF)
+    mask = words < N // 2
+    yw = tl.load(Yp.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, syo // 2, syi // 2) + words,
+                 mask=mask, other=0)                                         # read y (0: two +0.0, add nothing)
+    dw = tl.load(DY.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sdo // 2, sdi // 2) + words,
+                 mask=mask, other=0)                                         # read dy
+    dy_lo, dy_hi = _bf16_halves(dw, 0)                                       # 1. publish s_c
+    if LOG:
+        s_c = tl.sum(dy_lo + dy_hi, axis=0)
+    else:
+        y_lo, y_hi = _bf16_halves(yw, 0)
+        s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
+    tl.store(PART + pid, s_c)
+    tl.debug_barrier()
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row
+    k = tl.arange(0, C_POW2)
+    s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
+    y_lo, y_hi = _bf16_halves(yw, 1)                                         # 4. dx, unpacking y and dy again
+    dy_lo, dy_hi = _bf16_halves(dw, 1)
+    dx_lo = _grad(y_lo, dy_lo, s, LOG, False)                               # fast exp: dx is bf16 (see _grad)
+    dx_hi = _grad(y_hi, dy_hi, s, LOG, False)
+    dx_w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,r,r", [dx_hi, dx_lo], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+    tl.store(DX.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sxo // 2, sxi // 2) + words, dx_w,
+             mask=mask)                                                      # write dx
 
 
 # ---- launchers: choose a path once per problem, then launch -----------------------------------------------
@@ -585,16 +629,24 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
     """dx from y and dy: softmax ``dx = y·(dy − Σ y·dy)``, log-softmax ``dx = dy − e^y·Σ dy``."""
     device = y.device
     dtypes = (y.dtype, dy.dtype, dx.dtype)
-    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, *dtypes, device)
+    words = (dtypes == (torch.bfloat16,) * 3 and not (y.data_ptr() | dy.data_ptr() | dx.data_ptr()) & 3)
+    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, *dtypes, device, words)
     plan = _cached_plan(key, lambda cfg: _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log,
-                                                        dtypes), config)
+                                                        dtypes, words), config)
     return _run(plan, (y, dy, dx), device)
 
 
-def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes) -> _Plan:
+def _bf16x2_bwd_ok(geos, N: int, words: bool) -> bool:
+    """softmax_bwd_coop_bf16x2_kernel applies: y, dy, dx bf16 starting on 4-byte boundaries (``words``), unit-stride
+    rows with even strides, even N."""
+    return words and N % 2 == 0 and all(g[2] == 1 and not (g[0] % 2 or g[1] % 2) for g in geos)
+
+
+def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes, words=False) -> _Plan:
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
-    types = dict(LOG=log, LIBDEVICE=not interpret, ACC=_acc(*dtypes), SUM=_bwd_sum(*dtypes))
+    precise = not interpret and dtypes[2] in (torch.float32, torch.float64)       # see _grad
+    types = dict(LOG=log, LIBDEVICE=precise, ACC=_acc(*dtypes), SUM=_bwd_sum(*dtypes))
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, backward=True)
     if path == "rows":
         block_n = _pow2(N)
@@ -605,12 +657,20 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
-    chunk = cfg.pop("chunk", None) or _chunking(M, N, sms, backward=True)[0]
+    eligible = path == "coop" and _bf16x2_bwd_ok((geo_y, geo_dy, geo_dx), N, words)
+    bf16x2 = eligible and cfg.pop("bf16x2", M > DECODE_MAX_ROWS_PER_SM * sms)      # many rows, as the forward
+    chunk = cfg.pop("chunk", None) or (BWD_BF16X2_CHUNK if bf16x2 else _chunking(M, N, sms, backward=True)[0])
     C = triton.cdiv(N, chunk)
-    warps = cfg.pop("num_warps", _warps(chunk, BWD_ELEMS_PER_THREAD))
+    warps = cfg.pop("num_warps", BWD_BF16X2_WARPS if bf16x2 else _warps(chunk, BWD_ELEMS_PER_THREAD))
+    record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
+                  grid=M * C)
+    if bf16x2:
+        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
+        return _Plan(path, [BoundKernel(softmax_bwd_coop_bf16x2_kernel, (M * C,), meta)],
+                     (N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C), (M, M * C, torch.float32, (2, 0, 1)),
+                     record)
     meta = dict(CHUNK=chunk, C_POW2=_pow2(C), num_warps=warps, **types)
     launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
-    # workspace order in the kernel: PART, ARRIVE, GEN
-    record = dict(path=path, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    # workspace order in the kernels: PART, ARRIVE, GEN
     part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
     return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, part, (2, 0, 1)), record)
