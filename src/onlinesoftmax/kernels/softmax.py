@@ -264,6 +264,30 @@ def _bf16_halves(w, FORM: tl.constexpr):
 
 
 @triton.jit
+def _chunk_words(N, C, CHUNK: tl.constexpr):
+    """Program (row, c) of a bf16x2 kernel: its id, row, and chunk c's int32 words (two bf16 each) with their
+    mask; N is even."""
+    pid = tl.program_id(0)
+    row = pid // C
+    HALF: tl.constexpr = CHUNK // 2
+    words = (pid % C) * HALF + tl.arange(0, HALF)
+    return pid, row, words, words < N // 2
+
+
+@triton.jit
+def _word_row(P, row, INNER, so, si):
+    """Row `row` of a bf16 tensor as int32 words (its strides are even: the plans check)."""
+    return P.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, so // 2, si // 2)
+
+
+@triton.jit
+def _pack_bf16x2(lo, hi):
+    """Both halves rounded to nearest even and packed into one word by one instruction."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,r,r", [hi, lo], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def softmax_coop_bf16x2_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr,
@@ -274,15 +298,10 @@ def softmax_coop_bf16x2_kernel(
     reached 59-61 % of copy against fp32's 76-81 % at the same register footprint: tune-long.log; this kernel
     66-78 % at N = 32K-256K: tune-bf16x2-f0cf1a3.log). Offsets here count words (element offset / 2; the
     plan checks that strides are even)."""
-    pid = tl.program_id(0)
-    row = pid // C
-    c = pid % C
-    HALF: tl.constexpr = CHUNK // 2
-    words = c * HALF + tl.arange(0, HALF)
-    mask = words < N // 2
-    w = tl.load(X.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sxo // 2, sxi // 2) + words,
-                mask=mask, other=-8323200)                                  # read x: 0xFF80FF80 = (-inf, -inf)
-    # 1. (m_c, d_c) of the chunk's 2·HALF elements, unpacking w once per pass; one reduction each
+    pid, row, words, mask = _chunk_words(N, C, CHUNK)
+    # read x; padding 0xFF80FF80 = (-inf, -inf)
+    w = tl.load(_word_row(X, row, INNER, sxo, sxi) + words, mask=mask, other=-8323200)
+    # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
     lo, hi = _bf16_halves(w, 0)
     m_c = tl.max(tl.maximum(lo, hi), axis=0)
     s_c = _shift(m_c)
@@ -303,11 +322,7 @@ def softmax_coop_bf16x2_kernel(
         b = m + tl.where(m == float("inf"), float("nan"), tl.log(d))  # (16 registers fewer than (x - m) - log d;
         y_lo = lo - b                                                 # the difference is far below bf16's ulp)
         y_hi = hi - b
-    # both halves rounded to nearest even and packed by one instruction
-    y_w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,r,r", [y_hi, y_lo], dtype=tl.int32,
-                                    is_pure=True, pack=1)
-    tl.store(Y.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, syo // 2, syi // 2) + words, y_w,
-             mask=mask)                                                      # write y
+    tl.store(_word_row(Y, row, INNER, syo, syi) + words, _pack_bf16x2(y_lo, y_hi), mask=mask)   # write y
 
 
 # ---- backward ---------------------------------------------------------------------------------------
@@ -394,16 +409,10 @@ def softmax_bwd_coop_bf16x2_kernel(
     """The backward's coop path for bf16 rows of unit stride and even N, as softmax_coop_bf16x2_kernel: y and
     dy are held across the row barrier as int32 words of two elements (one register per two elements of each)
     and unpacked again after it. Offsets count words (element offset / 2; the plan checks even strides)."""
-    pid = tl.program_id(0)
-    row = pid // C
-    c = pid % C
-    HALF: tl.constexpr = CHUNK // 2
-    words = c * HALF + tl.arange(0, HALF)
-    mask = words < N // 2
-    yw = tl.load(Yp.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, syo // 2, syi // 2) + words,
-                 mask=mask, other=0)                                         # read y (0: two +0.0, add nothing)
-    dw = tl.load(DY.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sdo // 2, sdi // 2) + words,
-                 mask=mask, other=0)                                         # read dy
+    pid, row, words, mask = _chunk_words(N, C, CHUNK)
+    # read y and dy; padding 0 = (+0.0, +0.0) adds nothing to either sum
+    yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)
+    dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
     dy_lo, dy_hi = _bf16_halves(dw, 0)                                       # 1. publish s_c
     if LOG:
         s_c = tl.sum(dy_lo + dy_hi, axis=0)
@@ -419,10 +428,7 @@ def softmax_bwd_coop_bf16x2_kernel(
     dy_lo, dy_hi = _bf16_halves(dw, 1)
     dx_lo = _grad(y_lo, dy_lo, s, LOG, False)                               # fast exp: dx is bf16 (see _grad)
     dx_hi = _grad(y_hi, dy_hi, s, LOG, False)
-    dx_w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,r,r", [dx_hi, dx_lo], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-    tl.store(DX.to(tl.pointer_type(tl.int32)) + _row_offsets(row, INNER, sxo // 2, sxi // 2) + words, dx_w,
-             mask=mask)                                                      # write dx
+    tl.store(_word_row(DX, row, INNER, sxo, sxi) + words, _pack_bf16x2(dx_lo, dx_hi), mask=mask)  # write dx
 
 
 # ---- launchers: choose a path once per problem, then launch -----------------------------------------------
