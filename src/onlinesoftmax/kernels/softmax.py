@@ -29,7 +29,12 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
 
 Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 times and writes y (16 B);
 ``rows`` and ``coop`` read x once and write y once (8 B); ``split`` reads x twice (12 B).
-logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive).
+logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive);
+rows of 16-64 KB run the prefetching loop for it, many long rows LSE_CHUNK-element chunks.
+
+Backward (read y and dy, write dx): ``rows`` or ``coop`` as above with y and dy in registers; many bf16 long
+rows take ``softmax_bwd_coop_bf16x2_kernel`` (y and dy held as words). Its sums accumulate in fp64 for fp32 and
+fp64 tensors (the terms of sum(dy) cancel).
 """
 
 from __future__ import annotations
@@ -66,10 +71,10 @@ LSE_WAVES = 4                        # copy ceiling: fp32 N = 4K 99.6 % vs 90.1 
                                      # N = 32K 71.4 vs 57.0 %; fp32 N = 16K 100.5 vs 103.7 % (tune-gib-lse.log)
 LSE_CHUNK = 16384            # logsumexp long rows, many rows: chunks of this many elements, LSE_CHUNK_WARPS warps:
 LSE_CHUNK_WARPS = 8          # fp32 99.7 / 100.1 % vs 96.1 / 95.1 % with COOP_CHUNK, bf16 81.1 / 83.0 vs 75.9 / 75.9
-BWD_BF16X2_CHUNK = 16384     # backward, bf16 words (softmax_bwd_coop_bf16x2_kernel), 8 warps: softmax 93.4 / 87.2 /
-BWD_BF16X2_WARPS = 8         # 83.8 % at N = 32K / 128K / 256K, log-softmax 81.3 / 75.3 / 73.2, against 92.2 / 85.8 /
-                             # 85.5 and 76.1 / 69.5 / 69.2 with 8192 (8 warps), and 83.1 / 80.4 / 76.4 and 73.2 /
-                             # 68.5 / 68.7 for the generic kernel (1 GiB, tune-gib-bwd16.log)
+BWD_BF16X2_CHUNK = 16384     # backward, bf16 words (softmax_bwd_coop_bf16x2_kernel), 8 warps. 1 GiB, N = 32K /
+BWD_BF16X2_WARPS = 8         # 128K / 256K: softmax 93.4 / 87.3 / 84.2 %, log-softmax 90.6 / 80.5 / 79.8 %, against
+                             # 92.2 / 85.8 / 85.6 and 86.4 / 74.7 / 78.0 with 8192 (8 warps), and 82.8 / 80.2 / 76.7
+                             # and 90.0 / 79.3 / 79.4 for the generic kernel (tune-gib-bwd16b.log)
 BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
