@@ -1,6 +1,5 @@
 """softmax_topk: fp64 reference (paper §4), torch path, Triton kernels (interpreter, GPU), dispatch."""
 
-import dataclasses
 import math
 import os
 import subprocess
@@ -165,7 +164,7 @@ def test_public_api_and_no_triton_on_cpu():
 def test_select_path_thresholds():
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
-    assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("fused", 64, 128, 2048, 128, 16, 1)
+    assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
     assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4
     c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
     assert (c.block, c.cols, c.cap, c.num_warps) == (2048, 256, 32, 1)
@@ -180,10 +179,7 @@ def test_select_path_thresholds():
         for V in (128256, 151936, 262144):
             for k in (1, 8, 50, 256, 1024):
                 c = kt.select_path(B, V, k)
-                assert c.path == "fused" and c.cols >= min(2 * c.kp, kt.MAX_COLS) and c.cap == 2 * c.kp
-                assert c.tile == kt.FUSED_SLOTS_PER_THREAD * 32 * c.num_warps
-                assert c.maxnreg == (kt.FUSED_MAX_REGS if c.num_warps == 1 else 0)
-                assert kt.select_path(B, V, k, path="filter") == dataclasses.replace(c, path="filter")
+                assert c.path == "filter" and c.cols >= min(2 * c.kp, kt.MAX_COLS) and c.cap == 2 * c.kp
                 assert c.block // (32 * c.num_warps) == kt.ELEMS_PER_THREAD          # 64 elements per thread
                 assert kt._pow2(c.splits) * c.cap <= kt.MERGE_MAX_SLOTS
                 assert (c.block, c.num_warps) == ((2048, 1) if k <= 50 else (c.block, c.num_warps))
@@ -198,37 +194,19 @@ def _run_cfg(x, k, **over):
     return cfg, TopK(v, i, l)
 
 
-@pytest.mark.parametrize("over,ks", [({"path": "fused"}, (1, 50)), ({"path": "filter"}, (1, 50)),
-                                     ({"block": 1024}, (13,)), ({"block": 512, "num_warps": 2}, (13,))])
+@pytest.mark.parametrize("over,ks", [({}, (1, 50)), ({"block": 1024}, (13,)), ({"block": 512, "num_warps": 2}, (13,))])
 def test_kernel_matches_reference(kernel_device, over, ks):
     gen = torch.Generator().manual_seed(3)
     x = torch.cat([torch.randn(2, 2500, generator=gen), _special_rows(2500, gen)]).to(kernel_device)
     for k in ks:
         cfg, out = _run_cfg(x, k, **over)
-        assert cfg.path == over.get("path", "fused") and cfg.block == over.get("block", 2048)
+        assert cfg.path == "filter" and cfg.block == over.get("block", 2048)
         assert_matches_ref(out, x, k)
 
 
-def test_kernel_fused_leaves_counters_zero(kernel_device):
-    """The fused kernel's last arriver of a row resets that row's arrival count: a second call (no memset
-    between) merges every row again, and the counters are zero afterwards."""
-    pytest.importorskip("onlinesoftmax.kernels.topk")
-    from onlinesoftmax.kernels._launch import stream_scratch
-
-    x = torch.randn(3, 700).to(kernel_device)
-    for _ in range(2):
-        cfg, out = _run_cfg(x, 9, block=128, path="fused")
-        assert cfg.splits == 6
-        assert_matches_ref(out, x, 9)
-    assert not stream_scratch("topk-arrive", x.device, ((3, torch.int32),))[0].any()
-
-
-@pytest.mark.parametrize("path", ["fused", "filter"])
-def test_kernel_exact_fallbacks(kernel_device, path):
+def test_kernel_exact_fallbacks(kernel_device):
     """Chunks whose candidates overflow CAP (sorted rows, long runs of ties, ties across the bound) take the
-    exact path (fused: in stage 1, a piece at a time; two launches: in the merge); rows whose merge survivors
-    overflow take the merge's exact path: still exact."""
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    exact path of stage 1; rows whose merge survivors overflow take the merge's exact path: still exact."""
     gen = torch.Generator().manual_seed(8)
     i = torch.arange(4096)
     rows = [i.float(),                                              # ascending: every column max of a chunk
@@ -239,23 +217,21 @@ def test_kernel_exact_fallbacks(kernel_device, path):
             torch.where(i < 4000, -INF, torch.randn(4096, generator=gen).double()).float()]  # mostly masked
     x = torch.stack(rows).to(kernel_device)
     for k in (16, 40):
-        cfg, out = _run_cfg(x, k, block=1024, path=path)
-        assert cfg.cap == 2 * cfg.kp and cfg.pieces == kt.EXACT_PIECES
+        cfg, out = _run_cfg(x, k, block=1024)
+        assert cfg.cap == 2 * cfg.kp
         assert_matches_ref(out, x, k)
         assert out.indices[1].tolist() == list(range(k)) and out.indices[2].tolist() == list(range(k))
 
 
-@pytest.mark.parametrize("path", ["fused", "filter"])
-def test_kernel_merge_streams_tiles(kernel_device, monkeypatch, path):
-    """More candidate slots than the merge's tile (two launches: MERGE_TILE; fused: ``tile``): the merge counts
-    them a tile at a time."""
+def test_kernel_merge_streams_tiles(kernel_device, monkeypatch):
+    """More candidate slots than MERGE_TILE: the merge counts them TILE at a time."""
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     monkeypatch.setattr(kt, "MERGE_TILE", 256)
     gen = torch.Generator().manual_seed(9)
     x = torch.cat([torch.randn(1, 3000, generator=gen), _special_rows(3000, gen)[[3, 8]]]).to(kernel_device)
     for k in (33,):
-        cfg, out = _run_cfg(x, k, block=256, path=path, tile=128)
-        assert kt._pow2(cfg.splits) * cfg.cap > 256 and kt._pow2(cfg.splits) * cfg.cap > cfg.tile
+        cfg, out = _run_cfg(x, k, block=256)
+        assert kt._pow2(cfg.splits) * cfg.cap > 256
         assert_matches_ref(out, x, k)
 
 
@@ -263,7 +239,7 @@ def test_kernel_k_equals_n_and_odd_v(kernel_device):
     gen = torch.Generator().manual_seed(4)
     x = torch.cat([torch.randn(2, 37, generator=gen), _special_rows(37, gen)]).to(kernel_device)
     out = softmax_topk(x, 37, backend="triton")
-    assert ops_topk.last_path() == "fused"
+    assert ops_topk.last_path() == "filter"
     assert_matches_ref(out, x, 37)
     torch.testing.assert_close(out.values[2:].sum(-1)[[3, 4, 5, 7, 8]], torch.ones(5, device=kernel_device))
 
@@ -304,11 +280,10 @@ def test_kernel_sort_path_and_lse(kernel_device):
 @pytest.mark.parametrize("V,k", [(128256, 50), (151936, 8), (262144, 1024), (1000, 1000), (100003, 50),
                                  (37, 37)])
 def test_gpu_matches_reference(V, k):
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     gen = torch.Generator().manual_seed(V + k)
     x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]]])
     out = softmax_topk(x.cuda(), k)
-    assert ops_topk.last_path() == kt.plan(x.shape[0], V, k, x.dtype).path != "sort"
+    assert ops_topk.last_path() == "filter"
     assert_matches_ref(out, x, k)
 
 
@@ -317,8 +292,7 @@ def test_gpu_matches_reference(V, k):
 def test_gpu_batch_paths(B):
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     x = torch.randn(B, 128256, device="cuda").to(torch.bfloat16)
-    for k, over in ((1, {}), (50, {}), (50, {"path": "filter"}), (50, {"block": 4096, "num_warps": 2}),
-                    (50, {"path": "fused", "tile": 256, "maxnreg": 0}), (1024, {}), (1024, {"path": "filter"})):
+    for k, over in ((1, {}), (50, {}), (50, {"block": 4096, "num_warps": 2}), (1024, {})):
         cfg = kt.select_path(B, 128256, k, esize=2, **over)
         v, i, l = kt.softmax_topk_2d(x, k, cfg)
         ref = softmax_topk(x, k, backend="torch")                       # stable sort on the GPU

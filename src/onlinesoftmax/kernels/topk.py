@@ -68,12 +68,6 @@ MERGE_FEW_ROWS = 128                # B <= this: twice the merge warps (every ro
 FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
 FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256, 32 x 151936: 54 µs with
                                     # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2)
-FUSED_SLOTS_PER_THREAD = 16         # fused kernel: the merge holds 16 slots per thread at a time, the rest
-                                    # streamed from L2 (32: 253 registers, ptxas for sm_90, k = 50)
-FUSED_MAX_REGS = 168                # fused kernel, one warp: stage 1's own count, so its occupancy (12 warps per
-                                    # SM) stays; without the cap ptxas takes 219 (no spills at 168)
-EXACT_PIECES = 4                    # fused kernel: the exact path (1d) counts a quarter chunk at a time
-HEAD_WORDS = 6                      # per chunk: m2, d, n, t, largest key, (8-byte alignment of the slots)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
@@ -82,13 +76,12 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 _COARSE = tl.constexpr(COARSE_BITS)
 RADIX_BITS_ = tl.constexpr(RADIX_BITS)
-HEAD = tl.constexpr(HEAD_WORDS)
-PATHS = ("fused", "filter", "sort")
+PATHS = ("filter", "sort")
 
 
 @dataclass(frozen=True)
 class TopKConfig:
-    path: str           # "fused" (one launch) | "filter" (stage 1, then a merge launch) | "sort"
+    path: str           # "filter" | "sort"
     block: int = 0      # elements per stage-1 program
     cols: int = 0       # R: columns (group maxima) per chunk; G = block // cols elements each
     kp: int = 0         # k rounded up to a power of two (>= MIN_KP)
@@ -96,9 +89,6 @@ class TopKConfig:
     splits: int = 0     # S: programs per row in stage 1
     num_warps: int = 1
     merge_warps: int = 4
-    tile: int = 0       # fused: the merge's slots per tile
-    pieces: int = 1     # fused: the exact path's pieces per chunk
-    maxnreg: int = 0    # fused: register cap (0: none)
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -110,14 +100,13 @@ def _pow2(n: int) -> int:
 
 
 def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
-                num_warps: int | None = None, tile: int | None = None, maxnreg: int | None = None,
-                esize: int = 4) -> TopKConfig:
+                num_warps: int | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
-    ``num_warps`` / ``tile`` / ``maxnreg`` override the choice (tests and the variant timers use them).
+    ``num_warps`` override the choice (tests and the variant timer use them).
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -148,17 +137,7 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     merge_warps = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP, num_warps)
     if B <= MERGE_FEW_ROWS:
         merge_warps = min(2 * merge_warps, 16)
-    fused = path == "fused" or (path is None and _fused_pays(B, V, kp))
-    if maxnreg is None:
-        maxnreg = FUSED_MAX_REGS if num_warps == 1 else 0
-    return TopKConfig("fused" if fused else "filter", block, cols, kp, cap, splits, num_warps, merge_warps,
-                      tile or FUSED_SLOTS_PER_THREAD * 32 * num_warps, max(1, min(EXACT_PIECES, block // cols)),
-                      maxnreg)
-
-
-def _fused_pays(B: int, V: int, kp: int) -> bool:
-    """One launch (the last chunk of a row merges it) or two (stage 1, then a merge kernel of its own)."""
-    return True
+    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, merge_warps)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -295,29 +274,14 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
                                                               0xFFFFFFFF), mask=win)
 
 
-@triton.jit
-def _scatter64(ptr, pos, val, mask, ASM: tl.constexpr):
-    """``ptr[pos] = val`` where ``mask`` (int64), scattered. ``ASM``: a predicated ``st.global.b64`` per element
-    in the registers' own layout (see :func:`_compact`)."""
-    if ASM:
-        addr = ptr.to(tl.int64) + pos.to(tl.int64) * 8
-        tl.inline_asm_elementwise(
-            """{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b64 [$1], $2; mov.b32 $0, 0; }""",
-            "=r,l,l,r", [addr, val, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.store(ptr + pos, val, mask=mask)
-
-
 # --- stage 1: per-chunk (m, d) and top-k candidates ---------------------------------------------------------
 
 @triton.jit
-def _stage1(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, pid,
-            BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr, FUSED: tl.constexpr,
-            P: tl.constexpr):
-    """Steps 2a-2c for chunk ``pid``; ``FUSED``: also the chunk's largest key (the merge's upper bound) and
-    the exact path 2d in place (:func:`_chunk_exact_pieces`), so the chunk's state is final when it returns."""
+def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr):
     G: tl.constexpr = BLOCK // R
     RADIX_B: tl.constexpr = RADIX_BITS_ if R < 512 else 2
+    pid = tl.program_id(0)
     row = pid // S
     start = (pid % S) * BLOCK
     x_row = x_ptr + row.to(tl.int64) * stride_b + start.to(tl.int64) * stride_v
@@ -348,31 +312,14 @@ def _stage1(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, pid,
     # c. straight-line; stores nothing when the chunk is left to the exact path (x >= NaN is false)
     idx = start + off
     run = tl.cumsum(ge.to(tl.int32), axis=0)                               # running count down each column
-    slots = (ws_ptr + HEAD * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
     _compact(slots, run, cnt, x, idx, tl.where(exact, float("nan"), tf), x, False, FAST)
-    # d. the exact path (rare): two launches, the merge re-reads the chunk (n_c = -1 marks it): its registers
-    # (four [G, R] tiles) would otherwise set this kernel's register count and so its occupancy. Fused: here,
-    # a piece of the chunk at a time.
+    # d. the exact path (rare) runs in the merge, which re-reads the chunk: n_c = -1 marks it. Its registers
+    # (four [G, R] tiles) would otherwise set this kernel's register count and so its occupancy.
+    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
     tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + BS + pid, d)
-    if FUSED:
-        if exact:
-            tl.debug_barrier()
-            _chunk_exact_pieces(x_row, ws_ptr, stride_v, V, k, BS, pid, start, t, BLOCK, R, CAP, P, FAST)
-        else:
-            tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
-            tl.store(ws_ptr + 2 * BS + pid, n)
-            tl.store(ws_ptr + 3 * BS + pid, t)
-            tl.store(ws_ptr + 4 * BS + pid, tl.max(gkey))
-    else:
-        tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
-        tl.store(ws_ptr + 2 * BS + pid, tl.where(exact, -1, n))
-        tl.store(ws_ptr + 3 * BS + pid, t)
-
-
-@triton.jit
-def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr):
-    _stage1(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, tl.program_id(0), BLOCK, R, CAP, FAST, False, 1)
+    tl.store(ws_ptr + 2 * BS + pid, tl.where(exact, -1, n))
+    tl.store(ws_ptr + 3 * BS + pid, t)
 
 
 @triton.jit
@@ -391,103 +338,28 @@ def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
     idx = start + off
     win = _select(keys, idx, k, _kth_key(keys, k, 32)) & mask
     cnt = tl.sum(win.to(tl.int32), axis=0)
-    slots = (ws_ptr + HEAD * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
     _compact(slots, tl.cumsum(win.to(tl.int32), axis=0), cnt, x, idx, 0.0, win, True, False)
     tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
     tl.store(ws_ptr + 2 * BS + pid, tl.sum(cnt))
 
 
-@triton.jit
-def _piece(x_row, stride_v, V, start, p, PB: tl.constexpr, R: tl.constexpr):
-    """Elements ``[p·PB, (p + 1)·PB)`` of the chunk as a ``[PB / R, R]`` tile: x, keys (INT32_MIN past V), indices."""
-    off = p * PB + tl.arange(0, PB // R)[:, None] * R + tl.arange(0, R)[None, :]
-    mask = off < V - start
-    # volatile: loaded again at each use, never hoisted out of a loop (the pieces would then all be live)
-    x = tl.load(x_row + off.to(tl.int64) * stride_v, mask=mask, other=float("-inf"), volatile=True).to(tl.float32)
-    return x, tl.where(mask, _key_of(x), INT32_MIN), start + off
-
-
-@triton.jit
-def _chunk_exact_pieces(x_row, ws_ptr, stride_v, V, k, BS, pid, start, t0,
-                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, P: tl.constexpr, FAST: tl.constexpr):
-    """2d in stage 1 (fused kernel): :func:`_chunk_exact`'s result, P pieces of the chunk re-read (from L1/L2)
-    for each count, so its registers stay under the fast path's. The exact k-th key t by bisection (from stage
-    1's bound ``t0``), its ties cut at the lower index; stores m_c (NaN-aware), n_c = min(k, valid), t_c = t and
-    the largest key."""
-    PB: tl.constexpr = BLOCK // P
-    kmax = tl.full([], INT32_MIN, tl.int32)
-    for p in range(P):
-        xp, keys, ip = _piece(x_row, stride_v, V, start, p, PB, R)
-        kmax = tl.maximum(kmax, tl.max(tl.max(keys, axis=1), axis=0))
-    # the largest t with #{key >= t} >= k, by bisection on [lo, hi): #{>= lo} >= k > #{>= hi}. lo = stage 1's
-    # bound when it is one (k columns hold a key >= t0), else the key of -inf if k elements are in the row;
-    # else t = INT32_MIN (the padding): every element wins
-    full = tl.minimum(V - start, BLOCK) >= k
-    lo = tl.where(t0 > NEG_INF_KEY, t0, tl.where(full, NEG_INF_KEY, INT32_MIN)).to(tl.int64)
-    hi = tl.where(full, kmax.to(tl.int64) + 1, lo + 1)
-    while hi - lo > 1:
-        mid = lo + (hi - lo) // 2
-        c = tl.full([], 0, tl.int32)
-        for p in range(P):
-            xp, keys, ip = _piece(x_row, stride_v, V, start, p, PB, R)
-            c += tl.sum(tl.sum((keys >= mid.to(tl.int32)).to(tl.int32), axis=1), axis=0)
-        lo = tl.where(c >= k, mid, lo)
-        hi = tl.where(c >= k, hi, mid)
-    t = lo.to(tl.int32)
-    n_gt = tl.full([], 0, tl.int32)
-    n_eq = tl.full([], 0, tl.int32)
-    for p in range(P):
-        xp, keys, ip = _piece(x_row, stride_v, V, start, p, PB, R)
-        n_gt += tl.sum(tl.sum((keys > t).to(tl.int32), axis=1), axis=0)
-        n_eq += tl.sum(tl.sum((keys == t).to(tl.int32), axis=1), axis=0)
-    u = start + BLOCK
-    if n_eq > k - n_gt:         # the largest u in [start, start + BLOCK) with #{key == t, index < u} < k − #{key > t}
-        lo_u = start
-        while u - lo_u > 1:
-            mid = lo_u + (u - lo_u) // 2
-            c = tl.full([], 0, tl.int32)
-            for p in range(P):
-                xp, keys, ip = _piece(x_row, stride_v, V, start, p, PB, R)
-                c += tl.sum(tl.sum(((keys == t) & (ip < mid)).to(tl.int32), axis=1), axis=0)
-            lo_u = tl.where(c < k - n_gt, mid, lo_u)
-            u = tl.where(c < k - n_gt, u, mid)
-        u = lo_u
-    slots = (ws_ptr + HEAD * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
-    n = tl.full([], 0, tl.int32)
-    for p in range(P):
-        xp, keys, ip = _piece(x_row, stride_v, V, start, p, PB, R)
-        win = ((keys > t) | ((keys == t) & (ip <= u))) & (keys != INT32_MIN)
-        cnt = tl.sum(win.to(tl.int32), axis=0)
-        _compact(slots + n, tl.cumsum(win.to(tl.int32), axis=0), cnt, xp, ip, 0.0, win, True, FAST)
-        n += tl.sum(cnt)
-    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, _value_of(kmax) * LOG2E)
-    tl.store(ws_ptr + 2 * BS + pid, n)
-    tl.store(ws_ptr + 3 * BS + pid, t)
-    tl.store(ws_ptr + 4 * BS + pid, kmax)
-
-
 # --- stage 2: merge the S chunk states of a row -------------------------------------------------------------
 
 @triton.jit
-def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+def _add3(a1, a2, a3, b1, b2, b3):
+    return a1 + b1, a2 + b2, a3 + b3
 
 
 @triton.jit
-def _slot_tile(cand_ptr, n_ptr, S, j, CT: tl.constexpr, CAP: tl.constexpr, STREAM: tl.constexpr = False):
+def _slot_tile(cand_ptr, n_ptr, S, j, CT: tl.constexpr, CAP: tl.constexpr):
     """Keys of chunks ``[j·CT, (j + 1)·CT)`` of the row, ``[CT, CAP]`` (INT32_MIN where chunk c has no
-    candidate: slot ``>= n_c``), and the slots' offsets. Loads bypass L1: other programs wrote them. STREAM:
-    volatile, so a tile re-read in a loop is not hoisted out of it (every tile would then be live at once)."""
+    candidate: slot ``>= n_c``), and the slots' offsets. Loads bypass L1: the merge may have written them."""
     c = j * CT + tl.arange(0, CT)
+    n = tl.load(n_ptr + c, mask=c < S, other=0, cache_modifier=".cg")
     o = c[:, None] * CAP + tl.arange(0, CAP)[None, :]
-    if STREAM:
-        n = tl.load(n_ptr + c, mask=c < S, other=0, volatile=True)
-        live = tl.arange(0, CAP)[None, :] < n[:, None]
-        bits = tl.load(cand_ptr + 2 * o, mask=live, other=0, volatile=True)
-    else:
-        n = tl.load(n_ptr + c, mask=c < S, other=0, cache_modifier=".cg")
-        live = tl.arange(0, CAP)[None, :] < n[:, None]
-        bits = tl.load(cand_ptr + 2 * o, mask=live, other=0, cache_modifier=".cg")
+    live = tl.arange(0, CAP)[None, :] < n[:, None]
+    bits = tl.load(cand_ptr + 2 * o, mask=live, other=0, cache_modifier=".cg")
     return tl.where(live, _key_of(bits.to(tl.float32, bitcast=True)), INT32_MIN), o
 
 
@@ -498,41 +370,52 @@ def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, CA
         c = tl.arange(0, CT)
         return keys0, c[:, None] * CAP + tl.arange(0, CAP)[None, :]
     else:
-        return _slot_tile(cand_ptr, n_ptr, S, j, CT, CAP, True)
+        return _slot_tile(cand_ptr, n_ptr, S, j, CT, CAP)
 
 
 @triton.jit
-def _row_state(ws_ptr, lse_ptr, S, BS, row, SP: tl.constexpr):
-    """1-2. ``(m, d)`` = ⊕ over the row's S chunks in base 2 (m = max m_c, d = Σ d_c 2^(m_c − m); NaN in any
-    chunk → NaN), lse stored; and ``lo = max_c t_c``: chunk c holds k elements ``>= t_c``, so the row's k-th
-    key is ``>= lo`` (t_c is a lower bound whichever path chunk c took; every real key is >= the key of -inf)."""
+def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
+                       CT: tl.constexpr, FAST: tl.constexpr):
+    NT: tl.constexpr = SP // CT
+    row = tl.program_id(0)
     base_s = row * S
+    m_ptr = ws_ptr.to(tl.pointer_type(tl.float32))
+    n_ptr = ws_ptr + 2 * BS + base_s
     so = tl.arange(0, SP)
     smask = so < S
-    m_ptr = ws_ptr.to(tl.pointer_type(tl.float32))
+    # 0. chunks stage 1 left to the exact path (n_c = -1), rare
+    if tl.min(tl.load(n_ptr + so, mask=smask, other=0)) < 0:
+        for c in range(S):
+            if tl.load(n_ptr + c, cache_modifier=".cg") < 0:
+                _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, c * BLOCK, BLOCK, R, CAP)
+        tl.debug_barrier()
+    # 1. (m, d) = ⊕ over the S chunks, in base 2: m = max m_c, d = Σ d_c 2^(m_c − m)   (NaN in any chunk → NaN)
     mc = tl.load(m_ptr + base_s + so, mask=smask, other=float("-inf"), cache_modifier=".cg")
-    dc = tl.load(m_ptr + BS + base_s + so, mask=smask, other=0.0, cache_modifier=".cg")
+    dc = tl.load(m_ptr + BS + base_s + so, mask=smask, other=0.0)
     has_nan = tl.sum((mc != mc).to(tl.int32)) > 0
     m = tl.max(tl.where(mc != mc, float("-inf"), mc))
     m = tl.where(has_nan, float("nan"), m)
     d = tl.sum(tl.where(smask, dc * tl.where(mc == m, 1.0, tl.exp2(mc - m)), 0.0))
     tl.store(lse_ptr + row, (m + tl.log2(d)) * LN2)
-    tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN, cache_modifier=".cg")
-    return m, d, tl.maximum(tl.max(tc), NEG_INF_KEY)
-
-
-@triton.jit
-def _merge_tail(keys0, ws_ptr, val_ptr, ind_ptr, k, S, BS, row, m, d, lo, hi, cnt,
-                CAP: tl.constexpr, SP: tl.constexpr, CT: tl.constexpr, FAST: tl.constexpr):
-    """3-5 of a row whose candidates are the S·CAP slots (``keys0``: tile 0), given ``lo <= `` its k-th key
-    ``< hi`` and ``cnt = #{key >= lo}`` (-1: not counted yet)."""
-    NT: tl.constexpr = SP // CT
-    n_ptr = ws_ptr + 2 * BS + row * S
-    slots = (ws_ptr + HEAD * BS).to(tl.pointer_type(tl.int64))
-    cand_ptr = (slots + (row * S).to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
+    # 2. the row's k-th key is >= lo = max_c t_c: chunk c holds k elements >= t_c. (t_c is a lower bound for
+    # chunk c's k-th key whichever path it took; every real key is >= the key of -inf.)
+    tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN)
+    lo = tl.maximum(tl.max(tc), NEG_INF_KEY)
+    # the S·CAP candidate slots of the row (chunk c holds n_c): int64 = value bits | index << 32
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64))
+    cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
+    keys0, _ = _slot_tile(cand_ptr, n_ptr, S, 0, CT, CAP)
+    kmax = tl.full([], INT32_MIN, tl.int32)
+    cnt = 0
+    for j in tl.static_range(NT):
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+        kmax = tl.maximum(kmax, tl.max(kj))
+        cnt += tl.sum((kj >= lo).to(tl.int32))
     # 3. narrow [lo, hi) (#{key >= lo} >= k > #{key >= hi}) by 4-way splits until <= CAP keys are >= lo, or
-    # hi = lo + 1 (lo is then the exact k-th key): 4 counts per reduction, about 2-3 reductions for i.i.d. data
-    while (cnt < 0) | ((cnt > CAP) & (hi - lo.to(tl.int64) > 1)):
+    # hi = lo + 1 (lo is then the exact k-th key): 3 counts per reduction, about 2-3 reductions for i.i.d. data
+    hi = kmax.to(tl.int64) + 1
+    while (cnt > CAP) & (hi - lo.to(tl.int64) > 1):
         w = hi - lo.to(tl.int64)
         e = (w.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127       # floor(log2 w) or above
         s = tl.maximum(e - 1, 0)                                           # 4·2^s > w
@@ -540,21 +423,18 @@ def _merge_tail(keys0, ws_ptr, val_ptr, ind_ptr, k, S, BS, row, m, d, lo, hi, cn
         th1 = tl.minimum(lo.to(tl.int64) + step, 0x7FFFFFFF).to(tl.int32)   # thresholds past the largest key
         th2 = tl.minimum(lo.to(tl.int64) + 2 * step, 0x7FFFFFFF).to(tl.int32)   # count nothing (hi <= 2^31)
         th3 = tl.minimum(lo.to(tl.int64) + 3 * step, 0x7FFFFFFF).to(tl.int32)
-        c0 = tl.full([], 0, tl.int32)
-        c1 = tl.full([], 0, tl.int32)
-        c2 = tl.full([], 0, tl.int32)
-        c3 = tl.full([], 0, tl.int32)
-        for j in range(NT):     # not unrolled: one tile live at a time
+        c1 = 0
+        c2 = 0
+        c3 = 0
+        for j in tl.static_range(NT):
             kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
-            a0, a1, a2, a3 = tl.reduce(tl.reduce(((kj >= lo).to(tl.int32), (kj >= th1).to(tl.int32),
-                                                  (kj >= th2).to(tl.int32), (kj >= th3).to(tl.int32)), 1, _add4),
-                                       0, _add4)   # one tree
-            c0 += a0
+            a1, a2, a3 = tl.reduce(tl.reduce(((kj >= th1).to(tl.int32), (kj >= th2).to(tl.int32),
+                                              (kj >= th3).to(tl.int32)), 1, _add3), 0, _add3)   # one tree
             c1 += a1
             c2 += a2
             c3 += a3
         f = (c1 >= k).to(tl.int32) + (c2 >= k).to(tl.int32) + (c3 >= k).to(tl.int32)
-        cnt = tl.where(f == 0, c0, tl.where(f == 1, c1, tl.where(f == 2, c2, c3)))
+        cnt = tl.where(f == 0, cnt, tl.where(f == 1, c1, tl.where(f == 2, c2, c3)))
         new_lo = lo.to(tl.int64) + (f.to(tl.int64) << s.to(tl.int64))
         hi = tl.minimum(hi, new_lo + (tl.full([], 1, tl.int64) << s.to(tl.int64)))
         lo = new_lo.to(tl.int32)
@@ -565,31 +445,31 @@ def _merge_tail(keys0, ws_ptr, val_ptr, ind_ptr, k, S, BS, row, m, d, lo, hi, cn
         # rare (ties): t is the exact k-th key; its ties cut at the lower index, the largest u with
         # #{key == t, index < u} < k − #{key > t}
         t_gt = t
-        n_gt = tl.full([], 0, tl.int32)
-        for j in range(NT):
+        n_gt = 0
+        for j in tl.static_range(NT):
             kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
             n_gt += tl.sum((kj > t).to(tl.int32))
         u = 0
         for i in range(31):
             c_u = u + (1 << (30 - i))
-            below = tl.full([], 0, tl.int32)
-            for j in range(NT):
+            below = 0
+            for j in tl.static_range(NT):
                 kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
                 eq = kj == t
                 below += tl.sum((eq & (tl.load(cand_ptr + 2 * o + 1, mask=eq, other=0) < c_u)).to(tl.int32))
             u = tl.where(below < k - n_gt, c_u, u)
     # 4. compact the survivors (<= CAP) and sort them by (key desc, index asc) packed in one int64
     buf = slots + BS.to(tl.int64) * CAP + row.to(tl.int64) * CAP
-    n = tl.full([], 0, tl.int32)
-    for j in range(NT):
+    n = 0
+    for j in tl.static_range(NT):
         kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
         maybe = kj >= t
-        idx = tl.load(cand_ptr + 2 * o + 1, mask=maybe, other=0, cache_modifier=".cg")
+        idx = tl.load(cand_ptr + 2 * o + 1, mask=maybe, other=0)
         surv = maybe & ((kj > t_gt) | (idx <= u))
         per_c = tl.sum(surv.to(tl.int32), axis=1)
         pos = n + (tl.cumsum(per_c, 0) - per_c)[:, None] + tl.cumsum(surv.to(tl.int32), axis=1) - 1
         packed = (kj.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
-        _scatter64(buf, pos, packed, surv, FAST)
+        tl.store(buf + pos, packed, mask=surv)
         n += tl.sum(per_c)
     tl.debug_barrier()
     j = tl.arange(0, CAP)
@@ -606,70 +486,13 @@ def _merge_tail(keys0, ws_ptr, val_ptr, ind_ptr, k, S, BS, row, m, d, lo, hi, cn
     tl.store(ind_ptr + out, ind.to(tl.int64), mask=j < k)
 
 
-@triton.jit
-def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
-                       CT: tl.constexpr, FAST: tl.constexpr):
-    """Two launches: stage 2, one program per row, after :func:`_topk_chunk_kernel`."""
-    NT: tl.constexpr = SP // CT
-    row = tl.program_id(0)
-    base_s = row * S
-    n_ptr = ws_ptr + 2 * BS + base_s
-    so = tl.arange(0, SP)
-    # 0. chunks stage 1 left to the exact path (n_c = -1), rare
-    if tl.min(tl.load(n_ptr + so, mask=so < S, other=0)) < 0:
-        for c in range(S):
-            if tl.load(n_ptr + c, cache_modifier=".cg") < 0:
-                _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, c * BLOCK, BLOCK, R, CAP)
-        tl.debug_barrier()
-    m, d, lo = _row_state(ws_ptr, lse_ptr, S, BS, row, SP)
-    # the row's largest candidate key and #{key >= lo}, one pass over the S·CAP slots
-    cand_ptr = ((ws_ptr + HEAD * BS).to(tl.pointer_type(tl.int64)) + base_s.to(tl.int64) * CAP).to(
-        tl.pointer_type(tl.int32))
-    keys0, _ = _slot_tile(cand_ptr, n_ptr, S, 0, CT, CAP)
-    kmax = tl.full([], INT32_MIN, tl.int32)
-    cnt = tl.full([], 0, tl.int32)
-    for j in range(NT):
-        kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
-        kmax = tl.maximum(kmax, tl.max(kj))
-        cnt += tl.sum((kj >= lo).to(tl.int32))
-    _merge_tail(keys0, ws_ptr, val_ptr, ind_ptr, k, S, BS, row, m, d, lo, kmax.to(tl.int64) + 1, cnt,
-                CAP, SP, CT, FAST)
-
-
-# --- one launch: stage 1, then the last chunk of a row to finish merges it ----------------------------------
-
-@triton.jit
-def _topk_fused_kernel(x_ptr, ws_ptr, arrive_ptr, val_ptr, ind_ptr, lse_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
-                       CT: tl.constexpr, P: tl.constexpr, FAST: tl.constexpr):
-    """Stage 1 for chunk ``pid`` (the exact path in place); then an arrival count per row (acq_rel): the S-th
-    arriver resets it to 0 (the next launch finds it so) and merges the row. Nobody waits, so merges overlap
-    other rows' stage 1, and the interpreter (programs one after another) runs it too. The merge starts
-    from ``hi`` = the row's largest key + 1 (stage 1 stored each chunk's), so its first pass already splits."""
-    pid = tl.program_id(0)
-    row = pid // S
-    _stage1(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, pid, BLOCK, R, CAP, FAST, True, P)
-    tl.debug_barrier()                      # every thread's stores before the release
-    if tl.atomic_add(arrive_ptr + row, 1, sem="acq_rel") == S - 1:
-        tl.atomic_xchg(arrive_ptr + row, 0, sem="relaxed")
-        m, d, lo = _row_state(ws_ptr, lse_ptr, S, BS, row, SP)
-        so = tl.arange(0, SP)
-        kc = tl.load(ws_ptr + 4 * BS + row * S + so, mask=so < S, other=INT32_MIN, cache_modifier=".cg")
-        cand_ptr = ((ws_ptr + HEAD * BS).to(tl.pointer_type(tl.int64)) + (row * S).to(tl.int64) * CAP).to(
-            tl.pointer_type(tl.int32))
-        keys0, _ = _slot_tile(cand_ptr, ws_ptr + 2 * BS + row * S, S, 0, CT, CAP)
-        _merge_tail(keys0, ws_ptr, val_ptr, ind_ptr, k, S, BS, row, m, d, lo, tl.max(kc).to(tl.int64) + 1,
-                    tl.full([], -1, tl.int32), CAP, SP, CT, FAST)
-
-
 # --- launcher -----------------------------------------------------------------------------------------------
 
 def workspace_words(B: int, cfg: TopKConfig) -> int:
-    """int32 words of scratch: HEAD_WORDS·B·S (m_c, d_c, n_c, t_c, largest key c), the candidates (B·S·CAP
-    int64: value bits, index) and the merge's survivors (B·CAP int64)."""
+    """int32 words of scratch: m_c, d_c, n_c, t_c (B·S each), the candidates (B·S·CAP int64: value bits,
+    index) and the merge's survivors (B·CAP int64), 16-byte aligned."""
     bs = B * cfg.splits
-    return HEAD_WORDS * bs + 2 * (bs + B) * cfg.cap
+    return 4 * bs + 2 * (bs + B) * cfg.cap
 
 
 def _workspace(device: torch.device, words: int) -> torch.Tensor:
@@ -699,18 +522,9 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     S = cfg.splits
     ws = _workspace(dev, workspace_words(B, cfg))
     fast = dev.type == "cuda" and not interpret_mode()
-    SP = _pow2(S)
-    if cfg.path == "fused":
-        arrive = stream_scratch("topk-arrive", dev, ((B, torch.int32),))[0]     # zero; left zero by each launch
-        launch(_topk_fused_kernel, (B * S,), (x, ws, arrive, values, indices, lse, x.stride(0), x.stride(1), V, k,
-                                              S, B * S), dev,
-               BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, SP=SP, CT=max(1, min(SP, cfg.tile // cfg.cap)),
-               P=cfg.pieces, FAST=fast, num_warps=cfg.num_warps, **({"maxnreg": cfg.maxnreg} if fast and cfg.maxnreg
-                                                                      else {}))
-        return values, indices, lse
     launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
            BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, num_warps=cfg.num_warps)
     launch(_topk_merge_kernel, (B,), (x, x.stride(0), x.stride(1), V, ws, values, indices, lse, k, S, B * S), dev,
-           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, SP=SP, CT=max(1, min(SP, MERGE_TILE // cfg.cap)),
+           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, SP=_pow2(S), CT=max(1, min(_pow2(S), MERGE_TILE // cfg.cap)),
            FAST=fast, num_warps=cfg.merge_warps)
     return values, indices, lse
