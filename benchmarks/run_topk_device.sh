@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for softmax_topk: GPU tests, kernel variants, then the two bench suites. Logs under $OUT.
 #   run from the repository root on the GPU machine:  bash benchmarks/run_topk_device.sh
-#   SKIP_TESTS / SKIP_VARIANTS / SKIP_BENCH / SKIP_PAPER=1 leave a step out; QUICK_VARIANTS=1 times 3 shapes.
+#   SKIP_TESTS / SKIP_VARIANTS / SKIP_PREWARM / SKIP_BENCH / SKIP_PAPER=1 leave a step out; QUICK_VARIANTS=1 times
+#   3 shapes. The prewarm step compiles the suites' kernels in parallel first (cold, about 86 s of one core).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/topk-out}
@@ -17,9 +18,14 @@ if [ "${SKIP_VARIANTS:-0}" != 1 ]; then
   echo "== variants" | tee -a "$LOG"
   timeout ${T_VARIANTS:-120} python benchmarks/topk_variants.py --out "$OUT" ${QUICK_VARIANTS:+--quick} 2>&1 | tee -a "$LOG"
 fi
+if [ "${SKIP_PREWARM:-0}" != 1 ]; then
+  echo "== prewarm" | tee -a "$LOG"
+  timeout ${T_PREWARM:-120} python benchmarks/topk_prewarm.py --jobs ${PREWARM_JOBS:-12} \
+    $([ "${SKIP_PAPER:-0}" != 1 ] && echo --paper) 2>&1 | tail -3 | tee -a "$LOG"
+fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "== bench topk" | tee -a "$LOG"
-  timeout ${T_BENCH:-150} python -m onlinesoftmax bench topk --out "$OUT/topk" 2>&1 | tail -70 | tee -a "$LOG"
+  timeout ${T_BENCH:-240} python -m onlinesoftmax bench topk --out "$OUT/topk" 2>&1 | tail -70 | tee -a "$LOG"
 fi
 if [ "${SKIP_PAPER:-0}" != 1 ]; then
   echo "== bench topk-paper" | tee -a "$LOG"
