@@ -18,7 +18,7 @@ if [ "${SKIP_VARIANTS:-0}" != 1 ]; then
   echo "== variants" | tee -a "$LOG"
   timeout ${T_VARIANTS:-120} python benchmarks/topk_variants.py --out "$OUT" ${QUICK_VARIANTS:+--quick} 2>&1 | tee -a "$LOG"
 fi
-if [ "${SKIP_PREWARM:-0}" != 1 ]; then
+if [ "${SKIP_PREWARM:-0}" != 1 ] && { [ "${SKIP_BENCH:-0}" != 1 ] || [ "${SKIP_PAPER:-0}" != 1 ]; }; then
   echo "== prewarm" | tee -a "$LOG"
   timeout ${T_PREWARM:-120} python benchmarks/topk_prewarm.py --jobs ${PREWARM_JOBS:-12} \
     $([ "${SKIP_PAPER:-0}" != 1 ] && echo --paper) 2>&1 | tail -3 | tee -a "$LOG"
