@@ -529,10 +529,15 @@ def _warps(elems_per_program: int, per_thread: int) -> int:
     return max(4, min(32, elems_per_program // (32 * per_thread)))
 
 
+def _few_rows(M: int, sms: int) -> bool:
+    """At most DECODE_MAX_ROWS_PER_SM rows per SM: decode sizes, where the chunking is sized for latency."""
+    return M <= DECODE_MAX_ROWS_PER_SM * sms
+
+
 def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = False, words: bool = False) -> str:
     """``rows``, ``coop`` or ``split`` for an (M rows, N) problem (see the module docstring). ``words``: the
     forward's bf16x2 kernel applies (bf16 rows of unit stride, even N, 4-byte aligned starts)."""
-    few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms and N > DECODE_MIN_N
+    few_rows = _few_rows(M, sms) and N > DECODE_MIN_N
     row_max = BF16X2_ROW_MAX_N if words and not interpret else ROW_MAX_N
     if N <= row_max // (BWD_CHUNK_SCALE if backward else 1) and not few_rows:
         return "rows"
@@ -543,7 +548,7 @@ def choose_path(M: int, N: int, sms: int, interpret: bool, backward: bool = Fals
 
 def _chunking(M: int, N: int, sms: int, backward: bool, words: bool = False) -> tuple[int, int]:
     """(chunk, C). ``words``: many rows in the bf16x2 kernel, which holds a chunk in half the registers."""
-    few_rows = M <= DECODE_MAX_ROWS_PER_SM * sms
+    few_rows = _few_rows(M, sms)
     if backward:
         chunk = BWD_DECODE_CHUNK if few_rows else BWD_COOP_CHUNK
     elif few_rows:
@@ -592,7 +597,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     eligible = _bf16x2_ok(x, out, geo_x, geo_y, N, mode, words)
     # bf16x2 for many rows only: at decode sizes the generic kernel was 0.1-1.1 µs faster on 5 of 6 shapes and
     # 1.8 µs slower on one (32 x 262144), tune-bf16x2-f0cf1a3.log
-    words = eligible and M > DECODE_MAX_ROWS_PER_SM * sms
+    words = eligible and not _few_rows(M, sms)
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, words=words)
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
@@ -614,7 +619,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
-    lse_many = mode == LOGSUMEXP and M > DECODE_MAX_ROWS_PER_SM * sms
+    lse_many = mode == LOGSUMEXP and not _few_rows(M, sms)
     chunk = cfg.pop("chunk", None) or (min(LSE_CHUNK, _pow2(N)) if lse_many else
                                        _chunking(M, N, sms, backward=False, words=bf16x2)[0])
     C = triton.cdiv(N, chunk)
@@ -669,7 +674,7 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
     eligible = path == "coop" and _bf16x2_bwd_ok((geo_y, geo_dy, geo_dx), N, words)
-    bf16x2 = eligible and cfg.pop("bf16x2", M > DECODE_MAX_ROWS_PER_SM * sms)      # many rows, as the forward
+    bf16x2 = eligible and cfg.pop("bf16x2", not _few_rows(M, sms))      # many rows, as the forward
     chunk = cfg.pop("chunk", None) or (BWD_BF16X2_CHUNK if bf16x2 else _chunking(M, N, sms, backward=True)[0])
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", BWD_BF16X2_WARPS if bf16x2 else _warps(chunk, BWD_ELEMS_PER_THREAD))
