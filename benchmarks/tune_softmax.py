@@ -141,6 +141,20 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  copy ceiling {ceiling:.0f} GB/s")
     rows = []
 
+    def save(name):
+        with open(f"{out_dir}/{name}.json", "w") as f:
+            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+
+    def bwd_baseline(m, n, dtype):
+        """Backward inputs at (m, n): rows torch and our default, then (sets, reference, bytes) for variants."""
+        bsets = inputs(m, n, dtype, bwd=True)
+        bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
+        nb3 = 3 * m * n * torch.finfo(dtype).bits // 8
+        record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
+               bsets, nb3, bref)
+        record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
+        return bsets, bref, nb3
+
     def record(kind, m, n, dtype, name, fn, sets, nbytes, ref):
         try:
             out = fn(*sets[0])
@@ -184,20 +198,14 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 record("dec", m, n, bf, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
                 record("dec", m, n, bf, "default", fwd_variant(None), sets, nb, ref)
                 record("dec", m, n, bf, "generic coop", fwd_variant({"bf16x2": False}), sets, nb, ref)
-        with open(f"{out_dir}/tune_bf16x2.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        save("tune_bf16x2")
         return
     if gib in ("bwd", "bwd16"):   # softmax backward (reads y, dy, writes dx) at 1 GiB per tensor
         for dtype in (torch.float32, torch.bfloat16) if gib == "bwd" else (torch.bfloat16,):
             size = torch.finfo(dtype).bits // 8
             for n in (1024, 4096, 16384, 32768, 131072, 262144) if gib == "bwd" else (32768, 131072, 262144):
                 m = GIB // (n * size)
-                bsets = inputs(m, n, dtype, bwd=True)
-                bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
-                nb3 = 3 * m * n * size
-                record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
-                       bsets, nb3, bref)
-                record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
+                bsets, bref, nb3 = bwd_baseline(m, n, dtype)
                 if n <= K.ROW_MAX_N // K.BWD_CHUNK_SCALE:
                     variants = {"waves=2": {"waves": 2}, "waves=8": {"waves": 8}, "tile=4096": {"tile": 4096},
                                 "tile=1024": {"tile": 1024}}
@@ -210,14 +218,15 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                                     for c, w in ((4096, 4), (8192, 8), (16384, 16), (8192, 4), (16384, 8))}
                         variants["generic coop chunk=8192 w=8"] = {"path": "coop", "bf16x2": False, "chunk": 8192,
                                                                    "num_warps": 8}
+                with_log = [name for name in variants if "bf16x2" in name or "generic" in name]
+                if with_log:
+                    lref = torch._log_softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
                 for name, cfg in variants.items():
                     record("bwd", m, n, dtype, name, bwd_variant(cfg), bsets, nb3, bref)
-                    if "bf16x2" in name or "generic" in name:
-                        record("lbwd", m, n, dtype, name, bwd_variant(cfg, log=True), bsets, nb3,
-                               torch._log_softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype))
+                    if name in with_log:
+                        record("lbwd", m, n, dtype, name, bwd_variant(cfg, log=True), bsets, nb3, lref)
                 del bsets, bref
-        with open(f"{out_dir}/tune_gib_{gib}.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        save(f"tune_gib_{gib}")
         return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):
@@ -238,8 +247,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 for name, cfg in variants.items():
                     record("lse", m, n, dtype, name, fwd_variant(cfg, K.LOGSUMEXP), sets, nb, ref)
                 del sets
-        with open(f"{out_dir}/tune_gib_lse.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        save("tune_gib_lse")
         return
     if gib:
         sweeps = GIB_SWEEPS[gib]
@@ -257,8 +265,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb,
                        torch.log_softmax(sets[0][0], -1))
             del sets
-        with open(f"{out_dir}/tune_gib{gib}.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        save(f"tune_gib{gib}")
         return
     if only_long:
         for dtype, n in ((torch.bfloat16, 32768), (torch.float32, 131072), (torch.float32, 262144),
@@ -274,8 +281,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                     record("fwd", m, n, dtype, f"coop chunk={chunk} w={w}",
                            fwd_variant({"path": "coop", "chunk": chunk, "num_warps": w}), sets, nb, ref)
             del sets
-        with open(f"{out_dir}/tune_long.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
+        save("tune_long")
         return
     for dtype in (torch.float32, torch.bfloat16):
         size = torch.finfo(dtype).bits // 8
@@ -306,12 +312,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb,
                    torch.log_softmax(sets[0][0], -1))
             del sets
-            bsets = inputs(m, n, dtype, bwd=True)
-            bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
-            nb3 = 3 * m * n * size
-            record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
-                   bsets, nb3, bref)
-            record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
+            bsets, bref, nb3 = bwd_baseline(m, n, dtype)
             if n > K.ROW_MAX_N // K.BWD_CHUNK_SCALE:
                 for chunk in (2048, 8192):
                     record("bwd", m, n, dtype, f"coop chunk={chunk}",
