@@ -24,7 +24,8 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 STAGE1_SIG = {"x_ptr": "*fp32", "ws_ptr": "*i32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32",
               "k": "i32", "S": "i32", "BS": "i32"}
 MERGE_SIG = {"x_ptr": "*fp32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32", "ws_ptr": "*i32",
-             "val_ptr": "*fp32", "ind_ptr": "*i64", "lse_ptr": "*fp32", "k": "i32", "S": "i32", "BS": "i32"}
+             "out_ptr": "*i32", "val_ptr": "*fp32", "ind_ptr": "*i64", "lse_ptr": "*fp32", "k": "i32", "S": "i32",
+             "BS": "i32", "GS": "i32", "NG": "i32"}
 
 
 def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, int, int]:

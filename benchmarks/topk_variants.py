@@ -75,7 +75,7 @@ def main():
         floor_us = B * V * 4 / 4.25e12 * 1e6
         # stage 1 alone (the default configuration): the rest of the op's time is the merge and launches
         cfg0 = kt.plan(B, V, k, torch.float32)
-        ws = kt._workspace(xs[0].device, kt.workspace_words(B, cfg0))
+        ws = kt._workspace(xs[0].device, kt.workspace_words(B, cfg0))[0]
         t_s1 = do_bench(rot(lambda x: kt.launch(
             kt._topk_chunk_kernel, (B * cfg0.splits,), (x, ws, x.stride(0), x.stride(1), V, k, cfg0.splits,
                                                          B * cfg0.splits), x.device,

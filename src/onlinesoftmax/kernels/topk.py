@@ -89,6 +89,9 @@ class TopKConfig:
     splits: int = 0     # S: programs per row in stage 1
     num_warps: int = 1
     merge_warps: int = 4
+    tree: int = 0       # > 0: two-level merge, first over groups of this many chunks (see softmax_topk_2d)
+    tree_warps: int = 0     # warps of the first level's programs
+    exact_apart: bool = False   # a chunk's exact path (1d) in a launch of its own, not inside the merge
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -100,13 +103,15 @@ def _pow2(n: int) -> int:
 
 
 def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
-                num_warps: int | None = None, esize: int = 4) -> TopKConfig:
+                num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
+                merge_warps: int | None = None, exact_apart: bool | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
-    ``num_warps`` override the choice (tests and the variant timer use them).
+    ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` override the choice (tests and
+    the variant timers use them).
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -134,10 +139,21 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         num_warps = max(1, min(max_warps, block // (32 * ELEMS_PER_THREAD)))
     # the merge also runs a chunk's exact path (1d) at 64 elements per thread; few rows (one wave of
     # programs whatever their size): twice the warps, half the latency
-    merge_warps = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP, num_warps)
+    mw = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP, num_warps)
     if B <= MERGE_FEW_ROWS:
-        merge_warps = min(2 * merge_warps, 16)
-    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, merge_warps)
+        mw = min(2 * mw, 16)
+    tree = 0 if tree is None else min(tree, MERGE_TILE // cap, splits)
+    if tree and triton.cdiv(splits, tree) == 1:
+        tree = 0
+    if tree:
+        ng = triton.cdiv(splits, tree)
+        tw = tree_warps or max(1, min(16, _pow2(tree) * cap // MERGE_SLOTS_PER_WARP))
+        mw = max(1, min(16, _pow2(ng) * cap // MERGE_SLOTS_PER_WARP))
+    else:
+        tw = 0
+    mw = merge_warps or mw
+    exact_apart = bool(exact_apart)
+    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -344,6 +360,16 @@ def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
     tl.store(ws_ptr + 2 * BS + pid, tl.sum(cnt))
 
 
+@triton.jit
+def _topk_exact_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
+    """1d as a launch of its own (``exact_apart``), one program per chunk, between stage 1 and the merge: the
+    merge then carries none of the exact path's registers (its [G, R] tiles made the k = 1024 merge spill)."""
+    pid = tl.program_id(0)
+    if tl.load(ws_ptr + 2 * BS + pid) < 0:
+        _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, pid // S, pid, (pid % S) * BLOCK, BLOCK, R, CAP)
+
+
 # --- stage 2: merge the S chunk states of a row -------------------------------------------------------------
 
 @triton.jit
@@ -374,22 +400,35 @@ def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, CA
 
 
 @triton.jit
-def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS,
+def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
-                       CT: tl.constexpr, FAST: tl.constexpr):
+                       CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr):
+    """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
+    ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
+    state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input."""
     NT: tl.constexpr = SP // CT
-    row = tl.program_id(0)
-    base_s = row * S
+    pid = tl.program_id(0)
+    if OUT_STATE:
+        row = pid // NG
+        c0 = (pid % NG) * GS                    # the group's first chunk in its row
+        SC = tl.minimum(GS, S - c0)
+    else:
+        row = pid
+        c0 = 0
+        SC = S
+    base_s = row * S + c0
     m_ptr = ws_ptr.to(tl.pointer_type(tl.float32))
     n_ptr = ws_ptr + 2 * BS + base_s
     so = tl.arange(0, SP)
-    smask = so < S
+    smask = so < SC
     # 0. chunks stage 1 left to the exact path (n_c = -1), rare
-    if tl.min(tl.load(n_ptr + so, mask=smask, other=0)) < 0:
-        for c in range(S):
-            if tl.load(n_ptr + c, cache_modifier=".cg") < 0:
-                _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, c * BLOCK, BLOCK, R, CAP)
-        tl.debug_barrier()
+    if EXACT:
+        if tl.min(tl.load(n_ptr + so, mask=smask, other=0)) < 0:
+            for c in range(SC):
+                if tl.load(n_ptr + c, cache_modifier=".cg") < 0:
+                    _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, (c0 + c) * BLOCK,
+                                 BLOCK, R, CAP)
+            tl.debug_barrier()
     # 1. (m, d) = ⊕ over the S chunks, in base 2: m = max m_c, d = Σ d_c 2^(m_c − m)   (NaN in any chunk → NaN)
     mc = tl.load(m_ptr + base_s + so, mask=smask, other=float("-inf"), cache_modifier=".cg")
     dc = tl.load(m_ptr + BS + base_s + so, mask=smask, other=0.0)
@@ -397,7 +436,8 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, l
     m = tl.max(tl.where(mc != mc, float("-inf"), mc))
     m = tl.where(has_nan, float("nan"), m)
     d = tl.sum(tl.where(smask, dc * tl.where(mc == m, 1.0, tl.exp2(mc - m)), 0.0))
-    tl.store(lse_ptr + row, (m + tl.log2(d)) * LN2)
+    if not OUT_STATE:
+        tl.store(lse_ptr + row, (m + tl.log2(d)) * LN2)
     # 2. the row's k-th key is >= lo = max_c t_c: chunk c holds k elements >= t_c. (t_c is a lower bound for
     # chunk c's k-th key whichever path it took; every real key is >= the key of -inf.)
     tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN)
@@ -405,11 +445,11 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, l
     # the S·CAP candidate slots of the row (chunk c holds n_c): int64 = value bits | index << 32
     slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64))
     cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
-    keys0, _ = _slot_tile(cand_ptr, n_ptr, S, 0, CT, CAP)
+    keys0, _ = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP)
     kmax = tl.full([], INT32_MIN, tl.int32)
     cnt = 0
     for j in tl.static_range(NT):
-        kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
         kmax = tl.maximum(kmax, tl.max(kj))
         cnt += tl.sum((kj >= lo).to(tl.int32))
     # 3. narrow [lo, hi) (#{key >= lo} >= k > #{key >= hi}) by 4-way splits until <= CAP keys are >= lo, or
@@ -427,7 +467,7 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, l
         c2 = 0
         c3 = 0
         for j in tl.static_range(NT):
-            kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+            kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
             a1, a2, a3 = tl.reduce(tl.reduce(((kj >= th1).to(tl.int32), (kj >= th2).to(tl.int32),
                                               (kj >= th3).to(tl.int32)), 1, _add3), 0, _add3)   # one tree
             c1 += a1
@@ -447,30 +487,51 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, l
         t_gt = t
         n_gt = 0
         for j in tl.static_range(NT):
-            kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+            kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
             n_gt += tl.sum((kj > t).to(tl.int32))
         u = 0
         for i in range(31):
             c_u = u + (1 << (30 - i))
             below = 0
             for j in tl.static_range(NT):
-                kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+                kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
                 eq = kj == t
                 below += tl.sum((eq & (tl.load(cand_ptr + 2 * o + 1, mask=eq, other=0) < c_u)).to(tl.int32))
             u = tl.where(below < k - n_gt, c_u, u)
-    # 4. compact the survivors (<= CAP) and sort them by (key desc, index asc) packed in one int64
-    buf = slots + BS.to(tl.int64) * CAP + row.to(tl.int64) * CAP
+    # 4. compact the survivors (<= CAP) and sort them by (key desc, index asc) packed in one int64; first level
+    # of the tree: they are the group's candidates, unsorted, (value bits, index) as stage 1 stores them
+    BP = tl.num_programs(0)
+    if OUT_STATE:
+        buf = (out_ptr + 4 * BP).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
+    else:
+        buf = slots + BS.to(tl.int64) * CAP + row.to(tl.int64) * CAP
     n = 0
     for j in tl.static_range(NT):
-        kj, o = _tile_j(keys0, cand_ptr, n_ptr, S, j, NT, CT, CAP)
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
         maybe = kj >= t
         idx = tl.load(cand_ptr + 2 * o + 1, mask=maybe, other=0)
         surv = maybe & ((kj > t_gt) | (idx <= u))
         per_c = tl.sum(surv.to(tl.int32), axis=1)
         pos = n + (tl.cumsum(per_c, 0) - per_c)[:, None] + tl.cumsum(surv.to(tl.int32), axis=1) - 1
-        packed = (kj.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
+        if OUT_STATE:
+            packed = (idx.to(tl.int64) << 32) | (_value_of(kj).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+        else:
+            packed = (kj.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
         tl.store(buf + pos, packed, mask=surv)
         n += tl.sum(per_c)
+    if OUT_STATE:
+        out_f = out_ptr.to(tl.pointer_type(tl.float32))
+        tl.store(out_f + pid, m)
+        tl.store(out_f + BP + pid, d)
+        tl.store(out_ptr + 2 * BP + pid, n)
+        tl.store(out_ptr + 3 * BP + pid, t)
+    else:
+        _finish(buf, n, m, d, val_ptr, ind_ptr, row, k, CAP, FAST)
+
+
+@triton.jit
+def _finish(buf, n, m, d, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: tl.constexpr):
+    """The ``n <= CAP`` survivors in ``buf`` sorted; the first k as probabilities and indices."""
     tl.debug_barrier()
     j = tl.arange(0, CAP)
     packed = tl.load(buf + j, mask=j < n, other=-9223372036854775808, cache_modifier=".cg")
@@ -488,17 +549,18 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, l
 
 # --- launcher -----------------------------------------------------------------------------------------------
 
-def workspace_words(B: int, cfg: TopKConfig) -> int:
+def workspace_words(B: int, cfg: TopKConfig, splits: int | None = None) -> int:
     """int32 words of scratch: m_c, d_c, n_c, t_c (B·S each), the candidates (B·S·CAP int64: value bits,
-    index) and the merge's survivors (B·CAP int64), 16-byte aligned."""
-    bs = B * cfg.splits
+    index) and the merge's survivors (B·CAP int64), 16-byte aligned. ``splits``: S of another level."""
+    bs = B * (cfg.splits if splits is None else splits)
     return 4 * bs + 2 * (bs + B) * cfg.cap
 
 
-def _workspace(device: torch.device, words: int) -> torch.Tensor:
-    """Scratch cached per (device, stream), grown when needed (``stream_scratch``). Every launch writes what it
-    reads (stage 1 writes every chunk's state and n_c candidates), so nothing is cleared."""
-    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32),))[0]
+def _workspace(device: torch.device, words: int, words2: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch cached per (device, stream), grown when needed (``stream_scratch``): stage 1's states and the
+    tree's first-level states. Every launch writes what it reads (stage 1 writes every chunk's state and n_c
+    candidates), so nothing is cleared."""
+    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32), (max(words2, 1024), torch.int32)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -508,7 +570,11 @@ def plan(B: int, V: int, k: int, dtype: torch.dtype) -> TopKConfig:
 
 
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
-    """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse."""
+    """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
+
+    Launches: stage 1 (B·S programs); with ``exact_apart`` the chunks' exact paths (B·S, most return at once);
+    the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks each, then B over the
+    NG group states."""
     B, V = x.shape
     cfg = cfg or plan(B, V, k, x.dtype)
     if cfg.path == "sort":
@@ -520,11 +586,25 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     if B == 0:
         return values, indices, lse
     S = cfg.splits
-    ws = _workspace(dev, workspace_words(B, cfg))
+    ng = triton.cdiv(S, cfg.tree) if cfg.tree else 1
+    ws, ws2 = _workspace(dev, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)
     fast = dev.type == "cuda" and not interpret_mode()
+    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
     launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
-           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, num_warps=cfg.num_warps)
-    launch(_topk_merge_kernel, (B,), (x, x.stride(0), x.stride(1), V, ws, values, indices, lse, k, S, B * S), dev,
-           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, SP=_pow2(S), CT=max(1, min(_pow2(S), MERGE_TILE // cfg.cap)),
-           FAST=fast, num_warps=cfg.merge_warps)
+           **blk, FAST=fast, num_warps=cfg.num_warps)
+    if cfg.exact_apart:
+        launch(_topk_exact_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
+               **blk, num_warps=cfg.num_warps)
+    head = (x, x.stride(0), x.stride(1), V)
+    if cfg.tree:
+        sp = _pow2(cfg.tree)
+        launch(_topk_merge_kernel, (B * ng,), head + (ws, ws2, values, indices, lse, k, S, B * S, cfg.tree, ng), dev,
+               **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, num_warps=cfg.tree_warps)
+        ws, S, exact = ws2, ng, False
+    else:
+        exact = not cfg.exact_apart
+    sp = _pow2(S)
+    launch(_topk_merge_kernel, (B,), head + (ws, ws, values, indices, lse, k, S, B * S, S, 1), dev,
+           **blk, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)), FAST=fast, EXACT=exact, OUT_STATE=False,
+           num_warps=cfg.merge_warps)
     return values, indices, lse

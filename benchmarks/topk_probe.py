@@ -1,0 +1,134 @@
+"""Time merge variants of softmax_topk (two-level tree merge, exact path apart, warps) against the default plan,
+with stage 1 alone and torch.topk in the same run; every variant checked against the stable-sort torch path.
+
+Run on the GPU machine: ``PYTHONPATH=src python benchmarks/topk_probe.py --out DIR [--jobs 12]``. The variants'
+kernels are compiled first in parallel processes (each runs every variant of its shape once), then timed in one
+process: ``do_bench`` medians, inputs rotated past L2, the default timed twice (first and last) for the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+
+# (B, V, k): variants as select_path overrides; the default plan is always timed first and last
+T1 = dict(exact_apart=True)
+VARIANTS = {
+    (256, 128256, 50): [T1, dict(tree=16, tree_warps=2), dict(tree=16, tree_warps=1, **T1),
+                        dict(tree=8, tree_warps=1, **T1), dict(tree=32, tree_warps=2, **T1),
+                        dict(tree=16, tree_warps=2, **T1)],
+    (256, 262144, 50): [dict(tree=16, tree_warps=2), dict(tree=16, tree_warps=1, **T1),
+                        dict(tree=32, tree_warps=2, **T1), dict(tree=64, tree_warps=4, **T1)],
+    (1, 128256, 50): [dict(tree=16, tree_warps=2), dict(tree=8, tree_warps=1, **T1),
+                      dict(tree=16, tree_warps=2, **T1)],
+    (256, 128256, 8): [dict(tree=32, tree_warps=1, **T1), dict(tree=64, tree_warps=2, **T1)],
+    (32, 151936, 256): [T1, dict(tree=4, tree_warps=4, **T1), dict(tree=8, tree_warps=8, **T1)],
+    (256, 262144, 256): [T1, dict(tree=4, tree_warps=4, **T1), dict(tree=8, tree_warps=8, **T1)],
+    (1, 128256, 1024): [T1, dict(tree=2, tree_warps=4, **T1), dict(tree=2, tree_warps=8, **T1)],
+    (1, 262144, 1024): [T1, dict(tree=4, tree_warps=8, **T1), dict(tree=4, tree_warps=16, **T1),
+                        dict(tree=2, tree_warps=8, **T1)],
+    (32, 151936, 1024): [T1, dict(tree=4, tree_warps=8, **T1), dict(tree=4, tree_warps=16, **T1)],
+    (256, 128256, 1024): [T1, dict(tree=2, tree_warps=4, **T1), dict(tree=4, tree_warps=8, **T1)],
+    (256, 262144, 1024): [T1, dict(tree=4, tree_warps=8, **T1), dict(tree=4, tree_warps=4, **T1),
+                          dict(tree=2, tree_warps=8, **T1)],
+}
+
+
+def configs(B, V, k):
+    from onlinesoftmax.kernels import topk as kt
+
+    return [kt.select_path(B, V, k)] + [kt.select_path(B, V, k, **o) for o in VARIANTS[(B, V, k)]]
+
+
+def _compile(shape):
+    import torch
+
+    from onlinesoftmax.kernels import topk as kt
+
+    B, V, k = shape
+    x = torch.randn(B, V, device="cuda")
+    t0 = time.time()
+    errs = []
+    for cfg in configs(B, V, k):
+        try:
+            kt.softmax_topk_2d(x, k, cfg)
+            torch.cuda.synchronize()
+        except Exception as e:  # reported again when timed
+            errs.append(f"{cfg}: {type(e).__name__}: {str(e)[:200]}")
+    return shape, time.time() - t0, errs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--jobs", type=int, default=12)
+    args = ap.parse_args()
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(args.jobs) as pool:
+        for shape, dt, errs in pool.imap_unordered(_compile, list(VARIANTS)):
+            print(f"compiled {shape}: {dt:.1f} s {errs}", flush=True)
+    print(f"compile: {time.time() - t0:.1f} s", flush=True)
+
+    import torch
+    from triton.testing import do_bench
+
+    from onlinesoftmax import softmax_topk
+    from onlinesoftmax.kernels import topk as kt
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    rows, lines = [], []
+    for (B, V, k) in VARIANTS:
+        n_sets = max(1, min(16, (3 * l2) // (B * V * 4) + 1))
+        xs = [torch.randn(B, V, device="cuda") for _ in range(n_sets)]
+        st = {"i": 0}
+
+        def rot(fn, xs=xs, n_sets=n_sets):
+            def call():
+                st["i"] += 1
+                return fn(xs[st["i"] % n_sets])
+            return call
+
+        def bench(fn):
+            return do_bench(rot(fn), return_mode="median") * 1e3
+
+        t_topk = bench(lambda x: torch.topk(x, k, -1))
+        cfg0 = kt.plan(B, V, k, torch.float32)
+        ws = kt._workspace(xs[0].device, kt.workspace_words(B, cfg0))[0]
+        t_s1 = bench(lambda x: kt.launch(
+            kt._topk_chunk_kernel, (B * cfg0.splits,), (x, ws, x.stride(0), x.stride(1), V, k, cfg0.splits,
+                                                         B * cfg0.splits), x.device,
+            BLOCK=cfg0.block, R=cfg0.cols, CAP=cfg0.cap, FAST=True, num_warps=cfg0.num_warps))
+        x = xs[0].clone()
+        x[0, : V // 2] = torch.arange(V // 2, device="cuda", dtype=torch.float32)   # exact path in most chunks
+        x[1 % B, ::3] = float("-inf")
+        ref = softmax_topk(x, k, backend="torch")
+        cfgs = configs(B, V, k) + [cfg0]
+        for n, cfg in enumerate(cfgs):
+            try:
+                v, i, lse = kt.softmax_topk_2d(x, k, cfg)
+                torch.cuda.synchronize()
+                ok = bool(torch.equal(i, ref.indices) and torch.allclose(v, ref.values, rtol=2e-5, atol=1e-8)
+                          and torch.allclose(lse, ref.lse, rtol=2e-6, atol=2e-6))
+                us = bench(lambda x, cfg=cfg: kt.softmax_topk_2d(x, k, cfg))
+                err = ""
+            except Exception as e:  # report, keep going
+                ok, us, err = False, None, f"{type(e).__name__}: {str(e)[:300]}"
+            tag = "default" if n in (0, len(cfgs) - 1) else str(VARIANTS[(B, V, k)][n - 1])
+            r = dict(B=B, V=V, k=k, variant=tag, cfg=repr(cfg), ok=ok, us=us, stage1_us=t_s1, torch_topk_us=t_topk,
+                     floor_us=B * V * 4 / 4.25e12 * 1e6, err=err)
+            rows.append(r)
+            line = (f"B{B:4d} V{V:7d} k{k:5d} | {tag:58s} | ok={ok!s:5s} {us if us is None else round(us, 1)!s:>8s} us"
+                    f" | stage1 {t_s1:6.1f} topk {t_topk:7.1f} {err}")
+            lines.append(line)
+            print(line, flush=True)
+            with open(f"{args.out}/probe.json", "w") as f:
+                json.dump(rows, f, indent=1)
+        del xs
+        torch.cuda.empty_cache()
+    print("\n".join(["== summary"] + lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
