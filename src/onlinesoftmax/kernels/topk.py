@@ -148,7 +148,7 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     if tree:
         ng = triton.cdiv(splits, tree)
         tw = tree_warps or max(1, min(16, _pow2(tree) * cap // MERGE_SLOTS_PER_WARP))
-        mw = max(1, min(16, _pow2(ng) * cap // MERGE_SLOTS_PER_WARP))
+        mw = max(1, min(16, _pow2(ng) * cap // MERGE_SLOTS_PER_WARP * (2 if B <= MERGE_FEW_ROWS else 1)))
     else:
         tw = 0
     mw = merge_warps or mw
