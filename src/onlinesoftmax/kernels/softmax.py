@@ -143,24 +143,17 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_arrive(ARRIVE, GEN, row, C):
-    """Arrive at the barrier of `row`, whose C programs meet there. Sense-reversing barrier on two int32 words
-    per row that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on
-    GEN (_row_wait). The arrival is a release: it waits for this program's earlier loads and stores, so a
-    read meant to overlap the wait is issued after it."""
+def _row_barrier(ARRIVE, GEN, row, C):
+    """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
+    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
     gen = tl.atomic_add(GEN + row, 0, sem="acquire")
-    last = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1
-    if last:
+    arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
+    if arrived == C - 1:
         tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
         tl.atomic_add(GEN + row, 1, sem="release")
-    return gen, last
-
-
-@triton.jit
-def _row_wait(GEN, row, gen, last):
-    """Wait until the last program of `row` has arrived: one thread polls with an acquire atomic. (Polling with
-    volatile loads from every thread measured 10-40 % slower on the H200: 512 threads re-reading one word.)"""
-    if not last:
+    else:
+        # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
+        # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
         while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
             pass
 
@@ -233,16 +226,14 @@ def softmax_coop_kernel(
     for row in tl.range(slot, M, SLOTS):
         if PREFETCH:
             x = x_next
+            x_next = _load_chunk(X, row + SLOTS, M, cols, mask, INNER, sxo, sxi, sxn, ACC)   # read x (next row)
         else:
             x = _load_chunk(X, row, M, cols, mask, INNER, sxo, sxi, sxn, ACC)                # read x
         m_c, d_c, e = _state(x, 0)                                           # 1. publish (m_c, d_c)
         tl.store(PART_M + row * C + c, m_c)
         tl.store(PART_D + row * C + c, d_c)
         tl.debug_barrier()
-        gen, last = _row_arrive(ARRIVE, GEN, row, C)                         # 2. wait for the row's chunks,
-        if PREFETCH:                                                         #    reading the next row meanwhile
-            x_next = _load_chunk(X, row + SLOTS, M, cols, mask, INNER, sxo, sxi, sxn, ACC)
-        _row_wait(GEN, row, gen, last)
+        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
@@ -359,6 +350,7 @@ def softmax_coop_bf16x2_kernel(
     for row in tl.range(slot, M, SLOTS):
         if PREFETCH:
             w = w_next
+            w_next = _load_words(X, row + SLOTS, M, words, mask, INNER, sxo, sxi)   # read x (next row)
         else:
             w = _load_words(X, row, M, words, mask, INNER, sxo, sxi)                # read x
         # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
@@ -370,10 +362,7 @@ def softmax_coop_bf16x2_kernel(
         tl.store(PART_M + row * C + c, m_c)
         tl.store(PART_D + row * C + c, d_c)
         tl.debug_barrier()
-        gen, last = _row_arrive(ARRIVE, GEN, row, C)                         # 2. wait for the row's chunks,
-        if PREFETCH:                                                         #    reading the next row meanwhile
-            w_next = _load_words(X, row + SLOTS, M, words, mask, INNER, sxo, sxi)
-        _row_wait(GEN, row, gen, last)
+        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         lo, hi = _bf16_halves(w, 2)
         if MODE == 0:                                                        # 4. y = e^(x - m) / d
@@ -466,15 +455,13 @@ def softmax_bwd_coop_kernel(
         if PREFETCH:
             y = y_next
             dy = dy_next
+            y_next, dy_next = _load_pair(Yp, DY, row + SLOTS, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn,
+                                         ACC)                                # read y, dy (next row)
         else:
             y, dy = _load_pair(Yp, DY, row, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn, ACC)
         tl.store(PART + row * C + c, _grad_sum(y, dy, 0, LOG, SUM))         # 1. publish s_c
         tl.debug_barrier()
-        gen, last = _row_arrive(ARRIVE, GEN, row, C)                         # 2. wait for the row, reading
-        if PREFETCH:                                                         #    the next row meanwhile
-            y_next, dy_next = _load_pair(Yp, DY, row + SLOTS, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn,
-                                         ACC)
-        _row_wait(GEN, row, gen, last)
+        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
         tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn, dx.to(DX.dtype.element_ty),
@@ -521,6 +508,9 @@ def softmax_bwd_coop_bf16x2_kernel(
         if PREFETCH:
             yw = yw_next
             dw = dw_next
+            nxt = row + SLOTS                                                # read y, dy (next row)
+            yw_next = tl.load(_word_row(Yp, nxt, INNER, syo, syi) + words, mask=mask & (nxt < M), other=0)
+            dw_next = tl.load(_word_row(DY, nxt, INNER, sdo, sdi) + words, mask=mask & (nxt < M), other=0)
         else:
             yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)     # read y, dy
             dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
@@ -532,12 +522,7 @@ def softmax_bwd_coop_bf16x2_kernel(
             s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
         tl.store(PART + row * C + c, s_c)
         tl.debug_barrier()
-        gen, last = _row_arrive(ARRIVE, GEN, row, C)                         # 2. wait for the row, reading
-        if PREFETCH:                                                         #    the next row meanwhile
-            nxt = row + SLOTS
-            yw_next = tl.load(_word_row(Yp, nxt, INNER, syo, syi) + words, mask=mask & (nxt < M), other=0)
-            dw_next = tl.load(_word_row(DY, nxt, INNER, sdo, sdi) + words, mask=mask & (nxt < M), other=0)
-        _row_wait(GEN, row, gen, last)
+        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
         y_lo, y_hi = _bf16_halves(yw, 1)                                     # 4. dx, unpacking y and dy again
         dy_lo, dy_hi = _bf16_halves(dw, 1)
