@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (1, 2, lse, bwd, bwd16, coop)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (1, 2, lse, bwd, bwd16)
 """
 
 from __future__ import annotations
@@ -227,46 +227,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                         record("lbwd", m, n, dtype, name, bwd_variant(cfg, log=True), bsets, nb3, lref)
                 del bsets, bref
         save(f"tune_gib_{gib}")
-        return
-    if gib == "coop":     # coop path, many rows: one row per program (old) vs a persistent grid with prefetch
-        shapes = ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 16384),
-                  (torch.bfloat16, 32768), (torch.bfloat16, 131072), (torch.bfloat16, 262144))
-        for dtype, n in shapes:
-            size = torch.finfo(dtype).bits // 8
-            m = GIB // (n * size)
-            sets = inputs(m, n, dtype)
-            ref = torch.softmax(sets[0][0], -1)
-            nb = 2 * m * n * size
-            record("fwd", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
-            record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
-            shapes_cw = (((8192, 8), (4096, 8), (4096, 4)) if size == 4 else
-                         ((16384, 8), (8192, 4), (8192, 8), (4096, 4)))
-            for chunk, w in shapes_cw[:2]:
-                record("fwd", m, n, dtype, f"one row/program chunk={chunk} w={w}",
-                       fwd_variant(dict(path="coop", persist=False, chunk=chunk, num_warps=w)), sets, nb, ref)
-            for chunk, w in shapes_cw:
-                for waves in (1, 2, 3, 4):
-                    record("fwd", m, n, dtype, f"persist chunk={chunk} w={w} waves={waves}",
-                           fwd_variant(dict(path="coop", chunk=chunk, num_warps=w, waves=waves)), sets, nb, ref)
-            record("fwd", m, n, dtype, f"persist no prefetch chunk={shapes_cw[0][0]} waves=4",
-                   fwd_variant(dict(path="coop", chunk=shapes_cw[0][0], num_warps=shapes_cw[0][1], waves=4,
-                                    prefetch=False)), sets, nb, ref)
-            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb,
-                   torch.log_softmax(sets[0][0], -1))
-            del sets
-            if n < 32768:
-                continue
-            bsets, bref, nb3 = bwd_baseline(m, n, dtype)
-            bcw = ((8192, 8), (4096, 8), (4096, 4)) if size == 4 else ((16384, 8), (8192, 8), (8192, 4))
-            record("bwd", m, n, dtype, f"one row/program chunk={bcw[0][0]} w={bcw[0][1]}",
-                   bwd_variant(dict(path="coop", persist=False, chunk=bcw[0][0], num_warps=bcw[0][1])),
-                   bsets, nb3, bref)
-            for chunk, w in bcw:
-                for waves in (1, 2, 4):
-                    record("bwd", m, n, dtype, f"persist chunk={chunk} w={w} waves={waves}",
-                           bwd_variant(dict(path="coop", chunk=chunk, num_warps=w, waves=waves)), bsets, nb3, bref)
-            del bsets, bref
-        save("tune_gib_coop")
         return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):

@@ -436,7 +436,7 @@ def test_gpu_bound_launch_alignment_and_devices(n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,kernel", [(300, 131072, "bf16x2"), (600, 32768, "bf16x2"), (3, 151936, "coop")])
+@pytest.mark.parametrize("m,n,kernel", [(300, 131072, "bf16x2"), (600, 32768, "bf16x2"), (3, 151936, "chunks")])
 def test_gpu_bf16x2_coop_kernel_and_its_fallbacks(m, n, kernel):
     """Many bf16 coop rows of unit stride, even N and 4-byte aligned starts run the packed kernel; an odd start,
     an odd N, strided columns and decode sizes do not; rows holding ±inf / NaN / all -inf keep torch's
@@ -444,7 +444,7 @@ def test_gpu_bf16x2_coop_kernel_and_its_fallbacks(m, n, kernel):
     base = (torch.randn(m, n + 2, device="cuda") * 4).to(torch.bfloat16)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3] = float("-inf")
-    fallback = ("coop", "coop") if n > K.ROW_MAX_N or m <= 264 else ("rows", None)
+    fallback = ("coop", "chunks") if n > K.ROW_MAX_N or m <= 264 else ("rows", None)
     cases = [(base[:, :n], ("coop", kernel)), (base[:, 1:n + 1], fallback), (base[:, :n - 1], fallback),
              (base.t().contiguous()[:n].t(), fallback)]
     for x, (path, kern) in cases:
@@ -462,47 +462,12 @@ def test_gpu_bf16x2_backward_and_its_fallbacks(m, n):
     and 4-byte aligned starts; dy starting on an odd element, or an odd N, takes the generic kernel."""
     x = (torch.randn(m, n, device="cuda") * 4).to(torch.bfloat16)
     gbase = torch.randn(m, n + 2, device="cuda").to(torch.bfloat16)
-    cases = [(x, gbase[:, :n], "bf16x2"), (x, gbase[:, 1:n + 1], "coop"), (x[:, :n - 1], gbase[:, :n - 1], "coop")]
+    cases = [(x, gbase[:, :n], "bf16x2"), (x, gbase[:, 1:n + 1], "chunks"), (x[:, :n - 1], gbase[:, :n - 1], "chunks")]
     for xx, g, kern in cases:
         for fn, torch_fn in ((oss.softmax, torch.softmax), (oss.log_softmax, torch.log_softmax)):
             assert_grad_like_eager(fn, torch_fn, xx, g, "triton")
             info = K.last_launch()
             assert (info["path"], info["kernel"]) == ("coop", kern), (g.stride(), g.storage_offset(), info)
-
-
-def test_coop_grid_persistent_for_many_rows():
-    """Many rows: about COOP_WAVES programs per SM, C per row slot, rows dealt evenly, next row prefetched;
-    few rows (decode): one row per program."""
-    many = K.DECODE_MAX_ROWS_PER_SM * H200_SMS + 1
-    for m, c in ((many, 16), (2048, 16), (1024, 32), (4096, 8), (many, 128)):
-        slots, prefetch = K._coop_grid({}, m, c, H200_SMS)
-        assert prefetch and 1 <= slots < m and slots * c <= max(K.COOP_WAVES * H200_SMS, c)
-        rounds = -(-m // slots)
-        assert -(-m // rounds) == slots                 # no slot idle in the last round but the remainder's
-    assert K._coop_grid({}, 8, 32, H200_SMS) == (8, False)
-    assert K._coop_grid({"persist": False}, 4096, 8, H200_SMS) == (4096, False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_persistent_coop_rows_dealt_to_slots(dtype):
-    """Many long rows: programs loop over rows (slots < M) with the next row prefetched; special rows at the
-    first and last rows and mid-way, forward and backward against torch."""
-    m, n = 1100, 65536
-    x = (torch.randn(m, n, device="cuda") * 4).to(dtype)
-    x[0, :] = float("-inf")
-    x[m // 2, 9], x[m // 3, 4], x[m - 1, 17] = float("inf"), float("nan"), float("-inf")
-    for name in ("softmax", "log_softmax"):
-        out = FNS[name][0](x, -1)
-        info = K.last_launch()
-        assert info["path"] == "coop" and info["prefetch"] and info["slots"] < m, info
-        assert_matches_low_precision_eager(name, out, x, -1)
-    xf = torch.randn(m, n, device="cuda").to(dtype)
-    g = torch.randn_like(xf)
-    for fn, torch_fn in ((oss.softmax, torch.softmax), (oss.log_softmax, torch.log_softmax)):
-        assert_grad_like_eager(fn, torch_fn, xf, g, "triton")
-        info = K.last_launch()
-        assert info["path"] == "coop" and info["prefetch"] and info["slots"] < m, info
 
 
 def test_launch_plan_cached_per_problem():

@@ -79,7 +79,6 @@ BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
-COOP_WAVES = 2               # coop, many rows: a persistent grid of about this many programs per SM
 BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
 BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
 BWD_COOP_CHUNK = 8192        # backward long rows, BWD_ELEMS_PER_THREAD (8 warps): 1 GiB, fp32 99.7 / 95.5 / 91.7 %
@@ -200,56 +199,16 @@ def softmax_rows_kernel(
 
 # ---- forward: a row cut into C chunks ------------------------------------------------------------------
 @triton.jit
-def _load_chunk(X, row, M, cols, mask, INNER, so, si, sn, ACC: tl.constexpr):
-    """Chunk `cols` of row `row` (nothing is read for a row past M: all masked)."""
-    off = _row_offsets(row, INNER, so, si) + cols.to(tl.int64) * sn
-    return tl.load(X + off, mask=mask & (row < M), other=float("-inf")).to(ACC)
-
-
-@triton.jit
-def softmax_coop_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, M, N, INNER, sxo, sxi, sxn, syo, syi, syn, C, SLOTS,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """Program (slot, c) owns chunk c of rows slot, slot + SLOTS, ... (SLOTS = M: one row per program; fewer:
-    a persistent grid). Per row: read the chunk, publish (m_c, d_c), wait at the row barrier, merge with ⊕,
-    write y from registers. With PREFETCH the chunk of the program's next row is read before this row's
-    barrier, so the wait overlaps a read."""
-    pid = tl.program_id(0)
-    slot = pid // C
-    c = pid % C
-    cols = c * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < N
-    k = tl.arange(0, C_POW2)
-    if PREFETCH:
-        x_next = _load_chunk(X, slot, M, cols, mask, INNER, sxo, sxi, sxn, ACC)
-    for row in tl.range(slot, M, SLOTS):
-        if PREFETCH:
-            x = x_next
-            x_next = _load_chunk(X, row + SLOTS, M, cols, mask, INNER, sxo, sxi, sxn, ACC)   # read x (next row)
-        else:
-            x = _load_chunk(X, row, M, cols, mask, INNER, sxo, sxi, sxn, ACC)                # read x
-        m_c, d_c, e = _state(x, 0)                                           # 1. publish (m_c, d_c)
-        tl.store(PART_M + row * C + c, m_c)
-        tl.store(PART_D + row * C + c, d_c)
-        tl.debug_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row's chunks
-        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
-        y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
-        y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
-        tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
-
-
-@triton.jit
 def softmax_chunks_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
 ):
-    """Program (row, c) owns chunk c of its row; nobody waits, so it also runs in the interpreter.
+    """Program (row, c) owns chunk c of its row.
 
+    PHASE 0 (coop):    read chunk, publish (m_c, d_c), row barrier, merge with ⊕, write y from registers.
     PHASE 1 (publish): read chunk, publish (m_c, d_c); for LOGSUMEXP the last program of the row to arrive
-                       merges and writes lse.
-    PHASE 2 (finish):  merge the published states, re-read the chunk, write y (`split`).
+                       merges and writes lse (nobody waits, so it also runs in the interpreter).
+    PHASE 2 (finish):  merge the published states, re-read the chunk, write y (`split`, interpreter only).
     """
     pid = tl.program_id(0)
     row = pid // C
@@ -258,20 +217,26 @@ def softmax_chunks_kernel(
     mask = cols < N
     x_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
     x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)          # read x
-    m_c, d_c, e = _state(x, 0)
     k = tl.arange(0, C_POW2)
-    if PHASE == 1:
-        tl.store(PART_M + pid, m_c)                                         # 1. publish (m_c, d_c)
+    if PHASE != 2:
+        # 1. publish this chunk's state (m_c, d_c)
+        m_c, d_c, e = _state(x, 0)
+        tl.store(PART_M + pid, m_c)
         tl.store(PART_D + pid, d_c)
+        tl.debug_barrier()
+    if PHASE == 1:
         if MODE == 2:
-            tl.debug_barrier()
             if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
                 tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
-                m, d = _merge_row(PART_M, PART_D, row, C, k)                 # 2. (m, d) = ⊕_c (m_c, d_c)
+                m, d = _merge_row(PART_M, PART_D, row, C, k)
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
-        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 2. (m, d) = ⊕_c (m_c, d_c)
-        y = _normalise(x, e, m_c, m, d, MODE)                                # 3. y from registers
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
+        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
+        if PHASE == 2:
+            m_c, _, e = _state(x, 0)
+        y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
         tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
 
@@ -305,12 +270,13 @@ def _bf16_halves(w, FORM: tl.constexpr):
 
 @triton.jit
 def _chunk_words(N, C, CHUNK: tl.constexpr):
-    """Program (slot, c) of a bf16x2 kernel: its slot, and chunk c's int32 words (two bf16 each) with their
+    """Program (row, c) of a bf16x2 kernel: its id, row, and chunk c's int32 words (two bf16 each) with their
     mask; N is even."""
     pid = tl.program_id(0)
+    row = pid // C
     HALF: tl.constexpr = CHUNK // 2
     words = (pid % C) * HALF + tl.arange(0, HALF)
-    return pid // C, pid % C, words, words < N // 2
+    return pid, row, words, words < N // 2
 
 
 @triton.jit
@@ -327,54 +293,41 @@ def _pack_bf16x2(lo, hi):
 
 
 @triton.jit
-def _load_words(X, row, M, words, mask, INNER, so, si):
-    """Words of a bf16 row; padding (and rows past M) 0xFF80FF80 = (-inf, -inf)."""
-    return tl.load(_word_row(X, row, INNER, so, si) + words, mask=mask & (row < M), other=-8323200)
-
-
-@triton.jit
 def softmax_coop_bf16x2_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, M, N, INNER, sxo, sxi, syo, syi, C, SLOTS,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr,
 ):
     """The coop path for bf16 rows of unit stride and even N: x is read and held as int32 words of two
     elements, one register per two elements where fp32 e^(x - m_c) needs one per element, so a program
     holds twice the chunk and an SM twice the bytes in flight (bf16 at 8192 elements per program
     reached 59-61 % of copy against fp32's 76-81 % at the same register footprint: tune-long.log; this kernel
-    66-78 % at N = 32K-256K: tune-bf16x2-f0cf1a3.log). Rows, slots and PREFETCH as softmax_coop_kernel.
-    Offsets here count words (element offset / 2; the plan checks that strides are even)."""
-    slot, c, words, mask = _chunk_words(N, C, CHUNK)
-    k = tl.arange(0, C_POW2)
-    if PREFETCH:
-        w_next = _load_words(X, slot, M, words, mask, INNER, sxo, sxi)
-    for row in tl.range(slot, M, SLOTS):
-        if PREFETCH:
-            w = w_next
-            w_next = _load_words(X, row + SLOTS, M, words, mask, INNER, sxo, sxi)   # read x (next row)
-        else:
-            w = _load_words(X, row, M, words, mask, INNER, sxo, sxi)                # read x
-        # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
-        lo, hi = _bf16_halves(w, 0)
-        m_c = tl.max(tl.maximum(lo, hi), axis=0)
-        s_c = _shift(m_c)
-        lo, hi = _bf16_halves(w, 1)
-        d_c = tl.sum(tl.exp(lo - s_c) + tl.exp(hi - s_c), axis=0)
-        tl.store(PART_M + row * C + c, m_c)
-        tl.store(PART_D + row * C + c, d_c)
-        tl.debug_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row's chunks
-        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
-        lo, hi = _bf16_halves(w, 2)
-        if MODE == 0:                                                        # 4. y = e^(x - m) / d
-            s = _shift(m)
-            scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
-            y_lo = tl.exp(lo - s) * scale
-            y_hi = tl.exp(hi - s) * scale
-        else:                                                                #    y = x - (m + log d)
-            b = m + tl.where(m == float("inf"), float("nan"), tl.log(d))  # (16 registers fewer than (x - m) - log d;
-            y_lo = lo - b                                                 # the difference is far below bf16's ulp)
-            y_hi = hi - b
-        tl.store(_word_row(Y, row, INNER, syo, syi) + words, _pack_bf16x2(y_lo, y_hi), mask=mask)   # write y
+    66-78 % at N = 32K-256K: tune-bf16x2-f0cf1a3.log). Offsets here count words (element offset / 2; the
+    plan checks that strides are even)."""
+    pid, row, words, mask = _chunk_words(N, C, CHUNK)
+    # read x; padding 0xFF80FF80 = (-inf, -inf)
+    w = tl.load(_word_row(X, row, INNER, sxo, sxi) + words, mask=mask, other=-8323200)
+    # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
+    lo, hi = _bf16_halves(w, 0)
+    m_c = tl.max(tl.maximum(lo, hi), axis=0)
+    s_c = _shift(m_c)
+    lo, hi = _bf16_halves(w, 1)
+    d_c = tl.sum(tl.exp(lo - s_c) + tl.exp(hi - s_c), axis=0)
+    tl.store(PART_M + pid, m_c)
+    tl.store(PART_D + pid, d_c)
+    tl.debug_barrier()
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
+    m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
+    lo, hi = _bf16_halves(w, 2)
+    if MODE == 0:                                                            # 4. y = e^(x - m) / d
+        s = _shift(m)
+        scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
+        y_lo = tl.exp(lo - s) * scale
+        y_hi = tl.exp(hi - s) * scale
+    else:                                                                    #    y = x - (m + log d)
+        b = m + tl.where(m == float("inf"), float("nan"), tl.log(d))  # (16 registers fewer than (x - m) - log d;
+        y_lo = lo - b                                                 # the difference is far below bf16's ulp)
+        y_hi = hi - b
+    tl.store(_word_row(Y, row, INNER, syo, syi) + words, _pack_bf16x2(y_lo, y_hi), mask=mask)   # write y
 
 
 # ---- backward ---------------------------------------------------------------------------------------
@@ -426,109 +379,61 @@ def softmax_bwd_rows_kernel(
 
 
 @triton.jit
-def _load_pair(Yp, DY, row, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn, ACC: tl.constexpr):
-    """Chunk `cols` of row `row` of y and dy; padding (and rows past M) y = dy = 0 adds nothing to either sum."""
-    c64 = cols.to(tl.int64)
-    mask = mask & (row < M)
-    y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(ACC)
-    dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(ACC)
-    return y, dy
-
-
-@triton.jit
-def softmax_bwd_coop_kernel(
-    Yp, DY, DX, PART, ARRIVE, GEN, M, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C, SLOTS,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, LIBDEVICE: tl.constexpr,
-    ACC: tl.constexpr, SUM: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """Long rows: chunk c of y and dy of rows slot, slot + SLOTS, ... in registers (slots and PREFETCH as
-    softmax_coop_kernel); the partial sums s_c meet at the row barrier."""
-    pid = tl.program_id(0)
-    slot = pid // C
-    c = pid % C
-    cols = c * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < N
-    k = tl.arange(0, C_POW2)
-    if PREFETCH:
-        y_next, dy_next = _load_pair(Yp, DY, slot, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn, ACC)
-    for row in tl.range(slot, M, SLOTS):
-        if PREFETCH:
-            y = y_next
-            dy = dy_next
-            y_next, dy_next = _load_pair(Yp, DY, row + SLOTS, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn,
-                                         ACC)                                # read y, dy (next row)
-        else:
-            y, dy = _load_pair(Yp, DY, row, M, cols, mask, INNER, syo, syi, syn, sdo, sdi, sdn, ACC)
-        tl.store(PART + row * C + c, _grad_sum(y, dy, 0, LOG, SUM))         # 1. publish s_c
-        tl.debug_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row
-        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
-        dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
-        tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn, dx.to(DX.dtype.element_ty),
-                 mask=mask)
-
-
-@triton.jit
 def softmax_bwd_chunks_kernel(
-    Yp, DY, DX, PART, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr, LIBDEVICE: tl.constexpr,
     ACC: tl.constexpr, SUM: tl.constexpr,
 ):
-    """Long rows without waiting (`split`): partial sums s_c are published (PHASE 1) and finished by a second
-    launch that re-reads the chunk (PHASE 2)."""
+    """Long rows: chunk c of y and dy in registers; partial sums s_c meet at the row barrier (PHASE 0), or
+    are published (PHASE 1) and finished by a second launch that re-reads the chunk (PHASE 2, interpreter)."""
     pid = tl.program_id(0)
     row = pid // C
-    cols = (pid % C) * CHUNK + tl.arange(0, CHUNK)
-    y, dy = _load_pair(Yp, DY, row, row + 1, cols, cols < N, INNER, syo, syi, syn, sdo, sdi, sdn, ACC)
-    if PHASE == 1:
+    c = pid % C
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < N
+    c64 = cols.to(tl.int64)
+    y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(ACC)
+    dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(ACC)
+    if PHASE != 2:
         tl.store(PART + pid, _grad_sum(y, dy, 0, LOG, SUM))                 # 1. publish s_c
-    else:
+        tl.debug_barrier()
+    if PHASE != 1:
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
         k = tl.arange(0, C_POW2)
-        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0), axis=0).to(ACC)   # 2. s = sum s_c
-        dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 3. dx from registers
-        tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn, dx.to(DX.dtype.element_ty),
-                 mask=cols < N)
+        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
+        dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
+        tl.store(DX + _row_offsets(row, INNER, sxo, sxi) + c64 * sxn, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def softmax_bwd_coop_bf16x2_kernel(
-    Yp, DY, DX, PART, ARRIVE, GEN, M, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C, SLOTS,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PREFETCH: tl.constexpr,
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr,
 ):
     """The backward's coop path for bf16 rows of unit stride and even N, as softmax_coop_bf16x2_kernel: y and
     dy are held across the row barrier as int32 words of two elements (one register per two elements of each)
     and unpacked again after it. Offsets count words (element offset / 2; the plan checks even strides)."""
-    slot, c, words, mask = _chunk_words(N, C, CHUNK)
+    pid, row, words, mask = _chunk_words(N, C, CHUNK)
+    # read y and dy; padding 0 = (+0.0, +0.0) adds nothing to either sum
+    yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)
+    dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
+    dy_lo, dy_hi = _bf16_halves(dw, 0)                                       # 1. publish s_c
+    if LOG:
+        s_c = tl.sum(dy_lo + dy_hi, axis=0)
+    else:
+        y_lo, y_hi = _bf16_halves(yw, 0)
+        s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
+    tl.store(PART + pid, s_c)
+    tl.debug_barrier()
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row
     k = tl.arange(0, C_POW2)
-    # padding 0 = (+0.0, +0.0) adds nothing to either sum
-    if PREFETCH:
-        yw_next = tl.load(_word_row(Yp, slot, INNER, syo, syi) + words, mask=mask & (slot < M), other=0)
-        dw_next = tl.load(_word_row(DY, slot, INNER, sdo, sdi) + words, mask=mask & (slot < M), other=0)
-    for row in tl.range(slot, M, SLOTS):
-        if PREFETCH:
-            yw = yw_next
-            dw = dw_next
-            nxt = row + SLOTS                                                # read y, dy (next row)
-            yw_next = tl.load(_word_row(Yp, nxt, INNER, syo, syi) + words, mask=mask & (nxt < M), other=0)
-            dw_next = tl.load(_word_row(DY, nxt, INNER, sdo, sdi) + words, mask=mask & (nxt < M), other=0)
-        else:
-            yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)     # read y, dy
-            dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
-        dy_lo, dy_hi = _bf16_halves(dw, 0)                                   # 1. publish s_c
-        if LOG:
-            s_c = tl.sum(dy_lo + dy_hi, axis=0)
-        else:
-            y_lo, y_hi = _bf16_halves(yw, 0)
-            s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
-        tl.store(PART + row * C + c, s_c)
-        tl.debug_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row
-        s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
-        y_lo, y_hi = _bf16_halves(yw, 1)                                     # 4. dx, unpacking y and dy again
-        dy_lo, dy_hi = _bf16_halves(dw, 1)
-        dx_lo = _grad(y_lo, dy_lo, s, LOG, False)                           # fast exp: dx is bf16 (see _grad)
-        dx_hi = _grad(y_hi, dy_hi, s, LOG, False)
-        tl.store(_word_row(DX, row, INNER, sxo, sxi) + words, _pack_bf16x2(dx_lo, dx_hi), mask=mask)  # write dx
+    s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
+    y_lo, y_hi = _bf16_halves(yw, 1)                                         # 4. dx, unpacking y and dy again
+    dy_lo, dy_hi = _bf16_halves(dw, 1)
+    dx_lo = _grad(y_lo, dy_lo, s, LOG, False)                               # fast exp: dx is bf16 (see _grad)
+    dx_hi = _grad(y_hi, dy_hi, s, LOG, False)
+    tl.store(_word_row(DX, row, INNER, sxo, sxi) + words, _pack_bf16x2(dx_lo, dx_hi), mask=mask)  # write dx
 
 
 # ---- launchers: choose a path once per problem, then launch -----------------------------------------------
@@ -660,19 +565,9 @@ def _chunking(M: int, N: int, sms: int, backward: bool, words: bool = False) -> 
 
 
 def _chunk_launches(fn, path: str, grid: tuple, meta: dict) -> list:
-    """split: publish (PHASE 1), then finish (PHASE 2); logsumexp (``chunks``): PHASE 1."""
-    phases = (1,) if path == "chunks" else (1, 2)
+    """coop: one launch (PHASE 0); split: publish (PHASE 1), then finish (PHASE 2); logsumexp: PHASE 1."""
+    phases = (0,) if path == "coop" else (1,) if path == "chunks" else (1, 2)
     return [BoundKernel(fn, grid, dict(meta, PHASE=p)) for p in phases]
-
-
-def _coop_grid(cfg: dict, M: int, C: int, sms: int) -> tuple[int, bool]:
-    """(SLOTS, PREFETCH) of a coop launch. Many rows: a persistent grid of about COOP_WAVES programs per SM,
-    each reading its next row's chunk before this row's barrier, rows dealt evenly to the slots. Few rows
-    (decode): one row per program, nothing to prefetch."""
-    persist = cfg.pop("persist", not _few_rows(M, sms))
-    prefetch = cfg.pop("prefetch", persist)
-    slots = max(1, min(M, cfg.pop("waves", COOP_WAVES) * sms // C)) if persist else M
-    return triton.cdiv(M, triton.cdiv(M, slots)), prefetch
 
 
 def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = None) -> str:
@@ -731,24 +626,19 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     warps = cfg.pop("num_warps", LSE_CHUNK_WARPS if lse_many else _warps(chunk, 64 if bf16x2 else 32))
     part_dtype = torch.float64 if acc == tl.float64 else torch.float32
     options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
-    if mode == LOGSUMEXP:
-        path = "chunks"
-    kernel = "bf16x2" if bf16x2 else "coop" if path == "coop" else "chunks"
-    record = dict(path=path, kernel=kernel, chunk=chunk, chunks=C, num_warps=warps, grid=M * C, **options)
-    if path != "coop":
-        # workspace order in the kernel: PART_M, PART_D, ARRIVE
-        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps, **options)
-        launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
-        return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), (M, M * C, part_dtype, (2, 3, 0)), record)
-    slots, prefetch = _coop_grid(cfg, M, C, sms)
-    record.update(grid=slots * C, slots=slots, prefetch=prefetch)
-    workspace = (M, M * C, part_dtype, (2, 3, 0, 1))   # order in the kernels: PART_M, PART_D, ARRIVE, GEN
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, PREFETCH=prefetch, num_warps=warps, **options)
+    record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
+                  grid=M * C, **options)
+    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN
+    workspace = (M, M * C, part_dtype, (2, 3, 0, 1))
     if bf16x2:
-        return _Plan(path, [BoundKernel(softmax_coop_bf16x2_kernel, (slots * C,), meta)],
-                     (M, N, INNER, *geo_x[:2], *geo_y[:2], C, slots), workspace, record)
-    return _Plan(path, [BoundKernel(softmax_coop_kernel, (slots * C,), dict(meta, ACC=acc))],
-                 (M, N, INNER, *geo_x, *geo_y, C, slots), workspace, record)
+        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, num_warps=warps, **options)
+        return _Plan(path, [BoundKernel(softmax_coop_bf16x2_kernel, (M * C,), meta)],
+                     (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
+    if mode == LOGSUMEXP:
+        path = record["path"] = "chunks"
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps, **options)
+    launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
+    return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
@@ -788,20 +678,15 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     chunk = cfg.pop("chunk", None) or (BWD_BF16X2_CHUNK if bf16x2 else _chunking(M, N, sms, backward=True)[0])
     C = triton.cdiv(N, chunk)
     warps = cfg.pop("num_warps", BWD_BF16X2_WARPS if bf16x2 else _warps(chunk, BWD_ELEMS_PER_THREAD))
-    kernel = "bf16x2" if bf16x2 else "coop" if path == "coop" else "chunks"
-    record = dict(path=path, kernel=kernel, chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-    part = torch.float64 if types["SUM"] == tl.float64 and not bf16x2 else torch.float32
-    if path != "coop":
-        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), num_warps=warps, **types)
-        launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
-        return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, part, (2,)), record)
-    slots, prefetch = _coop_grid(cfg, M, C, sms)
-    record.update(grid=slots * C, slots=slots, prefetch=prefetch)
-    workspace = (M, M * C, part, (2, 0, 1))            # order in the kernels: PART, ARRIVE, GEN
+    record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
+                  grid=M * C)
     if bf16x2:
-        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, PREFETCH=prefetch, num_warps=warps)
-        return _Plan(path, [BoundKernel(softmax_bwd_coop_bf16x2_kernel, (slots * C,), meta)],
-                     (M, N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C, slots), workspace, record)
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), PREFETCH=prefetch, num_warps=warps, **types)
-    return _Plan(path, [BoundKernel(softmax_bwd_coop_kernel, (slots * C,), meta)],
-                 (M, N, INNER, *geo_y, *geo_dy, *geo_dx, C, slots), workspace, record)
+        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
+        return _Plan(path, [BoundKernel(softmax_bwd_coop_bf16x2_kernel, (M * C,), meta)],
+                     (N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C), (M, M * C, torch.float32, (2, 0, 1)),
+                     record)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), num_warps=warps, **types)
+    launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
+    # workspace order in the kernels: PART, ARRIVE, GEN
+    part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
+    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, part, (2, 0, 1)), record)
