@@ -165,13 +165,16 @@ def test_select_path_thresholds():
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
     assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
-    assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4
+    assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4 and not c.tree and not c.exact_apart
+    c = kt.select_path(256, 262144, 50)                    # 128 x 128 slots would stream: a two-level merge
+    assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (kt.TREE_SLOTS_SMALL_K // 128, 2, 1, False)
     c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
     assert (c.block, c.cols, c.cap, c.num_warps) == (2048, 256, 32, 1)
     c = kt.select_path(32, 262144, 256)                    # R = 2·KP = 512 columns; the merge fits its tile
     assert (c.block, c.cols, c.cap, c.num_warps, c.splits) == (16384, 512, 512, 8, 16)
-    c = kt.select_path(1, 151936, 1024)                    # R = MAX_COLS; the merge holds <= 32768 slots
-    assert (c.block, c.cols, c.cap, c.splits, c.num_warps) == (16384, 1024, 2048, 10, 8)
+    c = kt.select_path(1, 151936, 1024)                    # R = 2·KP = MAX_COLS; groups of 4 chunks, then the row
+    assert (c.block, c.cols, c.cap, c.splits, c.num_warps) == (16384, 2048, 2048, 10, 8)
+    assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (4, 8, 8, True)
     assert kt.select_path(4, 5000, 5000).path == "sort"            # k beyond MAX_FUSED_K
     assert kt.select_path(2, 10, 10).block == 128 and kt.select_path(2, 10, 10).cols == 128
     assert kt.select_path(1, 10 ** 7, 2048).path == "sort"         # too many slots for one merge program
@@ -183,6 +186,9 @@ def test_select_path_thresholds():
                 assert c.block // (32 * c.num_warps) == kt.ELEMS_PER_THREAD          # 64 elements per thread
                 assert kt._pow2(c.splits) * c.cap <= kt.MERGE_MAX_SLOTS
                 assert (c.block, c.num_warps) == ((2048, 1) if k <= 50 else (c.block, c.num_warps))
+                streams = kt._pow2(c.splits) * c.cap > kt.MERGE_TILE
+                assert bool(c.tree) == streams and c.exact_apart == (streams and k >= 256)
+                assert c.tree * c.cap <= kt.MERGE_TILE
 
 
 # --- the Triton kernels (interpreter on CPU, small sizes) ---------------------------------------------------
@@ -244,8 +250,8 @@ def test_kernel_merge_streams_tiles(kernel_device, monkeypatch):
     gen = torch.Generator().manual_seed(9)
     x = torch.cat([torch.randn(1, 3000, generator=gen), _special_rows(3000, gen)[[3, 8]]]).to(kernel_device)
     for k in (33,):
-        cfg, out = _run_cfg(x, k, block=256)
-        assert kt._pow2(cfg.splits) * cfg.cap > 256
+        cfg, out = _run_cfg(x, k, block=256, tree=0)
+        assert kt._pow2(cfg.splits) * cfg.cap > 256 and not cfg.tree
         assert_matches_ref(out, x, k)
 
 

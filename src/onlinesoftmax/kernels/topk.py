@@ -56,7 +56,8 @@ MAX_FUSED_K = 2048                  # k above this (after rounding up to a power
 MIN_KP = 16                         # candidate lists are at least this long (tl.sort / tl.arange sizes)
 CAP_FACTOR = 2                      # CAP = 2·KP candidate slots per chunk, and survivors in the merge
 COLS_PER_KP = 2                     # R = 2·KP column maxima per chunk: ≈ k·(1 + k/2R) <= 1.25·k candidates
-MAX_COLS = 1024                     # k = 1024: R = KP, ≈ 1.5·k candidates in 2·KP slots
+MAX_COLS = 2048                     # R = 2·KP up to k = 1024 (with R = KP = 1024, t was the smallest column maximum:
+                                    # ≈ 5700 candidates per 16384-element chunk > CAP, every chunk took the exact path)
 COARSE_BITS = 16                    # bits of a threshold that only has to be a lower bound
 RADIX_BITS = 3                      # stage 1: bits per bisection step (2^3 − 1 counts packed in one int64 sum;
                                     # 2 bits when R >= 512, as a count then needs more than 9 bits)
@@ -67,7 +68,11 @@ MERGE_SLOTS_PER_WARP = 2048         # merge warps: min(S_pow2 · CAP, MERGE_TILE
 MERGE_FEW_ROWS = 128                # B <= this: twice the merge warps (every row's program runs at once)
 FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
 FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256, 32 x 151936: 54 µs with
-                                    # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2)
+                                    # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2);
+                                    # warps of stage 1 for KP >= FIT_TILE_MIN_KP (R = 2048: 255 registers, no spill)
+TREE_SLOTS_SMALL_K = 2048           # the merge would stream its slots (S·CAP > MERGE_TILE): a two-level merge, first
+TREE_WARPS_SMALL_K = 2              # over groups of this many slots (k <= 64; H200 run 14, 256 x 262144, k = 50:
+                                    # 163 µs against 235 one-level) or of MERGE_TILE slots (KP >= FIT_TILE_MIN_KP)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
@@ -123,7 +128,7 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     cols = max(min(COLS_PER_KP * kp, MAX_COLS), 32 * vec)
     max_warps = max(1, cols // (32 * vec))              # every warp along the columns: column maxima in-thread
     if kp >= FIT_TILE_MIN_KP:
-        max_warps = max(max_warps, FIT_MAX_WARPS)
+        max_warps = FIT_MAX_WARPS
     if block is None:
         block = max(cols, min(32 * ELEMS_PER_THREAD, _pow2(V)))
         while _pow2(triton.cdiv(V, block)) * cap > MERGE_MAX_SLOTS:
@@ -142,17 +147,23 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     mw = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP, num_warps)
     if B <= MERGE_FEW_ROWS:
         mw = min(2 * mw, 16)
-    tree = 0 if tree is None else min(tree, MERGE_TILE // cap, splits)
+    tw = 0
+    if tree is None:        # a two-level merge where one program per row would stream its slots from L2
+        tree = 0
+        if _pow2(splits) * cap > MERGE_TILE:
+            tree, tw = ((TREE_SLOTS_SMALL_K // cap, TREE_WARPS_SMALL_K) if kp < FIT_TILE_MIN_KP
+                        else (MERGE_TILE // cap, max(4, num_warps)))
+    tree = min(tree, MERGE_TILE // cap, splits)
     if tree and triton.cdiv(splits, tree) == 1:
         tree = 0
     if tree:
         ng = triton.cdiv(splits, tree)
-        tw = tree_warps or max(1, min(16, _pow2(tree) * cap // MERGE_SLOTS_PER_WARP))
-        mw = max(1, min(16, _pow2(ng) * cap // MERGE_SLOTS_PER_WARP * (2 if B <= MERGE_FEW_ROWS else 1)))
-    else:
-        tw = 0
+        tw = tree_warps or tw or max(1, min(16, _pow2(tree) * cap // MERGE_SLOTS_PER_WARP))
+        mw = max(num_warps if kp >= FIT_TILE_MIN_KP else 1,     # (CAP = 2048, SP = 4: 4 warps spill 544 bytes)
+                 min(16, _pow2(ng) * cap // MERGE_SLOTS_PER_WARP * (2 if B <= MERGE_FEW_ROWS else 1)))
     mw = merge_warps or mw
-    exact_apart = bool(exact_apart)
+    if exact_apart is None:     # the first level's tile is MERGE_TILE: the exact path's registers would spill it
+        exact_apart = bool(tree) and kp >= FIT_TILE_MIN_KP
     return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart)
 
 
