@@ -142,17 +142,18 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_barrier(ARRIVE, row, C):
-    """Wait until all C programs of `row` have arrived, on one int32 word per row that is 0 between launches:
-    each program adds 1 (acquire-release); the last to arrive (it reads C - 1) stores 0 back with release
-    semantics, and the others poll with acquire loads until they read 0. (A sense-reversing barrier, with a
-    generation word beside the count, put two more L2 round trips on every program's path: reading the
-    generation before arriving, and the reset of the count before the release. Polling from every thread
-    rather than one measured 10-40 % slower on the H200: 512 threads re-reading one word.)"""
-    if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
-        tl.atomic_xchg(ARRIVE + row, 0, sem="release")
+def _row_barrier(ARRIVE, GEN, row, C):
+    """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
+    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
+    gen = tl.atomic_add(GEN + row, 0, sem="acquire")
+    arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
+    if arrived == C - 1:
+        tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
+        tl.atomic_add(GEN + row, 1, sem="release")
     else:
-        while tl.atomic_add(ARRIVE + row, 0, sem="acquire") != 0:
+        # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
+        # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
+        while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
             pass
 
 
@@ -199,7 +200,7 @@ def softmax_rows_kernel(
 # ---- forward: a row cut into C chunks ------------------------------------------------------------------
 @triton.jit
 def softmax_chunks_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
 ):
     """Program (row, c) owns chunk c of its row.
@@ -231,7 +232,7 @@ def softmax_chunks_kernel(
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
         if PHASE == 0:
-            _row_barrier(ARRIVE, row, C)                               # 2. wait for the row's chunks
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0)
@@ -293,7 +294,7 @@ def _pack_bf16x2(lo, hi):
 
 @triton.jit
 def softmax_coop_bf16x2_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, N, INNER, sxo, sxi, syo, syi, C,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr,
 ):
     """The coop path for bf16 rows of unit stride and even N: x is read and held as int32 words of two
@@ -314,7 +315,7 @@ def softmax_coop_bf16x2_kernel(
     tl.store(PART_M + pid, m_c)
     tl.store(PART_D + pid, d_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, row, C)                                        # 2. wait for the row's chunks
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
     m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
@@ -379,7 +380,7 @@ def softmax_bwd_rows_kernel(
 
 @triton.jit
 def softmax_bwd_chunks_kernel(
-    Yp, DY, DX, PART, ARRIVE, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, syn, sdo, sdi, sdn, sxo, sxi, sxn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr, PHASE: tl.constexpr, LIBDEVICE: tl.constexpr,
     ACC: tl.constexpr, SUM: tl.constexpr,
 ):
@@ -398,7 +399,7 @@ def softmax_bwd_chunks_kernel(
         tl.debug_barrier()
     if PHASE != 1:
         if PHASE == 0:
-            _row_barrier(ARRIVE, row, C)                               # 2. wait for the row
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
         k = tl.arange(0, C_POW2)
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
@@ -407,7 +408,7 @@ def softmax_bwd_chunks_kernel(
 
 @triton.jit
 def softmax_bwd_coop_bf16x2_kernel(
-    Yp, DY, DX, PART, ARRIVE, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, LOG: tl.constexpr,
 ):
     """The backward's coop path for bf16 rows of unit stride and even N, as softmax_coop_bf16x2_kernel: y and
@@ -425,7 +426,7 @@ def softmax_bwd_coop_bf16x2_kernel(
         s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
     tl.store(PART + pid, s_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, row, C)                                        # 2. wait for the row
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row
     k = tl.arange(0, C_POW2)
     s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
     y_lo, y_hi = _bf16_halves(yw, 1)                                         # 4. dx, unpacking y and dy again
@@ -470,14 +471,14 @@ def _bwd_sum(*dtypes) -> tl.dtype:
 
 
 def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
-    """Barrier words (ARRIVE: int32 per row) and partial-state buffers (PART_M, PART_D: ``parts`` each).
+    """Barrier words (ARRIVE, GEN: int32 per row) and partial-state buffers (PART_M, PART_D: ``parts`` each).
 
     Every launch leaves ARRIVE as it found it (0) and writes the partial states it reads, so the buffers are
     cached per (device, stream) and reused without a memset (``stream_scratch``).
     """
     rows, parts = max(rows, 1024), max(parts, 1 << 16)
     return stream_scratch(("softmax", dtype), device,
-                          ((rows, torch.int32), (parts, dtype), (parts, dtype)))
+                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype)))
 
 
 class _Plan:
@@ -627,8 +628,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
                   grid=M * C, **options)
-    # workspace order in the kernels: PART_M, PART_D, ARRIVE
-    workspace = (M, M * C, part_dtype, (1, 2, 0))
+    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN
+    workspace = (M, M * C, part_dtype, (2, 3, 0, 1))
     if bf16x2:
         meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, num_warps=warps, **options)
         return _Plan(path, [BoundKernel(softmax_coop_bf16x2_kernel, (M * C,), meta)],
@@ -682,10 +683,10 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     if bf16x2:
         meta = dict(CHUNK=chunk, C_POW2=_pow2(C), LOG=log, num_warps=warps)
         return _Plan(path, [BoundKernel(softmax_bwd_coop_bf16x2_kernel, (M * C,), meta)],
-                     (N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C), (M, M * C, torch.float32, (1, 0)),
+                     (N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C), (M, M * C, torch.float32, (2, 0, 1)),
                      record)
     meta = dict(CHUNK=chunk, C_POW2=_pow2(C), num_warps=warps, **types)
     launches = _chunk_launches(softmax_bwd_chunks_kernel, path, (M * C,), meta)
-    # workspace order in the kernels: PART, ARRIVE
+    # workspace order in the kernels: PART, ARRIVE, GEN
     part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
-    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, part, (1, 0)), record)
+    return _Plan(path, launches, (N, INNER, *geo_y, *geo_dy, *geo_dx, C), (M, M * C, part, (2, 0, 1)), record)
