@@ -13,9 +13,11 @@ import json
 import multiprocessing as mp
 import time
 
-# (B, V, k): variants as select_path overrides; the default plan is always timed first and last
+# (B, V, k): variants as select_path overrides; the default plan is always timed first and last.
+# Run 14 (commit 036428f) timed the two-level merge and the exact path apart against the one-level merge
+# (benchmarks/results/topk/probe-run14.log); RUN14 keeps that set. Run 15: the defaults chosen from it.
 T1 = dict(exact_apart=True)
-VARIANTS = {
+RUN14 = {
     (256, 128256, 50): [T1, dict(tree=16, tree_warps=2), dict(tree=16, tree_warps=1, **T1),
                         dict(tree=8, tree_warps=1, **T1), dict(tree=32, tree_warps=2, **T1),
                         dict(tree=16, tree_warps=2, **T1)],
@@ -34,8 +36,21 @@ VARIANTS = {
     (256, 262144, 1024): [T1, dict(tree=4, tree_warps=8, **T1), dict(tree=4, tree_warps=4, **T1),
                           dict(tree=2, tree_warps=8, **T1)],
 }
-
-
+ONE = dict(tree=0)          # the one-level merge (streams its slots where they pass MERGE_TILE)
+VARIANTS = {
+    (256, 128256, 50): [],
+    (256, 151936, 50): [ONE],
+    (256, 262144, 50): [ONE],
+    (32, 262144, 50): [ONE],
+    (1, 262144, 50): [ONE],
+    (1, 128256, 1024): [ONE],
+    (1, 262144, 1024): [ONE],
+    (32, 151936, 1024): [ONE],
+    (32, 262144, 1024): [],
+    (256, 128256, 1024): [ONE],
+    (256, 151936, 1024): [],
+    (256, 262144, 1024): [ONE],
+}
 SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1)]}     # --smoke: CPU, the interpreter
 
 
@@ -48,16 +63,17 @@ def configs(B, V, k, variants=None):
 
 
 
-def _compile(shape):
+def _compile(job):
     import torch
 
     from onlinesoftmax.kernels import topk as kt
 
-    B, V, k = shape
+    (B, V, k), variants = job
+    shape = (B, V, k)
     x = torch.randn(B, V, device=DEV)
     t0 = time.time()
     errs = []
-    for cfg in configs(B, V, k):
+    for cfg in configs(B, V, k, variants):
         try:
             kt.softmax_topk_2d(x, k, cfg)
         except Exception as e:  # reported again when timed
@@ -111,14 +127,21 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter), nothing timed")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--run14", action="store_true", help="run 14's variant set")
     args = ap.parse_args()
+    if args.run14:
+        VARIANTS.clear()
+        VARIANTS.update(RUN14)
     if args.smoke:
         return smoke()
     t0 = time.time()
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        for shape, dt, errs in pool.imap_unordered(_compile, list(VARIANTS)):
+        for shape, dt, errs in pool.imap_unordered(_compile, list(VARIANTS.items())):
             print(f"compiled {shape}: {dt:.1f} s {errs}", flush=True)
     print(f"compile: {time.time() - t0:.1f} s", flush=True)
+    if args.compile_only:
+        return
 
     import torch
     from triton.testing import do_bench
