@@ -2,11 +2,12 @@
 ``onlinesoftmax.kernels.softmax`` (new) against an older copy of it (old).
 
     git show REV:src/onlinesoftmax/kernels/softmax.py > src/onlinesoftmax/kernels/softmax_old.py   # not committed
-    PYTHONPATH=src python benchmarks/ab_kernels.py $OUT [softmax_old]
+    PYTHONPATH=src python benchmarks/ab_kernels.py $OUT [softmax_old [forward|backward|all]]
 
-Long rows at 1 GiB per tensor (forward, log-softmax, backward: coop paths) and decode sizes (forward; do_bench
-and CUDA-graph replay). Each row prints new, old, then new again (the drift between the two new timings is the
-run's noise). Outputs are checked against torch first. Writes ab_kernels.json to the folder given.
+forward: softmax, log-softmax and logsumexp at the 12 goal shapes (1 GiB per tensor) and decode sizes (softmax;
+do_bench and CUDA-graph replay); backward: softmax backward at the long-row shapes. Each row prints new, old,
+then new again (the drift between the two new timings is the run's noise). Outputs are checked against torch
+first. Writes ab_kernels.json to the folder given.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ def fwd(K, mode):
     return run
 
 
+def lse(K):
+    def run(x):
+        out = torch.empty(x.shape[0], device=x.device, dtype=x.dtype)
+        m, n, inner, (gx, gy) = row_geometry([x, x], 1)
+        K.forward(x, out, gx, gy, m, n, inner, K.LOGSUMEXP)
+        return out
+    return run
+
+
 def bwd(K, log):
     def run(y, dy):
         dx = torch.empty_like(y)
@@ -51,7 +61,7 @@ def graph_us(fn, x):
     return do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
 
 
-def main(out_dir, old_name):
+def main(out_dir, old_name, which):
     K_old = importlib.import_module(f"onlinesoftmax.kernels.{old_name}")
     # its own workspace: the two versions may lay their scratch out differently
     K_old.stream_scratch = lambda tag, device, layout: _launch.stream_scratch(("ab-old", tag), device, layout)
@@ -74,32 +84,44 @@ def main(out_dir, old_name):
                          + f" err {err:.0e}")
         print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} | " + " | ".join(cells), flush=True)
 
-    for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 32768),
-                     (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
-        size = torch.finfo(dtype).bits // 8
-        m = GIB // (n * size)
-        sets = inputs(m, n, dtype)
-        for kind, mode, tfn in (("fwd", K_new.SOFTMAX, torch.softmax), ("log", K_new.LOG_SOFTMAX, torch.log_softmax)):
-            line(kind, m, n, dtype, (("torch", lambda x, f=tfn: f(x, -1)), ("new", fwd(K_new, mode)),
-                                     ("old", fwd(K_old, mode)), ("new", fwd(K_new, mode))),
-                 sets, 2 * m * n * size, tfn(sets[0][0], -1))
-        del sets
-        bsets = inputs(m, n, dtype, bwd=True)
-        ref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
-        line("bwd", m, n, dtype, (("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
-                                  ("new", bwd(K_new, False)), ("old", bwd(K_old, False)), ("new", bwd(K_new, False))),
-             bsets, 3 * m * n * size, ref)
-        del bsets
-    for dtype in (torch.float32, torch.bfloat16):
-        for m, n in ((1, 262144), (8, 151936), (32, 128256)):
+    if which in ("forward", "all"):           # softmax, log-softmax, logsumexp at the 12 goal shapes
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+                size = torch.finfo(dtype).bits // 8
+                m = GIB // (n * size)
+                sets = inputs(m, n, dtype)
+                for kind, mode, tfn in (("fwd", K_new.SOFTMAX, torch.softmax),
+                                        ("log", K_new.LOG_SOFTMAX, torch.log_softmax)):
+                    line(kind, m, n, dtype, (("torch", lambda x, f=tfn: f(x, -1)), ("new", fwd(K_new, mode)),
+                                             ("old", fwd(K_old, mode)), ("new", fwd(K_new, mode))),
+                         sets, 2 * m * n * size, tfn(sets[0][0], -1))
+                line("lse", m, n, dtype, (("torch", lambda x: torch.logsumexp(x, -1)),
+                                          ("new", lse(K_new)), ("old", lse(K_old)), ("new", lse(K_new))),
+                     sets, m * n * size, torch.logsumexp(sets[0][0].float(), -1))
+                del sets
+    if which in ("forward", "all"):           # decode sizes
+        for dtype in (torch.float32, torch.bfloat16):
+            for m, n in ((1, 262144), (8, 151936), (32, 128256)):
+                size = torch.finfo(dtype).bits // 8
+                sets = inputs(m, n, dtype)
+                line("dec", m, n, dtype, (("torch", lambda x: torch.softmax(x, -1)), ("new", fwd(K_new, 0)),
+                                          ("old", fwd(K_old, 0)), ("new", fwd(K_new, 0))),
+                     sets, 2 * m * n * size, torch.softmax(sets[0][0], -1), graph=True)
+    if which in ("backward", "all"):          # backward, long rows (coop)
+        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 32768),
+                         (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
             size = torch.finfo(dtype).bits // 8
-            sets = inputs(m, n, dtype)
-            line("dec", m, n, dtype, (("torch", lambda x: torch.softmax(x, -1)), ("new", fwd(K_new, 0)),
-                                      ("old", fwd(K_old, 0)), ("new", fwd(K_new, 0))),
-                 sets, 2 * m * n * size, torch.softmax(sets[0][0], -1), graph=True)
+            m = GIB // (n * size)
+            bsets = inputs(m, n, dtype, bwd=True)
+            ref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
+            line("bwd", m, n, dtype, (("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
+                                      ("new", bwd(K_new, False)), ("old", bwd(K_old, False)),
+                                      ("new", bwd(K_new, False))), bsets, 3 * m * n * size, ref)
+            del bsets
     with open(f"{out_dir}/ab_kernels.json", "w") as f:
         json.dump({"env": env, "copy_ceiling_gbps": ceiling, "old_module": old_name, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".", sys.argv[2] if len(sys.argv) > 2 else "softmax_old")
+    main(sys.argv[1] if len(sys.argv) > 1 else ".", sys.argv[2] if len(sys.argv) > 2 else "softmax_old",
+         sys.argv[3] if len(sys.argv) > 3 else "all")

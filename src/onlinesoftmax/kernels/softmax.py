@@ -98,12 +98,25 @@ def _shift(m):
 
 
 @triton.jit
-def _state(x, axis: tl.constexpr):
+def _exp(z, FAST: tl.constexpr):
+    """e^z. FAST (the GPU, fp32): 2^(z·log2 e) by ex2.approx.ftz.f32, results below 2^-126 flushed to 0 (no
+    term that small moves d, which is >= 1, and torch's y there is below 1.2e-38). tl.exp's non-ftz ex2 costs a
+    compare and two predicated multiplies more per element, 3 of the about 20 SASS instructions per element of
+    the bf16 logsumexp rows kernel (benchmarks/softmax_ptxas.py). The interpreter, and fp64, take tl.exp."""
+    if FAST and z.dtype == tl.float32:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [z * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp(z)
+
+
+@triton.jit
+def _state(x, axis: tl.constexpr, FAST: tl.constexpr):
     """(m, d) of x along axis, and e = e^(x - m) (kept: the output reuses it, one exponential per element).
     d and e are taken relative to m, or to 0 where m = ±inf, so an all -inf set gives (-inf, 0), the identity
     of ⊕, and a set holding +inf gives d = inf (logsumexp = +inf), as torch.logsumexp."""
     m = tl.max(x, axis=axis)                                  # 1. m = max_j x_j
-    e = tl.exp(x - tl.expand_dims(_shift(m), axis))
+    e = _exp(x - tl.expand_dims(_shift(m), axis), FAST)
     d = tl.sum(e, axis=axis)                                  # 2. d = sum_j e^(x_j - m)
     return m, d, e
 
@@ -171,7 +184,7 @@ def _load_rows(X, tile, M, N, INNER, so, si, sn, BLOCK_M: tl.constexpr, BLOCK_N:
 def softmax_rows_kernel(
     X, Y, M, N, INNER, sxo, sxi, sxn, syo, syi, syn, GRID,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, ACC: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, FAST: tl.constexpr,
 ):
     """One read of x, one write of y (or of lse when MODE == LOGSUMEXP); grid-stride over row tiles.
     With PREFETCH the next tile's loads are in flight while this tile is reduced and written."""
@@ -187,7 +200,7 @@ def softmax_rows_kernel(
         else:
             x = _load_rows(X, tile, M, N, INNER, sxo, sxi, sxn, BLOCK_M, BLOCK_N, ACC)   # read x: M·N
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        m, d, e = _state(x, 1)
+        m, d, e = _state(x, 1, FAST)
         if MODE == 2:
             tl.store(Y + rows, _lse(m, d).to(Y.dtype.element_ty), mask=rows < M)   # write lse: M
         else:
@@ -202,6 +215,7 @@ def softmax_rows_kernel(
 def softmax_chunks_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Program (row, c) owns chunk c of its row.
 
@@ -220,7 +234,7 @@ def softmax_chunks_kernel(
     k = tl.arange(0, C_POW2)
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
-        m_c, d_c, e = _state(x, 0)
+        m_c, d_c, e = _state(x, 0, FAST)
         tl.store(PART_M + pid, m_c)
         tl.store(PART_D + pid, d_c)
         tl.debug_barrier()
@@ -235,7 +249,7 @@ def softmax_chunks_kernel(
             _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
-            m_c, _, e = _state(x, 0)
+            m_c, _, e = _state(x, 0, FAST)
         y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
         tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
@@ -311,7 +325,7 @@ def softmax_coop_bf16x2_kernel(
     m_c = tl.max(tl.maximum(lo, hi), axis=0)
     s_c = _shift(m_c)
     lo, hi = _bf16_halves(w, 1)
-    d_c = tl.sum(tl.exp(lo - s_c) + tl.exp(hi - s_c), axis=0)
+    d_c = tl.sum(_exp(lo - s_c, True) + _exp(hi - s_c, True), axis=0)
     tl.store(PART_M + pid, m_c)
     tl.store(PART_D + pid, d_c)
     tl.debug_barrier()
@@ -321,8 +335,8 @@ def softmax_coop_bf16x2_kernel(
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
         s = _shift(m)
         scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
-        y_lo = tl.exp(lo - s) * scale
-        y_hi = tl.exp(hi - s) * scale
+        y_lo = _exp(lo - s, True) * scale
+        y_hi = _exp(hi - s, True) * scale
     else:                                                                    #    y = x - (m + log d)
         b = m + tl.where(m == float("inf"), float("nan"), tl.log(d))  # (16 registers fewer than (x - m) - log d;
         y_lo = lo - b                                                 # the difference is far below bf16's ulp)
@@ -614,7 +628,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         tiles = triton.cdiv(M, block_m)
         waves = cfg.pop("waves", LSE_WAVES if mode == LOGSUMEXP else PERSISTENT_WAVES)
         grid = min(tiles, waves * sms) if prefetch else tiles
-        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, num_warps=warps)
+        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, FAST=not interpret,
+                    num_warps=warps)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
@@ -636,7 +651,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                      (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
     if mode == LOGSUMEXP:
         path = record["path"] = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, num_warps=warps, **options)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 

@@ -1,0 +1,164 @@
+"""Compiler report for the softmax family: for each goal shape of issue 3 (1 GiB per tensor, as the bench suites),
+the kernels the plan launches on an H200, compiled here for sm_90a (no GPU: Triton's ptxas and cuobjdump), with
+
+- registers, stack frame (spills), shared memory, and the programs per SM the registers allow;
+- the bytes a program holds in registers (its tile or chunk) and an SM at that occupancy;
+- from the SASS: instructions per thread and MUFU (exp/log/rcp) per thread, per element, and the element rates
+  they bound: issue 4 warp-instructions per clock per SM, MUFU 16 lanes per clock per SM, at CLOCK_GHZ, against
+  the rate the copy ceiling asks for. Static counts over the elements one thread holds per tile: the main loop's
+  body where the kernel loops over tiles (marked *), else the whole kernel (straight-line code runs once; the
+  barrier's spin loop counts once).
+
+    PYTHONPATH=src python benchmarks/softmax_ptxas.py > benchmarks/results/softmax/ptxas-<commit>.txt
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from onlinesoftmax.kernels import softmax as K  # noqa: E402
+from onlinesoftmax.ops.softmax import row_geometry  # noqa: E402
+
+SMS = 132                 # H200
+CLOCK_GHZ = 1.98          # H200 boost clock: the bounds below assume it
+COPY_GBPS = 4281          # measured copy ceiling (ANCHORS.md)
+REGS_PER_SM, MAX_WARPS_PER_SM, MAX_PROGRAMS_PER_SM = 65536, 64, 32
+GIB = 1 << 30
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64",
+       torch.int32: "*i32"}
+
+
+def compile_sm90(fn, args: tuple, meta: dict):
+    """``fn`` specialised as a launch with ``args`` gets it (ints equal to 1 as constants, pointers and ints
+    divisible by 16 marked so), compiled for sm_90a: (cuobjdump -res-usage line, SASS text)."""
+    sig, const, attrs = {}, {}, {}
+    runtime = [p for p in fn.params if not p.is_constexpr]
+    for i, (p, a) in enumerate(zip(runtime, args)):
+        if isinstance(a, torch.Tensor):
+            sig[p.name] = PTR[a.dtype]
+            attrs[(fn.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
+        elif a == 1:
+            sig[p.name], const[p.name] = "constexpr", 1
+        else:
+            sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
+            if a % 16 == 0:
+                attrs[(fn.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
+    for p in fn.params:
+        if p.is_constexpr:
+            sig[p.name], const[p.name] = "constexpr", meta[p.name]
+    sig = {n: sig[n] for n in fn.arg_names}
+    options = {k: v for k, v in meta.items() if k in ("num_warps", "maxnreg")}
+    compiled = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return res, sass
+
+
+def opcodes(sass: str) -> tuple[collections.Counter, bool]:
+    """Opcode counts of the instructions that run once per tile: the body of the kernel's main loop (its
+    longest backward branch, when that spans over a third of the code: the persistent `rows` loop), else the
+    whole kernel (the barrier's spin loop is short and counts once). Returns (counts, looped)."""
+    code = []                                     # (address, opcode, branch target or None)
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)", line)
+        if m and m.group(2) != "NOP":
+            t = re.search(r"0x([0-9a-f]+)", m.group(3)) if m.group(2).startswith("BRA") else None
+            code.append((int(m.group(1), 16), m.group(2).split(".")[0], int(t.group(1), 16) if t else None))
+    back = [(a - t, t, a) for a, _, t in code if t is not None and t < a]
+    span, lo, hi = max(back, default=(0, 0, 0))
+    looped = span * 3 > (code[-1][0] - code[0][0]) if code else False
+    return collections.Counter(op for a, op, _ in code if not looped or lo <= a <= hi), looped
+
+
+def programs_per_sm(regs: int, warps: int, shared: int) -> int:
+    per_warp = -(-regs * 32 // 256) * 256          # registers are allocated per warp in units of 256
+    by_regs = REGS_PER_SM // (per_warp * warps)
+    by_shared = (228 * 1024) // max(shared + 1024, 1)
+    return min(by_regs, MAX_WARPS_PER_SM // warps, MAX_PROGRAMS_PER_SM, by_shared)
+
+
+def fake(shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def plan_for(op: str, dtype, n: int):
+    size = torch.finfo(dtype).bits // 8
+    m = GIB // (n * size)
+    x = fake((m, n), dtype)
+    if op == "bwd":
+        y, dy, dx = x, fake((m, n), dtype), fake((m, n), dtype)
+        M, N, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
+        plan = K._backward_plan({}, x.device, g1, g2, g3, M, N, inner, False, (dtype,) * 3, dtype == torch.bfloat16)
+        return plan, (y, dy, dx), 3 * size
+    mode = {"fwd": K.SOFTMAX, "log": K.LOG_SOFTMAX, "lse": K.LOGSUMEXP}[op]
+    out = fake((m,), dtype) if mode == K.LOGSUMEXP else fake((m, n), dtype)
+    M, N, inner, (gx, gy) = row_geometry([x, out if mode != K.LOGSUMEXP else x], 1)
+    plan = K._forward_plan({}, x, out, gx, gy, M, N, inner, mode, dtype == torch.bfloat16)
+    return plan, (x, out), (1 if mode == K.LOGSUMEXP else 2) * size
+
+
+def main():
+    K.sm_count = lambda device: SMS                   # plan as on the H200
+    print(f"sm_90a, {SMS} SMs at {CLOCK_GHZ} GHz (assumed), copy ceiling {COPY_GBPS} GB/s; 1 GiB per tensor.\n"
+          "bound GB/s = bytes per element x element rate bounded by instruction issue (4 warp-instr/clk/SM) or MUFU "
+          "(16 lanes/clk/SM)")
+    seen = {}
+    for op in ("fwd", "log", "lse", "bwd"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+                plan, tensors, bpe = plan_for(op, dtype, n)
+                rec = plan.record
+                ws = None
+                if plan.workspace is not None:
+                    rows, parts, wdt, pick = plan.workspace
+                    layout = (fake((rows,), torch.int32), fake((rows,), torch.int32), fake((parts,), wdt),
+                              fake((parts,), wdt))
+                    ws = tuple(layout[i] for i in pick)
+                for bound in plan.launches:
+                    args = tensors + (ws or ()) + plan.scalars
+                    key = (bound.fn.__name__, tuple(sorted(bound.meta.items(), key=str)),
+                           tuple(a.dtype if isinstance(a, torch.Tensor) else (a == 1, a % 16 == 0) for a in args))
+                    if key not in seen:
+                        seen[key] = compile_sm90(bound.fn, args, bound.meta)
+                    res, sass = seen[key]
+                    regs, stack, shared = (int(v) for v in re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)",
+                                                                     res).groups())
+                    warps = bound.meta["num_warps"]
+                    elems = rec.get("chunk") or rec["block_m"] * rec["block_n"]
+                    e_thread = elems / (32 * warps)
+                    ops, looped = opcodes(sass)
+                    total, mufu = sum(ops.values()), ops["MUFU"]
+                    occ = programs_per_sm(regs, warps, shared)
+                    esz = torch.finfo(dtype).bits // 8
+                    issue_gbps = 128 * e_thread / total * SMS * CLOCK_GHZ * bpe
+                    mufu_gbps = 16 * e_thread / mufu * SMS * CLOCK_GHZ * bpe if mufu else float("inf")
+                    held = elems * esz * (2 if op == "bwd" else 1)
+                    print(f"{op:3} {str(dtype)[6:]:8} N={n:<6} {rec['path']:5} {bound.fn.__name__:32} "
+                          f"{'PHASE=%d ' % bound.meta['PHASE'] if 'PHASE' in bound.meta else ''}"
+                          f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} | "
+                          f"{occ:2} programs/SM, holds {held // 1024:4} KB/program {occ * held // 1024:4} KB/SM | "
+                          f"instr/thread{'*' if looped else ' '}{total:5} ({total / e_thread:5.1f}/elem) MUFU {mufu / e_thread:4.2f}/elem | "
+                          f"issue bound {issue_gbps:6.0f} GB/s ({100 * issue_gbps / COPY_GBPS:4.0f} %), "
+                          f"MUFU bound {mufu_gbps:6.0f} GB/s ({100 * mufu_gbps / COPY_GBPS:4.0f} %)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
