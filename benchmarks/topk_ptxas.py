@@ -1,8 +1,10 @@
 """Registers, stack frame (spills) and shared memory of the top-k kernels for the 45 goal shapes, compiled for
 sm_90a here: no GPU needed (Triton's own ptxas and cuobjdump).
 
-``PYTHONPATH=src python benchmarks/topk_ptxas.py [> ptxas.txt]``. Compiles each distinct configuration once, with
-the specialisations a real launch gets (stride 1 as a constant, pointers and sizes divisible by 16).
+``PYTHONPATH=src [JOBS=8] python benchmarks/topk_ptxas.py [> ptxas.txt]``. Every kernel the default plan launches
+(stage 1, the exact path when apart, the merge or the tree's two merge levels), each distinct one compiled once in
+parallel processes, with the specialisations a real launch gets (stride 1 as a constant, pointers and sizes
+divisible by 16).
 """
 
 from __future__ import annotations
@@ -44,25 +46,55 @@ def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, int
     return tuple(int(g) for g in m.groups())
 
 
+EXACT_SIG = {"x_ptr": "*fp32", "ws_ptr": "*i32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32",
+             "k": "i32", "S": "i32", "BS": "i32"}
+
+
+def _one(job):
+    """Resources of one kernel (a worker process: the compiles run in parallel)."""
+    name, constexprs, warps = job
+    from onlinesoftmax.kernels import topk as kt
+
+    fn, sig = {"stage1": (kt._topk_chunk_kernel, STAGE1_SIG), "exact": (kt._topk_exact_kernel, EXACT_SIG),
+               "merge": (kt._topk_merge_kernel, MERGE_SIG)}[name]
+    return job, resources(fn, sig, dict(constexprs), warps)
+
+
+def kernels(cfg):
+    """The kernels (name, constexprs, warps) that softmax_topk_2d launches for ``cfg``, labelled."""
+    meta = (("BLOCK", cfg.block), ("R", cfg.cols), ("CAP", cfg.cap))
+    out = [("stage 1", ("stage1", meta + (("FAST", True),), cfg.num_warps))]
+    if cfg.exact_apart:
+        out.append(("exact", ("exact", meta, cfg.num_warps)))
+    s = cfg.splits
+    if cfg.tree:
+        sp = kt._pow2(cfg.tree)
+        out.append(("merge 1", ("merge", meta + (("SP", sp), ("CT", sp), ("FAST", True), ("EXACT", not cfg.exact_apart),
+                                                  ("OUT_STATE", True)), cfg.tree_warps)))
+        s = -(-s // cfg.tree)
+    sp = kt._pow2(s)
+    ct = max(1, min(sp, kt.MERGE_TILE // cfg.cap))
+    exact = not cfg.exact_apart and not cfg.tree
+    out.append(("merge" if not cfg.tree else "merge 2",
+                ("merge", meta + (("SP", sp), ("CT", ct), ("FAST", True), ("EXACT", exact), ("OUT_STATE", False)),
+                 cfg.merge_warps)))
+    return out
+
+
 def main():
-    seen: dict = {}
-    print("(B, V, k): configuration | stage 1 (registers, stack bytes, shared bytes) | merge (same)")
-    for B in (1, 32, 256):
-        for V in (128256, 151936, 262144):
-            for k in (1, 8, 50, 256, 1024):
-                cfg = kt.select_path(B, V, k)
-                sp = kt._pow2(cfg.splits)
-                ct = max(1, min(sp, kt.MERGE_TILE // cfg.cap))
-                meta = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=True)
-                k1 = ("stage1", cfg.block, cfg.cols, cfg.cap, cfg.num_warps)
-                if k1 not in seen:
-                    seen[k1] = resources(kt._topk_chunk_kernel, STAGE1_SIG, meta, cfg.num_warps)
-                k2 = ("merge", cfg.block, cfg.cols, cfg.cap, sp, ct, cfg.merge_warps)
-                if k2 not in seen:
-                    seen[k2] = resources(kt._topk_merge_kernel, MERGE_SIG, dict(meta, SP=sp, CT=ct), cfg.merge_warps)
-                print(f"({B}, {V}, {k}): block {cfg.block} R {cfg.cols} CAP {cfg.cap} warps {cfg.num_warps} "
-                      f"S {cfg.splits} merge tiles {sp // ct} of {ct}x{cfg.cap}, merge warps {cfg.merge_warps} | "
-                      f"stage 1 {seen[k1]} | merge {seen[k2]}", flush=True)
+    import multiprocessing as mp
+
+    shapes = [(B, V, k) for B in (1, 32, 256) for V in (128256, 151936, 262144) for k in (1, 8, 50, 256, 1024)]
+    plans = {s: kt.select_path(*s) for s in shapes}
+    jobs = sorted({job for cfg in plans.values() for _, job in kernels(cfg)}, key=lambda j: -dict(j[1])["CAP"])
+    with mp.get_context("spawn").Pool(int(os.environ.get("JOBS", "8"))) as pool:
+        res = dict(pool.map(_one, jobs))
+    print("(B, V, k): configuration | each kernel (registers, stack bytes, shared bytes)")
+    for s, cfg in plans.items():
+        parts = " | ".join(f"{label} {res[job]}" for label, job in kernels(cfg))
+        print(f"{s}: block {cfg.block} R {cfg.cols} CAP {cfg.cap} warps {cfg.num_warps} S {cfg.splits} "
+              f"tree {cfg.tree} (warps {cfg.tree_warps}) merge warps {cfg.merge_warps} exact apart "
+              f"{cfg.exact_apart} | {parts}", flush=True)
 
 
 if __name__ == "__main__":
