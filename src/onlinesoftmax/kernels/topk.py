@@ -16,19 +16,24 @@ top-k ⊕ top-k = top-k of the union. Selection is by *threshold*, never by sort
    b. ``t`` = the k-th largest of the R column maxima, to ``COARSE_BITS`` bits (radix bisection on the keys,
       ``RADIX_BITS`` per step: 2^B − 1 counts packed in one int64 reduction; it rounds down). k distinct
       columns hold an element ``>= t``, so ``t`` is at most the chunk's k-th largest key: the chunk's top-k
-      lies in ``{x >= t}``, about ``k·(1 + k/2R)`` elements for i.i.d. data (R >= 2·KP keeps that ≤ 1.25·k).
+      lies in ``{x >= t}``, about ``k·(1 + k/2R)`` elements for i.i.d. data (R >= 2·KP keeps that ≤ 1.25·k; with
+      R = k, t is the smallest column maximum and the chunk overflows CAP: k = 1024 needs R = 2048).
    c. Those candidates (value, index) go to the chunk's ``CAP = 2·KP`` slots: per-column counts, one scan over
       the R columns and a running count down each column (inside the thread), not a scan over BLOCK elements.
    d. Exact fallback (more than CAP candidates: sorted rows, long runs of ties; or a NaN, or fewer than k
-      finite column maxima): stage 1 marks the chunk (``n_c = -1``) and the merge re-reads it: the exact k-th
-      key by 32-step bisection, its ties cut at the lower index (:func:`_select`), so exactly k winners.
-      (Kept out of stage 1, its four [G, R] tiles set the register count: 254 → 168, 8 → 12 warps per SM.)
+      finite column maxima): stage 1 marks the chunk (``n_c = -1``) and the merge re-reads it (or a launch of
+      its own, ``exact_apart``): the exact k-th key by 32-step bisection, its ties cut at the lower index
+      (:func:`_select`), so exactly k winners. (Kept out of stage 1, its four [G, R] tiles set the register
+      count: 254 → 168, 8 → 12 warps per SM; kept out of the k = 1024 merges, they would spill.)
 3. Stage 2, one program per row. ``m = max m_c``, ``d = Σ d_c e^(m_c − m)`` (paper eq. 4). Row bound:
    chunk c holds k elements ``>= t_c``, so the row's k-th key is ``>= lo = max_c t_c``. With ``hi`` = the
    largest candidate key + 1 (``#{>= lo} >= k > #{>= hi}``), ``[lo, hi)`` is cut in 4 (three counts, one
    reduction) until at most CAP candidates are ``>= lo`` (2-3 steps for i.i.d. data) or ``hi = lo + 1`` (lo is
    then the exact k-th key: ties cut at the lower index). The survivors are sorted by (key desc, index asc) as
    one int64; the first k are the answer. ``p = e^(x − m) / d``, ``lse = m + log d``.
+   Two levels (``tree``) where the row's S·CAP slots pass one register tile (``MERGE_TILE``): groups of
+   ``tree`` chunks merge first, each into a state of stage 1's form (``m, d``, its ≤ CAP survivors, and
+   ``t = lo``: the group holds k elements ``>= t``), then one program per row merges the groups' states.
 
 Memory traffic per row, V elements of b bytes: read V·b once (stage 1); about ``k·(1 + k/2R)`` candidates of 8
 bytes per chunk written and read back (stage 1 → 2: ``S·k·8`` bytes, ≈ 0.3 % of V·b at V = 128256, k = 50,
