@@ -292,6 +292,25 @@ def test_bf16x2_backward_eligibility():
     assert not K._bf16x2_bwd_ok((row, row, (1, 0, 4096)), 65536, words=True)    # strided columns
 
 
+@pytest.mark.parametrize("mode,dtype,n,fast", [
+    (K.SOFTMAX, torch.bfloat16, 1024, False), (K.LOGSUMEXP, torch.bfloat16, 1024, True),
+    (K.LOG_SOFTMAX, torch.bfloat16, 1024, True), (K.SOFTMAX, torch.float32, 4096, True),
+    (K.LOGSUMEXP, torch.float32, 4096, True),
+])
+def test_fast_exp_choice_on_h200(monkeypatch, mode, dtype, n, fast):
+    """The rows kernel takes ex2.approx.ftz except for softmax in the prefetching loop (measured slower there);
+    the interpreter always takes tl.exp."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    m = (1 << 30) // (n * dtype.itemsize)
+    x = torch.empty((m, n), dtype=dtype, device="meta")
+    out = torch.empty((m,) if mode == K.LOGSUMEXP else (m, n), dtype=dtype, device="meta")
+    M, N, inner, (gx, gy) = row_geometry([x, x if mode == K.LOGSUMEXP else out], 1)
+    for interpret, expect in ((False, fast), (True, False)):
+        monkeypatch.setattr(K, "interpret_mode", lambda: interpret)
+        record = K._forward_plan({}, x, out, gx, gy, M, N, inner, mode, dtype == torch.bfloat16).record
+        assert record["path"] == "rows" and record["fast_exp"] is expect
+
+
 def test_interpreter_uses_split_for_long_rows():
     assert K.choose_path(512, 131072, H200_SMS, interpret=True) == "split"
 
