@@ -297,12 +297,16 @@ def test_kernel_sort_path_and_lse(kernel_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("V,k", [(128256, 50), (151936, 8), (262144, 1024), (1000, 1000), (100003, 50),
-                                 (37, 37)])
+                                 (37, 37), (151936, 50)])
 def test_gpu_matches_reference(V, k):
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     gen = torch.Generator().manual_seed(V + k)
     x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]]])
     out = softmax_topk(x.cuda(), k)
     assert ops_topk.last_path() == "filter"
+    cfg = kt.plan(x.shape[0], V, k, x.dtype)                 # the two-level merge at the last two goal shapes
+    assert bool(cfg.tree) == ((V, k) in ((262144, 1024), (151936, 50)))
+    assert cfg.exact_apart == ((V, k) == (262144, 1024))
     assert_matches_ref(out, x, k)
 
 
@@ -334,11 +338,14 @@ def test_gpu_strided_special_and_graph():
     static = torch.randn(16, 128256, device="cuda")
     softmax_topk(static, 50)
     g = torch.cuda.CUDAGraph()
+    softmax_topk(static, 1024)                                         # the two-level merge, exact path apart
     with torch.cuda.graph(g):
         res = softmax_topk(static, 50)
+        res2 = softmax_topk(static, 1024)
     static.copy_(torch.randn_like(static))
     g.replay()
     torch.cuda.synchronize()
-    ref = softmax_topk(static.cpu(), 50)
-    torch.testing.assert_close(res.indices.cpu(), ref.indices)
-    torch.testing.assert_close(res.values.cpu(), ref.values, rtol=1e-5, atol=1e-8)
+    for r, k in ((res, 50), (res2, 1024)):
+        ref = softmax_topk(static.cpu(), k)
+        torch.testing.assert_close(r.indices.cpu(), ref.indices)
+        torch.testing.assert_close(r.values.cpu(), ref.values, rtol=1e-5, atol=1e-8)
