@@ -30,8 +30,9 @@ MERGE_SIG = {"x_ptr": "*fp32", "stride_b": "i32", "stride_v": "constexpr", "V": 
              "BS": "i32", "GS": "i32", "NG": "i32"}
 
 
-def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, int, int]:
-    """(registers, stack frame bytes, shared bytes) of ``fn`` compiled for sm_90a."""
+def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, ...]:
+    """(registers, stack frame bytes, shared bytes[, SASS instructions]) of ``fn`` compiled for sm_90a; the
+    instruction count (static: the code's size, 16 bytes each) with ``SASS=1`` in the environment."""
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n in ("stride_b", "V")}
@@ -42,8 +43,11 @@ def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, int
         f.flush()
         out = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                              text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True,
+                              text=True, check=True).stdout if os.environ.get("SASS") == "1" else ""
     m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", out)
-    return tuple(int(g) for g in m.groups())
+    n_sass = (len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M)),) if sass else ()
+    return tuple(int(g) for g in m.groups()) + n_sass
 
 
 EXACT_SIG = {"x_ptr": "*fp32", "ws_ptr": "*i32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32",
@@ -89,7 +93,8 @@ def main():
     jobs = sorted({job for cfg in plans.values() for _, job in kernels(cfg)}, key=lambda j: -dict(j[1])["CAP"])
     with mp.get_context("spawn").Pool(int(os.environ.get("JOBS", "8"))) as pool:
         res = dict(pool.map(_one, jobs))
-    print("(B, V, k): configuration | each kernel (registers, stack bytes, shared bytes)")
+    print("(B, V, k): configuration | each kernel (registers, stack bytes, shared bytes"
+          + (", SASS instructions)" if os.environ.get("SASS") == "1" else ")"))
     for s, cfg in plans.items():
         parts = " | ".join(f"{label} {res[job]}" for label, job in kernels(cfg))
         print(f"{s}: block {cfg.block} R {cfg.cols} CAP {cfg.cap} warps {cfg.num_warps} S {cfg.splits} "
