@@ -26,7 +26,8 @@ def launch_key(B: int, V: int, k: int):
     from onlinesoftmax.kernels import topk as kt
 
     cfg = kt.plan(B, V, k, torch.float32)
-    return cfg, tuple((n == 1, n % 16 == 0) for n in (V, k, cfg.splits, B * cfg.splits))
+    ng = -(-cfg.splits // cfg.tree) if cfg.tree else 1     # the two-level merge's groups per row
+    return cfg, tuple((n == 1, n % 16 == 0) for n in (V, k, cfg.splits, B * cfg.splits, ng, B * ng))
 
 
 def groups(shapes):
