@@ -32,6 +32,9 @@ Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 time
 logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive);
 rows of 16-64 KB run the prefetching loop for it, many long rows LSE_CHUNK-element chunks.
 
+Exponentials: ``_exp`` (ex2.approx.ftz, one MUFU.EX2 per element) on the GPU, except softmax's output in the
+bf16x2 kernel and in the prefetching ``rows`` loop, where it measured slower (a ``rows`` plan records ``fast_exp``).
+
 Backward (read y and dy, write dx): ``rows`` or ``coop`` as above with y and dy in registers; many bf16 long
 rows take ``softmax_bwd_coop_bf16x2_kernel`` (y and dy held as words). Its sums accumulate in fp64 for fp32 and
 fp64 tensors (the terms of sum(dy) cancel).
