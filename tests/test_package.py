@@ -74,6 +74,17 @@ def test_bench_quick_writes_reports(tmp_path):
             assert row["meta"][key]
     assert (tmp_path / "logsumexp.md").read_text().startswith("# Benchmark `logsumexp`")
     assert (tmp_path / "logsumexp.png").stat().st_size > 1000
+    (tmp_path / "logsumexp.png").unlink()            # `onlinesoftmax replot` draws it again from the JSON
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "replot", str(tmp_path / "logsumexp.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "logsumexp.png").stat().st_size > 1000
+
+
+def test_suites_name_their_plot_axis():
+    from onlinesoftmax.bench import suites  # noqa: F401
+    from onlinesoftmax.bench.harness import X_LABELS
+    assert X_LABELS["topk"] == "k" and X_LABELS["topk-paper"] == "V" and X_LABELS["softmax"] == "N"
 
 
 def test_bench_unknown_suite():

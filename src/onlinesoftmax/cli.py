@@ -1,4 +1,5 @@
-"""``onlinesoftmax info`` and ``onlinesoftmax bench [SUITE ...] [--quick] [--out DIR]``."""
+"""``onlinesoftmax info``, ``onlinesoftmax bench [SUITE ...] [--quick] [--out DIR]`` and
+``onlinesoftmax replot RESULTS.json ...``."""
 
 from __future__ import annotations
 
@@ -57,9 +58,17 @@ def main(argv=None) -> int:
     b.add_argument("--dtype", action="append", choices=sorted(_DTYPES), help="restrict dtypes (repeatable)")
     b.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     b.add_argument("--list", action="store_true", help="list the registered suites and exit")
+    r = sub.add_parser("replot", help="draw the PNG of results JSON files again, beside each")
+    r.add_argument("json", nargs="+", help="results JSON written by `onlinesoftmax bench --out`")
     args = p.parse_args(argv)
     if args.cmd == "info":
         info()
+        return 0
+    if args.cmd == "replot":
+        from .bench import report, suites  # noqa: F401  (suites register their plot labels on import)
+
+        for path in args.json:
+            print(f"wrote {report.replot(path)}")
         return 0
     from .bench import runner
     from .bench.harness import SUITES

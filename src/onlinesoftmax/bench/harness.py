@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 SUITES: dict[str, Callable[[BenchContext], Iterable[Case]]] = {}
+X_LABELS: dict[str, str] = {}       # suite -> what its cases' x is (the plot's x-axis label)
 
 # Rotate through input sets totalling at least this many times the L2 size, so no timed call hits L2.
 L2_ROTATION_FACTOR = 3
@@ -37,12 +38,14 @@ CPU_CEILING_BYTES = 256 << 20
 MAX_INPUT_SETS = 16
 
 
-def register_suite(name: str):
-    """Decorator: make ``fn(ctx) -> Iterable[Case]`` runnable as ``onlinesoftmax bench NAME``."""
+def register_suite(name: str, x_label: str = "N"):
+    """Decorator: make ``fn(ctx) -> Iterable[Case]`` runnable as ``onlinesoftmax bench NAME``; ``x_label`` names
+    the cases' ``x`` in the plot."""
     def deco(fn):
         if name in SUITES:
             raise ValueError(f"benchmark suite {name!r} registered twice")
         SUITES[name] = fn
+        X_LABELS[name] = x_label
         return fn
     return deco
 

@@ -6,7 +6,7 @@ import json
 import os
 from collections import defaultdict
 
-from .harness import Row
+from .harness import X_LABELS, Row
 
 
 def _need(module: str):
@@ -52,6 +52,11 @@ def markdown(suite: str, rows: list[Row], env: dict, ceiling: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+PLOT_COLUMNS = 3                 # panels per row of the figure
+CEILING_SHOWN_ABOVE = 0.25       # draw the copy ceiling in a panel whose best GB/s reaches this share of it;
+                                 # below, latency-bound panels keep their own scale and say the ceiling is off it
+
+
 def plot(suite: str, rows: list[Row], ceiling: float, path: str) -> bool:
     """GB/s (or TFLOP/s) against the case's x for every implementation; one panel per group."""
     rows = [r for r in rows if r.x is not None and (r.gbps or r.tflops)]
@@ -65,28 +70,52 @@ def plot(suite: str, rows: list[Row], ceiling: float, path: str) -> bool:
     groups = defaultdict(list)
     for r in rows:
         groups[r.group or r.dtype].append(r)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
-    for ax, (group, grows) in zip(axes[0], sorted(groups.items())):
+    cols = min(PLOT_COLUMNS, len(groups))
+    nrows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4 * nrows), squeeze=False)
+    for ax, (group, grows) in zip(axes.flat, sorted(groups.items(), key=lambda g: _group_key(g[0]))):
         by_impl = defaultdict(list)
         for r in grows:
             by_impl[r.impl].append((r.x, r.gbps if r.gbps else r.tflops))
         for impl, pts in by_impl.items():
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        title = f"{suite}: {group}"
         if any(r.gbps for r in grows):
-            ax.axhline(ceiling, color="k", linestyle="--", label=f"copy ceiling {ceiling:.0f} GB/s")
+            if max(r.gbps or 0 for r in grows) >= CEILING_SHOWN_ABOVE * ceiling:
+                ax.axhline(ceiling, color="k", linestyle="--", label=f"copy ceiling {ceiling:.0f} GB/s")
+            else:
+                title += f"\n(copy ceiling {ceiling:.0f} GB/s, off this scale)"
             ax.set_ylabel("GB/s")
         else:
             ax.set_ylabel("TFLOP/s")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("N")
-        ax.set_title(f"{suite}: {group}")
+        ax.set_xlabel(X_LABELS.get(suite, "N"))
+        ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _group_key(group: str):
+    """Panels in numeric order of the numbers in their names ("B=32" before "B=256")."""
+    import re
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", group)]
+
+
+def replot(json_path: str) -> str:
+    """Draw the PNG of a results JSON again (beside it), from its rows as measured."""
+    with open(json_path) as f:
+        data = json.load(f)
+    rows = [Row(**r) for r in data["rows"]]
+    path = os.path.splitext(json_path)[0] + ".png"
+    plot(data["suite"], rows, data["copy_ceiling_gbps"], path)
+    return path
 
 
 def write(suite: str, rows: list[Row], env: dict, ceiling: float, out_dir: str) -> list[str]:

@@ -50,7 +50,7 @@ def _case(ctx, B, V, k, dtype, group, x_axis):
                 impls=impls, peer="torch.softmax→topk", check=_check)
 
 
-@register_suite("topk")
+@register_suite("topk", x_label="k")
 def suite(ctx: BenchContext):
     if ctx.is_cuda:
         Bs, Vs, ks = [1, 32, 256], [128256, 151936, 262144], [1, 8, 50, 256, 1024]
@@ -67,7 +67,7 @@ def suite(ctx: BenchContext):
                 yield _case(ctx, B, V, k, dtype, f"B={B}, V={V}", k)
 
 
-@register_suite("topk-paper")
+@register_suite("topk-paper", x_label="V")
 def paper_suite(ctx: BenchContext):
     dtype = torch.float32
     if not ctx.want(dtype):
