@@ -24,7 +24,6 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -46,7 +45,7 @@ def compile_sm90(fn, args: tuple, meta: dict):
     divisible by 16 marked so), compiled for sm_90a: (cuobjdump -res-usage line, SASS text)."""
     sig, const, attrs = {}, {}, {}
     runtime = [p for p in fn.params if not p.is_constexpr]
-    for i, (p, a) in enumerate(zip(runtime, args)):
+    for p, a in zip(runtime, args):
         if isinstance(a, torch.Tensor):
             sig[p.name] = PTR[a.dtype]
             attrs[(fn.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
@@ -117,6 +116,7 @@ def plan_for(op: str, dtype, n: int):
 
 def main():
     K.sm_count = lambda device: SMS                   # plan as on the H200
+    K.stream_scratch = lambda tag, device, layout: tuple(fake((n,), dt) for n, dt in layout)
     print(f"sm_90a, {SMS} SMs at {CLOCK_GHZ} GHz (assumed), copy ceiling {COPY_GBPS} GB/s; 1 GiB per tensor.\n"
           "bound GB/s = bytes per element x element rate bounded by instruction issue (4 warp-instr/clk/SM) or MUFU "
           "(16 lanes/clk/SM)")
@@ -127,10 +127,9 @@ def main():
                 plan, tensors, bpe = plan_for(op, dtype, n)
                 rec = plan.record
                 ws = None
-                if plan.workspace is not None:
+                if plan.workspace is not None:            # the views _workspace carves, as meta tensors
                     rows, parts, wdt, pick = plan.workspace
-                    layout = (fake((rows,), torch.int32), fake((rows,), torch.int32), fake((parts,), wdt),
-                              fake((parts,), wdt))
+                    layout = K._workspace(torch.device("meta"), rows, parts, wdt)
                     ws = tuple(layout[i] for i in pick)
                 for bound in plan.launches:
                     args = tensors + (ws or ()) + plan.scalars
@@ -151,11 +150,14 @@ def main():
                     issue_gbps = 128 * e_thread / total * SMS * CLOCK_GHZ * bpe
                     mufu_gbps = 16 * e_thread / mufu * SMS * CLOCK_GHZ * bpe if mufu else float("inf")
                     held = elems * esz * (2 if op == "bwd" else 1)
+                    phase = f"PHASE={bound.meta['PHASE']} " if "PHASE" in bound.meta else ""
+                    star = "*" if looped else " "
                     print(f"{op:3} {str(dtype)[6:]:8} N={n:<6} {rec['path']:5} {bound.fn.__name__:32} "
-                          f"{'PHASE=%d ' % bound.meta['PHASE'] if 'PHASE' in bound.meta else ''}"
+                          f"{phase}"
                           f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} | "
                           f"{occ:2} programs/SM, holds {held // 1024:4} KB/program {occ * held // 1024:4} KB/SM | "
-                          f"instr/thread{'*' if looped else ' '}{total:5} ({total / e_thread:5.1f}/elem) MUFU {mufu / e_thread:4.2f}/elem | "
+                          f"instr/thread{star}{total:5} ({total / e_thread:5.1f}/elem) "
+                          f"MUFU {mufu / e_thread:4.2f}/elem | "
                           f"issue bound {issue_gbps:6.0f} GB/s ({100 * issue_gbps / COPY_GBPS:4.0f} %), "
                           f"MUFU bound {mufu_gbps:6.0f} GB/s ({100 * mufu_gbps / COPY_GBPS:4.0f} %)", flush=True)
 
