@@ -17,14 +17,11 @@ from __future__ import annotations
 import collections
 import os
 import re
-import subprocess
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
+from cubin_tools import compile_sm90, cubin_report  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from onlinesoftmax.kernels import softmax as K  # noqa: E402
@@ -35,14 +32,13 @@ CLOCK_GHZ = 1.98          # H200 boost clock: the bounds below assume it
 COPY_GBPS = 4281          # measured copy ceiling (ANCHORS.md)
 REGS_PER_SM, MAX_WARPS_PER_SM, MAX_PROGRAMS_PER_SM = 65536, 64, 32
 GIB = 1 << 30
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64",
        torch.int32: "*i32"}
 
 
-def compile_sm90(fn, args: tuple, meta: dict):
+def compile_launch(fn, args: tuple, meta: dict):
     """``fn`` specialised as a launch with ``args`` gets it (ints equal to 1 as constants, pointers and ints
-    divisible by 16 marked so), compiled for sm_90a: (cuobjdump -res-usage line, SASS text)."""
+    divisible by 16 marked so), compiled for sm_90a: ((registers, stack bytes, shared bytes), SASS text)."""
     sig, const, attrs = {}, {}, {}
     runtime = [p for p in fn.params if not p.is_constexpr]
     for p, a in zip(runtime, args):
@@ -60,15 +56,7 @@ def compile_sm90(fn, args: tuple, meta: dict):
             sig[p.name], const[p.name] = "constexpr", meta[p.name]
     sig = {n: sig[n] for n in fn.arg_names}
     options = {k: v for k, v in meta.items() if k in ("num_warps", "maxnreg")}
-    compiled = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    return res, sass
+    return cubin_report(compile_sm90(ASTSource(fn, sig, const, attrs), options), sass=True)
 
 
 def opcodes(sass: str) -> tuple[collections.Counter, bool]:
@@ -136,10 +124,8 @@ def main():
                     key = (bound.fn.__name__, tuple(sorted(bound.meta.items(), key=str)),
                            tuple(a.dtype if isinstance(a, torch.Tensor) else (a == 1, a % 16 == 0) for a in args))
                     if key not in seen:
-                        seen[key] = compile_sm90(bound.fn, args, bound.meta)
-                    res, sass = seen[key]
-                    regs, stack, shared = (int(v) for v in re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)",
-                                                                     res).groups())
+                        seen[key] = compile_launch(bound.fn, args, bound.meta)
+                    (regs, stack, shared), sass = seen[key]
                     warps = bound.meta["num_warps"]
                     elems = rec.get("chunk") or rec["block_m"] * rec["block_n"]
                     e_thread = elems / (32 * warps)

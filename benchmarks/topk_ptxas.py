@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
+from cubin_tools import compile_sm90, cubin_report  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from onlinesoftmax.kernels import topk as kt  # noqa: E402
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 STAGE1_SIG = {"x_ptr": "*fp32", "ws_ptr": "*i32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32",
               "k": "i32", "S": "i32", "BS": "i32"}
 MERGE_SIG = {"x_ptr": "*fp32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32", "ws_ptr": "*i32",
@@ -37,17 +33,9 @@ def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, ...
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n in ("stride_b", "V")}
     src = ASTSource(fn, sig, dict(constexprs, stride_v=1), attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True,
-                              text=True, check=True).stdout if os.environ.get("SASS") == "1" else ""
-    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?SHARED:(\d+)", out)
+    res, sass = cubin_report(compile_sm90(src, dict(num_warps=num_warps)), sass=os.environ.get("SASS") == "1")
     n_sass = (len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M)),) if sass else ()
-    return tuple(int(g) for g in m.groups()) + n_sass
+    return res + n_sass
 
 
 EXACT_SIG = {"x_ptr": "*fp32", "ws_ptr": "*i32", "stride_b": "i32", "stride_v": "constexpr", "V": "i32",
