@@ -145,6 +145,15 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         with open(f"{out_dir}/{name}.json", "w") as f:
             json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows}, f, indent=1)
 
+    def fwd_baseline(kind, m, n, dtype):
+        """Softmax inputs at (m, n): rows torch and our default under ``kind``, then (sets, reference, bytes)."""
+        sets = inputs(m, n, dtype)
+        ref = torch.softmax(sets[0][0], -1)
+        nb = 2 * m * n * torch.finfo(dtype).bits // 8
+        record(kind, m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
+        record(kind, m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+        return sets, ref, nb
+
     def bwd_baseline(m, n, dtype):
         """Backward inputs at (m, n): rows torch and our default, then (sets, reference, bytes) for variants."""
         bsets = inputs(m, n, dtype, bwd=True)
@@ -254,11 +263,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         for (dtype, n), variants in sweeps.items():
             size = torch.finfo(dtype).bits // 8
             m = GIB // (n * size)
-            sets = inputs(m, n, dtype)
-            ref = torch.softmax(sets[0][0], -1)
-            nb = 2 * m * n * size
-            record("fwd", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
-            record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
             for name, cfg in variants.items():
                 record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             if dtype == torch.bfloat16:
@@ -287,11 +292,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         size = torch.finfo(dtype).bits // 8
         for n in (1024, 4096, 16384, 32768, 131072, 262144):
             m = MB256 // (n * size)
-            sets = inputs(m, n, dtype)
-            ref = torch.softmax(sets[0][0], -1)
-            nb = 2 * m * n * size
-            record("fwd", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
-            record("fwd", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
             if n <= K.ROW_MAX_N:
                 variants = {"no prefetch, grid=tiles": {"prefetch": False},
                             "prefetch waves=1": {"waves": 1}, "prefetch waves=4": {"waves": 4},
@@ -321,11 +322,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del bsets
         for m in (1, 8, 32):
             for n in (128256, 151936, 262144):
-                sets = inputs(m, n, dtype)
-                ref = torch.softmax(sets[0][0], -1)
-                nb = 2 * m * n * size
-                record("dec", m, n, dtype, "torch", lambda x: torch.softmax(x, -1), sets, nb, ref)
-                record("dec", m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
+                sets, ref, nb = fwd_baseline("dec", m, n, dtype)
                 for chunk in (1024, 2048, 8192):
                     record("dec", m, n, dtype, f"coop chunk={chunk}",
                            fwd_variant({"path": "coop", "chunk": chunk, "num_warps": max(4, chunk // 1024)}),
