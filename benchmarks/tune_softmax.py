@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (1, 2, lse, bwd, bwd16)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (1, 2, lse, bwd, bwd16, smem)
 """
 
 from __future__ import annotations
@@ -236,6 +236,28 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                         record("lbwd", m, n, dtype, name, bwd_variant(cfg, log=True), bsets, nb3, lref)
                 del bsets, bref
         save(f"tune_gib_{gib}")
+        return
+    if gib == "smem":     # forward coop with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
+        smem_chunks = {4: (7168, 8192, 9216, 11264, 13312, 16384, 18432), 2: (14336, 16384, 18432, 22528, 26624,
+                                                                               32768, 36864)}
+        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
+                         (torch.bfloat16, 262144), (torch.bfloat16, 32768), (torch.bfloat16, 16384),
+                         (torch.float32, 32768)):
+            size = torch.finfo(dtype).bits // 8
+            m = GIB // (n * size)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            variants = {f"smem chunk={c} w=8": {"path": "coop", "smem": True, "chunk": c, "num_warps": 8}
+                        for c in smem_chunks[size] if c <= n}
+            variants.update({f"smem chunk={c} w=4": {"path": "coop", "smem": True, "chunk": c, "num_warps": 4}
+                             for c in smem_chunks[size][:2] if c <= n})
+            for name, cfg in variants.items():
+                record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
+            lref = torch.log_softmax(sets[0][0], -1)
+            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
+            for name in list(variants)[:3]:
+                record("log", m, n, dtype, name, fwd_variant(variants[name], K.LOG_SOFTMAX), sets, nb, lref)
+            del sets
+        save("tune_gib_smem")
         return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):

@@ -5,7 +5,11 @@ plus 4 eps of the output dtype (``assert_matches_low_precision_eager``).
 Without CUDA the Triton kernels run in the interpreter (small sizes); with CUDA the same tests run there.
 """
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -487,6 +491,85 @@ def test_gpu_bf16x2_backward_and_its_fallbacks(m, n):
             assert_grad_like_eager(fn, torch_fn, xx, g, "triton")
             info = K.last_launch()
             assert (info["path"], info["kernel"]) == ("coop", kern), (g.stride(), g.storage_offset(), info)
+
+
+def _forward_with(x, dim, mode, config):
+    """K.forward with an explicit plan config (not cached): (output, last_launch())."""
+    out = torch.empty_like(x)
+    m, n, inner, (gx, gy) = row_geometry([x, out], dim)
+    K.forward(x, out, gx, gy, m, n, inner, mode, config=dict(config))
+    return out, K.last_launch()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 8192, 8), (9, 50256, 7168, 8), (5, 12672, 16384, 4),
+                                             (70, 262144, 11264, 8)])
+def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
+    """The shared-memory coop kernel against fp64: partial last chunks, one chunk per row, rows holding
+    ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory); x starting off a 16-byte
+    boundary takes the register kernels instead."""
+    base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
+    base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
+    base[m - 1, 3] = float("-inf")
+    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps}
+    cases = [(base[:, :n], -1, "smem"), (base[:, 16:n + 16], -1, "smem"), (base[:, :n].t(), 0, "smem"),
+             (base[:, 1:n + 1], -1, None)]
+    for x, dim, kern in cases:
+        for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX)):
+            out, info = _forward_with(x, dim, mode, cfg)
+            assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
+                (info["kernel"], info["chunk"]) == ("smem", chunk), info
+            assert_matches_low_precision_eager(name, out, x, dim)
+
+
+def test_smem_kernel_eligibility_and_compile_for_sm90():
+    """Where the shared-memory kernel may run (no GPU needed), and that it compiles for sm_90a holding its
+    chunk in shared memory with no spills."""
+    class T:            # the attributes _smem_ok reads
+        def __init__(self, size=4, ptr=0, cuda=True):
+            self.device = torch.device("cuda" if cuda else "cpu")
+            self._size, self._ptr = size, ptr
+
+        def element_size(self):
+            return self._size
+
+        def data_ptr(self):
+            return self._ptr
+
+    ok = (T(), T(), (131072, 0, 1), (131072, 0, 1), 131072, K.SOFTMAX, False)
+    assert K._smem_ok(*ok)
+    assert K._smem_ok(T(2), T(2), *ok[2:])
+    assert not K._smem_ok(*ok[:-1], True)                                   # interpreter
+    assert not K._smem_ok(T(cuda=False), T(cuda=False), *ok[2:])
+    assert not K._smem_ok(T(8), T(8), *ok[2:])                              # fp64
+    assert not K._smem_ok(T(ptr=4), T(), *ok[2:])                           # x off 16 bytes
+    assert not K._smem_ok(*ok[:2], (131080, 0, 1), (131072, 0, 1), *ok[4:])  # row stride not a multiple of 16
+    assert not K._smem_ok(*ok[:2], (131072, 0, 2), (131072, 0, 1), *ok[4:])  # strided columns
+    assert not K._smem_ok(*ok[:4], 131064, *ok[5:])                           # N not a multiple of 16
+    assert not K._smem_ok(*ok[:5], K.LOGSUMEXP, False)
+    # compiled in a child process: under TRITON_INTERPRET=1 (CI) Triton's own helpers are interpreter objects,
+    # which Gluon cannot compile
+    probe = r"""
+import json
+import re
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
+sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
+sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0)
+k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+ptx = k.asm["ptx"]
+print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,
+                  "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["shared"] >= 8192 * 4 and got["cp_async"] >= 8 and not got["local"], got
 
 
 def test_launch_plan_cached_per_problem():

@@ -65,6 +65,8 @@ BF16X2_ROW_MAX_N = 16384     # rows the bf16x2 kernel can take (see _bf16x2_ok) 
 BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warps) up to this N, 77.5 / 75.1 %
 BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
+SMEM_CHUNK_BYTES = 32768    # coop with the chunk in shared memory (kernels/softmax_smem.py): bytes per program
+SMEM_WARPS = 8
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -594,7 +596,8 @@ def forward(x, out, geo_x, geo_y, M, N, INNER, mode: int, config: dict | None = 
     """
     device = x.device
     words = x.dtype == torch.bfloat16 and not (x.data_ptr() | out.data_ptr()) & 3   # see _bf16x2_ok
-    key = (M, N, INNER, geo_x, geo_y, mode, x.dtype, out.dtype, device, words)
+    aligned = not (x.data_ptr() | out.data_ptr()) & 15                              # see _smem_ok
+    key = (M, N, INNER, geo_x, geo_y, mode, x.dtype, out.dtype, device, words, aligned)
     plan = _cached_plan(key, lambda cfg: _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words),
                         config)
     return _run(plan, (x, out), device)
@@ -640,6 +643,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                       fast_exp=fast)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
+    smem = path == "coop" and cfg.pop("smem", False) and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret)
+    if smem:
+        return _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode)
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
     lse_many = mode == LOGSUMEXP and not _few_rows(M, sms)
     chunk = cfg.pop("chunk", None) or (min(LSE_CHUNK, _pow2(N)) if lse_many else
@@ -661,6 +667,30 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
+
+
+def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
+    """softmax_coop_smem_kernel applies: the GPU, softmax or log-softmax of 2- or 4-byte elements, unit-stride
+    rows whose starts and N are multiples of 16 elements, 16-byte aligned x and y (16-byte cp.async per thread)."""
+    return (not interpret and x.device.type == "cuda" and mode != LOGSUMEXP and x.element_size() in (2, 4)
+            and N % 16 == 0 and geo_x[2] == geo_y[2] == 1 and not any(s % 16 for s in geo_x[:2] + geo_y[:2])
+            and not (x.data_ptr() | out.data_ptr()) & 15)
+
+
+def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
+    from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
+
+    warps = cfg.pop("num_warps", SMEM_WARPS)
+    vec = 16 // x.element_size()
+    sub = vec * 32 * warps
+    chunk = cfg.pop("chunk", None) or SMEM_CHUNK_BYTES // x.element_size()
+    chunk = max(sub, chunk // sub * sub)
+    C = triton.cdiv(N, chunk)
+    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, num_warps=warps)
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C,
+                  smem_bytes=chunk * x.element_size())
+    return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
+                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:

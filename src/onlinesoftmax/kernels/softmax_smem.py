@@ -1,0 +1,87 @@
+"""The long-row softmax kernel that holds its chunk in shared memory (Gluon, sm_80+; the GPU only).
+
+Same scheme as ``softmax_chunks_kernel``'s coop phase (kernels/softmax.py): program (row, c) owns chunk c of its
+row, publishes (m_c, d_c), waits at the row barrier until its C siblings have published, merges with ⊕ and
+writes y from the chunk it still holds: one read of x, one write of y. The difference is where the chunk waits.
+The register kernels hold at most about 128 KB per SM (four 8192-element fp32 chunks at 57 registers), and the
+coop path's speed followed those bytes (docs/softmax.md: 64 KB per SM ≈ 55 %, 128 KB ≈ 75 %, 160 KB ≈ 81 %).
+Here the chunk is copied global → shared by ``cp.async`` (no registers held while the bytes are in flight or
+while the program waits), so an SM holds up to its 227 KB of shared memory, and a program needs few registers.
+
+Steps, in the paper's notation, for chunk c of CHUNK = S x SUB elements:
+    0. cp.async the S sub-tiles into shared memory, wait for them;
+    1. m_c = max_j x_j,  d_c = sum_j e^(x_j - m_c)   (two passes over shared memory, one exponential each);
+    2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c);
+    3. y_j = e^(x_j - m) / d  (softmax) or (x_j - m) - log d  (log-softmax), read from shared memory again.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+from .softmax import _exp, _row_barrier, _shift
+
+
+@gluon.jit
+def softmax_coop_smem_kernel(
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
+    CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
+):
+    """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned)."""
+    SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
+    S: gl.constexpr = CHUNK // SUB
+    L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    pid = gl.program_id(0)
+    row = pid // C
+    c = pid % C
+    r64 = row.to(gl.int64)
+    start = c * CHUNK
+    x_row = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi + start
+    offs = gl.arange(0, SUB, layout=L)
+    smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
+                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+    # 0. the whole chunk in flight at once; each thread reads back only what it copied, so no block barrier
+    for s in gl.static_range(S):
+        cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
+    cp.commit_group()
+    cp.wait_group(0)
+    # 1. m_c, then d_c relative to it
+    mv = gl.full([SUB], float("-inf"), gl.float32, L)
+    for s in range(S):
+        x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
+        mv = gl.maximum(mv, x)
+    m_c = gl.max(mv, axis=0)
+    sh_c = _shift(m_c)
+    dv = gl.zeros([SUB], gl.float32, L)
+    for s in range(S):
+        x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
+        dv += _exp(x - sh_c, True)
+    d_c = gl.sum(dv, axis=0)
+    # 2. publish, wait for the row, merge: m = max_c m_c, d = sum_c d_c e^(m_c - m)
+    gl.store(PART_M + pid, m_c)
+    gl.store(PART_D + pid, d_c)
+    gl.thread_barrier()
+    _row_barrier(ARRIVE, GEN, row, C)
+    KL: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    k = gl.arange(0, C_POW2, layout=KL)
+    pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+    pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+    m = gl.max(pm, axis=0)
+    d = gl.sum(pd * gl.where(pm == m, 1.0, gl.exp(pm - m)), axis=0)
+    # 3. y from shared memory; a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
+    y_row = Y + (r64 // INNER) * syo + (r64 % INNER) * syi + start
+    sh = _shift(m)
+    if MODE == 0:
+        scale = gl.where(m == float("inf"), float("nan"), 1.0 / d)
+    else:
+        log_d = gl.where(m == float("inf"), float("nan"), gl.log(d))
+    for s in range(S):
+        cols = start + s * SUB + offs
+        x = smem.index(s).load(L).to(gl.float32)
+        if MODE == 0:
+            y = _exp(x - sh, True) * scale
+        else:
+            y = (x - m) - log_d
+        gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=cols < N)
