@@ -238,23 +238,24 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save(f"tune_gib_{gib}")
         return
     if gib == "smem":     # forward coop with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
-        smem_chunks = {4: (7168, 8192, 9216, 11264, 13312, 16384, 18432), 2: (14336, 16384, 18432, 22528, 26624,
-                                                                               32768, 36864)}
+        smem_variants = {     # element bytes -> (chunk, warps, pipe)
+            4: ((8192, 4, False), (8192, 4, True), (8192, 2, False), (8192, 2, True), (4096, 2, True),
+                (6144, 4, True), (11264, 4, True), (16384, 4, True), (8192, 8, True)),
+            2: ((16384, 4, False), (16384, 4, True), (16384, 2, True), (12288, 4, True), (22528, 4, True),
+                (32768, 4, True), (16384, 8, True))}
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
-                         (torch.bfloat16, 262144), (torch.bfloat16, 32768), (torch.bfloat16, 16384),
-                         (torch.float32, 32768)):
+                         (torch.bfloat16, 262144)):
             size = torch.finfo(dtype).bits // 8
             m = GIB // (n * size)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            variants = {f"smem chunk={c} w=8": {"path": "coop", "smem": True, "chunk": c, "num_warps": 8}
-                        for c in smem_chunks[size] if c <= n}
-            variants.update({f"smem chunk={c} w=4": {"path": "coop", "smem": True, "chunk": c, "num_warps": 4}
-                             for c in smem_chunks[size][:2] if c <= n})
+            variants = {f"smem chunk={c} w={w}{' pipe' if p else ''}": {"path": "coop", "smem": True, "chunk": c,
+                                                                        "num_warps": w, "pipe": p}
+                        for c, w, p in smem_variants[size]}
             for name, cfg in variants.items():
                 record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             lref = torch.log_softmax(sets[0][0], -1)
             record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
-            for name in list(variants)[:3]:
+            for name in list(variants)[:4]:
                 record("log", m, n, dtype, name, fwd_variant(variants[name], K.LOG_SOFTMAX), sets, nb, lref)
             del sets
         save("tune_gib_smem")

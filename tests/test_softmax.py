@@ -496,7 +496,7 @@ def test_gpu_bf16x2_backward_and_its_fallbacks(m, n):
 def _forward_with(x, dim, mode, config):
     """K.forward with an explicit plan config (not cached): (output, last_launch())."""
     out = torch.empty_like(x)
-    m, n, inner, (gx, gy) = row_geometry([x, out], dim)
+    m, n, inner, (gx, gy) = row_geometry([x, out], dim % x.dim())
     K.forward(x, out, gx, gy, m, n, inner, mode, config=dict(config))
     return out, K.last_launch()
 
@@ -559,7 +559,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0)
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, PIPE=False)
 k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
 print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,

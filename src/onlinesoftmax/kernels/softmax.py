@@ -67,6 +67,7 @@ BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
 SMEM_CHUNK_BYTES = 32768    # coop with the chunk in shared memory (kernels/softmax_smem.py): bytes per program
 SMEM_WARPS = 8
+SMEM_PIPE = False
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -686,8 +687,9 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
     chunk = cfg.pop("chunk", None) or SMEM_CHUNK_BYTES // x.element_size()
     chunk = max(sub, chunk // sub * sub)
     C = triton.cdiv(N, chunk)
-    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, num_warps=warps)
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C,
+    pipe = cfg.pop("pipe", SMEM_PIPE)
+    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, PIPE=pipe, num_warps=warps)
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, pipe=pipe,
                   smem_bytes=chunk * x.element_size())
     return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)

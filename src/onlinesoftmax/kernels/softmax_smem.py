@@ -28,6 +28,7 @@ from .softmax import _exp, _row_barrier, _shift
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
+    PIPE: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned)."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
@@ -45,13 +46,22 @@ def softmax_coop_smem_kernel(
     # 0. the whole chunk in flight at once; each thread reads back only what it copied, so no block barrier
     for s in gl.static_range(S):
         cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
-    cp.commit_group()
-    cp.wait_group(0)
-    # 1. m_c, then d_c relative to it
+        if PIPE:
+            cp.commit_group()
+    if not PIPE:
+        cp.commit_group()
+        cp.wait_group(0)
+    # 1. m_c (PIPE: each sub-tile as soon as it has landed), then d_c relative to it
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
-    for s in range(S):
-        x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
-        mv = gl.maximum(mv, x)
+    if PIPE:
+        for s in gl.static_range(S):
+            cp.wait_group(S - 1 - s)
+            x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
+            mv = gl.maximum(mv, x)
+    else:
+        for s in range(S):
+            x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
+            mv = gl.maximum(mv, x)
     m_c = gl.max(mv, axis=0)
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)

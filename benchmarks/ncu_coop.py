@@ -1,0 +1,50 @@
+"""One launch each of the long-row forward kernels, for Nsight Compute (the warm-up launches are not profiled):
+
+    ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section MemoryWorkloadAnalysis python benchmarks/ncu_coop.py [M N dtype]
+
+Variants: the default plan and the shared-memory coop kernel (kernels/softmax_smem.py) at a few configs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from onlinesoftmax.kernels import softmax as K
+from onlinesoftmax.ops.softmax import row_geometry
+
+VARIANTS = {"default": None,
+            "smem chunk=8192 w=4": {"path": "coop", "smem": True, "chunk": 8192, "num_warps": 4},
+            "smem chunk=8192 w=4 pipe": {"path": "coop", "smem": True, "chunk": 8192, "num_warps": 4, "pipe": True}}
+
+
+def main(m=1024, n=262144, dtype="float32"):
+    x = torch.randn(m, n, device="cuda").to(getattr(torch, dtype)) * 3
+    out = torch.empty_like(x)
+    M, N, inner, (gx, gy) = row_geometry([x, out], 1)
+    plans = {name: K._forward_plan(dict(cfg), x, out, gx, gy, M, N, inner, K.SOFTMAX) if cfg else None
+             for name, cfg in VARIANTS.items()}
+
+    def run(name):
+        if plans[name] is None:
+            K.forward(x, out, gx, gy, M, N, inner, K.SOFTMAX)
+        else:
+            K._run(plans[name], (x, out), x.device)
+
+    for name in VARIANTS:                      # compile and warm
+        run(name)
+        torch.testing.assert_close(out, torch.softmax(x, -1))
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name in VARIANTS:
+        print("profiled:", name, K.last_launch() if plans[name] is None else plans[name].record, flush=True)
+        run(name)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(*(int(v) for v in a[:2]), *a[2:3])
