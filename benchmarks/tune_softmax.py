@@ -238,24 +238,25 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save(f"tune_gib_{gib}")
         return
     if gib == "smem":     # forward coop with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
-        smem_variants = {     # element bytes -> (chunk, warps, pipe)
-            4: ((8192, 4, False), (8192, 4, True), (8192, 2, False), (8192, 2, True), (4096, 2, True),
-                (6144, 4, True), (11264, 4, True), (16384, 4, True), (8192, 8, True)),
-            2: ((16384, 4, False), (16384, 4, True), (16384, 2, True), (12288, 4, True), (22528, 4, True),
-                (32768, 4, True), (16384, 8, True))}
+        smem_variants = {     # element bytes -> (chunk, warps, persistent, early)
+            4: ((11264, 4, False, False), (8192, 4, True, False), (8192, 4, True, True), (6144, 4, True, False),
+                (4096, 4, True, False), (4096, 2, True, False), (8192, 8, True, False), (11264, 4, True, False)),
+            2: ((16384, 2, False, False), (16384, 4, True, False), (16384, 4, True, True), (8192, 4, True, False),
+                (16384, 2, True, False), (12288, 4, True, False), (8192, 2, True, False),
+                (32768, 4, True, False))}
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
-                         (torch.bfloat16, 262144)):
+                         (torch.bfloat16, 262144), (torch.bfloat16, 32768), (torch.bfloat16, 16384)):
             size = torch.finfo(dtype).bits // 8
             m = GIB // (n * size)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            variants = {f"smem chunk={c} w={w}{' pipe' if p else ''}": {"path": "coop", "smem": True, "chunk": c,
-                                                                        "num_warps": w, "pipe": p}
-                        for c, w, p in smem_variants[size]}
+            variants = {f"smem chunk={c} w={w}{' persist' if p else ''}{' early' if e else ''}":
+                        {"path": "coop", "smem": True, "chunk": c, "num_warps": w, "persist": p, "early": e}
+                        for c, w, p, e in smem_variants[size] if c <= n}
             for name, cfg in variants.items():
                 record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             lref = torch.log_softmax(sets[0][0], -1)
             record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
-            for name in list(variants)[:4]:
+            for name in list(variants)[:3]:
                 record("log", m, n, dtype, name, fwd_variant(variants[name], K.LOG_SOFTMAX), sets, nb, lref)
             del sets
         save("tune_gib_smem")

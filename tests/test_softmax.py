@@ -503,23 +503,24 @@ def _forward_with(x, dim, mode, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 8192, 8), (9, 50256, 7168, 8), (5, 12672, 16384, 4),
-                                             (70, 262144, 11264, 8)])
-def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
+@pytest.mark.parametrize("m,n,chunk,warps,persist", [(40, 131072, 8192, 8, False), (9, 50256, 6144, 8, True),
+                                                     (5, 12672, 16384, 4, False), (70, 262144, 11264, 4, True),
+                                                     (400, 131072, 8192, 4, True)])
+def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, persist):
     """The shared-memory coop kernel against fp64: partial last chunks, one chunk per row, rows holding
     ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory); x starting off a 16-byte
-    boundary takes the register kernels instead."""
+    boundary takes the register kernels instead. persist: more items than resident programs (the last case)."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3] = float("-inf")
-    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps}
+    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "persist": persist}
     cases = [(base[:, :n], -1, "smem"), (base[:, 16:n + 16], -1, "smem"), (base[:, :n].t(), 0, "smem"),
              (base[:, 1:n + 1], -1, None)]
     for x, dim, kern in cases:
         for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX)):
-            out, info = _forward_with(x, dim, mode, cfg)
+            out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True})
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
-                (info["kernel"], info["chunk"]) == ("smem", chunk), info
+                (info["kernel"], info["chunk"], info["bufs"]) == ("smem", chunk, 1 + persist), info
             assert_matches_low_precision_eager(name, out, x, dim)
 
 
@@ -559,7 +560,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, PIPE=False)
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, BUFS=2, EARLY=False)
 k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
 print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,

@@ -67,7 +67,9 @@ BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
 SMEM_CHUNK_BYTES = 32768    # coop with the chunk in shared memory (kernels/softmax_smem.py): bytes per program
 SMEM_WARPS = 8
-SMEM_PIPE = False
+SMEM_PERSIST = False
+SMEM_PER_SM_BYTES = 233472    # H100 / H200: 228 KB of shared memory per SM (when torch does not say)
+SMEM_RESERVED_BYTES = 1024 + 128   # per program: the driver's 1 KB, and the kernel's reduction scratch
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -678,6 +680,11 @@ def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
             and not (x.data_ptr() | out.data_ptr()) & 15)
 
 
+def _smem_per_sm(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_multiprocessor", SMEM_PER_SM_BYTES)
+
+
 def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
@@ -687,12 +694,24 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
     chunk = cfg.pop("chunk", None) or SMEM_CHUNK_BYTES // x.element_size()
     chunk = max(sub, chunk // sub * sub)
     C = triton.cdiv(N, chunk)
-    pipe = cfg.pop("pipe", SMEM_PIPE)
-    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, PIPE=pipe, num_warps=warps)
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, pipe=pipe,
-                  smem_bytes=chunk * x.element_size())
-    return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
-                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
+    items = M * C
+    bufs = 2 if cfg.pop("persist", SMEM_PERSIST) else 1
+    grid = items
+    if bufs == 2:
+        # every program resident at once (their barriers wait on each other): as many as shared memory holds
+        per_program = bufs * chunk * x.element_size() + SMEM_RESERVED_BYTES
+        resident = min(_smem_per_sm(x.device) // per_program, 64 // warps) * sm_count(x.device)
+        grid = min(items, resident // C * C)
+        if grid < C:
+            bufs, grid = 1, items
+    early = cfg.pop("early", False)
+    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, BUFS=bufs, EARLY=early,
+                num_warps=warps)
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=grid, bufs=bufs,
+                  early=early, smem_bytes=bufs * chunk * x.element_size())
+    return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (grid,), meta)],
+                 (N, INNER, *geo_x[:2], *geo_y[:2], C, items, grid), (M, items, torch.float32, (2, 3, 0, 1)),
+                 record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
