@@ -3,7 +3,7 @@
     ncu --profile-from-start off --section SpeedOfLight --section Occupancy --section WarpStateStats \
         --section MemoryWorkloadAnalysis python benchmarks/ncu_coop.py [M N dtype]
 
-Variants: the default plan and the shared-memory coop kernel (kernels/softmax_smem.py) at a few configs.
+Variants: the default plan (the shared-memory coop kernel, kernels/softmax_smem.py) and the register kernels.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from onlinesoftmax.kernels import softmax as K
 from onlinesoftmax.ops.softmax import row_geometry
 
 VARIANTS = {"default": None,
-            "smem chunk=11264 w=4": {"path": "coop", "smem": True, "chunk": 11264, "num_warps": 4},
-            "smem chunk=8192 w=4 persist": {"path": "coop", "smem": True, "chunk": 8192, "num_warps": 4,
-                                            "persist": True}}
+            "registers": {"path": "coop", "smem": False}}
 
 
 def main(m=1024, n=262144, dtype="float32"):

@@ -237,27 +237,22 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save(f"tune_gib_{gib}")
         return
-    if gib == "smem":     # forward coop with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
-        smem_variants = {     # element bytes -> (chunk, warps, persistent, early)
-            4: ((11264, 4, False, False), (8192, 4, True, False), (8192, 4, True, True), (6144, 4, True, False),
-                (4096, 4, True, False), (4096, 2, True, False), (8192, 8, True, False), (11264, 4, True, False)),
-            2: ((16384, 2, False, False), (16384, 4, True, False), (16384, 4, True, True), (8192, 4, True, False),
-                (16384, 2, True, False), (12288, 4, True, False), (8192, 2, True, False),
-                (32768, 4, True, False))}
+    if gib == "smem":     # the coop kernel with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
+        neighbours = {4: ((9216, 4), (13312, 4), (11264, 8)), 2: ((12288, 2), (22528, 2), (16384, 4))}
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
-                         (torch.bfloat16, 262144), (torch.bfloat16, 32768), (torch.bfloat16, 16384)):
+                         (torch.bfloat16, 262144), (torch.float16, 131072), (torch.float16, 262144)):
             size = torch.finfo(dtype).bits // 8
             m = GIB // (n * size)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            variants = {f"smem chunk={c} w={w}{' persist' if p else ''}{' early' if e else ''}":
-                        {"path": "coop", "smem": True, "chunk": c, "num_warps": w, "persist": p, "early": e}
-                        for c, w, p, e in smem_variants[size] if c <= n}
+            variants = {"registers": {"path": "coop", "smem": False}}
+            variants.update({f"smem chunk={c} w={w}": {"path": "coop", "smem": True, "chunk": c, "num_warps": w}
+                             for c, w in neighbours[size]})
             for name, cfg in variants.items():
                 record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             lref = torch.log_softmax(sets[0][0], -1)
-            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
-            for name in list(variants)[:3]:
-                record("log", m, n, dtype, name, fwd_variant(variants[name], K.LOG_SOFTMAX), sets, nb, lref)
+            for name, cfg in (("default", None), ("registers", variants["registers"]),
+                              ("smem", {"path": "coop", "smem": True})):
+                record("log", m, n, dtype, name, fwd_variant(cfg, K.LOG_SOFTMAX), sets, nb, lref)
             del sets
         save("tune_gib_smem")
         return

@@ -287,6 +287,18 @@ def test_bf16x2_path_and_chunk_on_h200(m, n, path, chunk):
         assert K._chunking(m, n, H200_SMS, backward=False, words=words)[0] == chunk
 
 
+@pytest.mark.parametrize("m,n,size,mode,bf16x2,expect", [
+    (2048, 131072, 4, K.SOFTMAX, False, K.SMEM_CONFIG[4]), (1024, 262144, 4, K.LOG_SOFTMAX, False, K.SMEM_CONFIG[4]),
+    (4096, 131072, 2, K.SOFTMAX, True, K.SMEM_CONFIG[2]), (2048, 262144, 2, K.SOFTMAX, True, K.SMEM_CONFIG[2]),
+    (4096, 131072, 2, K.LOG_SOFTMAX, True, None), (16384, 32768, 2, K.SOFTMAX, True, None),
+    (4096, 131072, 2, K.LOG_SOFTMAX, False, K.SMEM_CONFIG[2]), (32, 151936, 4, K.SOFTMAX, False, None),
+])
+def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
+    """Many long rows take the shared-memory coop kernel, except bf16 rows the bf16x2 kernel measured better on
+    (N <= BF16X2_SHORT_N, log-softmax) and decode sizes."""
+    assert K._smem_config(m, n, size, mode, H200_SMS, bf16x2) == expect
+
+
 def test_bf16x2_backward_eligibility():
     row = (65536, 0, 1)                       # (stride_outer, stride_inner, stride_n) of contiguous rows
     assert K._bf16x2_bwd_ok((row, row, row), 65536, words=True)
@@ -425,12 +437,14 @@ def test_gpu_coop_repeated_calls_and_streams():
 
 
 @pytest.mark.gpu
-def test_gpu_more_than_2_31_elements():
-    """Offsets past 2^31: 2^31 + 4096·3 bf16 elements; check the rows beyond the 32-bit boundary."""
-    n = 4096
+@pytest.mark.parametrize("n,kernel", [(4096, None), (131072, "smem")])
+def test_gpu_more_than_2_31_elements(n, kernel):
+    """Offsets past 2^31: 2^31 + 3 rows of bf16 elements; check the rows beyond the 32-bit boundary (N = 4096:
+    rows path; N = 131072: the shared-memory coop kernel)."""
     m = (1 << 31) // n + 3
     x = torch.empty(m, n, device="cuda", dtype=torch.bfloat16).normal_()
     y = oss.softmax(x)
+    assert K.last_launch().get("kernel") == kernel
     tail = slice(m - 5, m)
     torch.testing.assert_close(y[tail].float(), torch.softmax(x[tail].float(), -1), atol=1e-2, rtol=1e-2)
     lse = oss.logsumexp(x)
@@ -503,24 +517,23 @@ def _forward_with(x, dim, mode, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,chunk,warps,persist", [(40, 131072, 8192, 8, False), (9, 50256, 6144, 8, True),
-                                                     (5, 12672, 16384, 4, False), (70, 262144, 11264, 4, True),
-                                                     (400, 131072, 8192, 4, True)])
-def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, persist):
+@pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 8192, 8), (9, 50256, 6144, 8), (5, 12672, 16384, 4),
+                                             (70, 262144, 11264, 4)])
+def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
     """The shared-memory coop kernel against fp64: partial last chunks, one chunk per row, rows holding
     ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory); x starting off a 16-byte
-    boundary takes the register kernels instead. persist: more items than resident programs (the last case)."""
+    boundary takes the register kernels instead."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3] = float("-inf")
-    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "persist": persist}
+    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps}
     cases = [(base[:, :n], -1, "smem"), (base[:, 16:n + 16], -1, "smem"), (base[:, :n].t(), 0, "smem"),
              (base[:, 1:n + 1], -1, None)]
     for x, dim, kern in cases:
         for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX)):
             out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True})
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
-                (info["kernel"], info["chunk"], info["bufs"]) == ("smem", chunk, 1 + persist), info
+                (info["kernel"], info["chunk"]) == ("smem", chunk), info
             assert_matches_low_precision_eager(name, out, x, dim)
 
 
@@ -560,7 +573,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, BUFS=2, EARLY=False)
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0)
 k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
 print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,

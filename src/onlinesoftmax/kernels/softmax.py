@@ -65,11 +65,11 @@ BF16X2_ROW_MAX_N = 16384     # rows the bf16x2 kernel can take (see _bf16x2_ok) 
 BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warps) up to this N, 77.5 / 75.1 %
 BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
-SMEM_CHUNK_BYTES = 32768    # coop with the chunk in shared memory (kernels/softmax_smem.py): bytes per program
-SMEM_WARPS = 8
-SMEM_PERSIST = False
-SMEM_PER_SM_BYTES = 233472    # H100 / H200: 228 KB of shared memory per SM (when torch does not say)
-SMEM_RESERVED_BYTES = 1024 + 128   # per program: the driver's 1 KB, and the kernel's reduction scratch
+SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps) of the coop kernel that holds its
+    4: (11264, 4),           # chunk in shared memory (kernels/softmax_smem.py). 1 GiB, fp32 N = 128K / 256K: 92.1 /
+    2: (16384, 2),           # 89.5 % against 87.0 / 81.7 % (registers); bf16 softmax 80.9 / 80.3 against 78.5 / 75.4
+}                            # (bf16x2). bf16 log-softmax stays bf16x2: 78.1 / 77.5 against 85.2 / 78.2; bf16 N = 32K
+                             # too: 76.2 against 83.8 (tune-gib-smem-*.log)
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -646,9 +646,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                       fast_exp=fast)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
                      None, record)
-    smem = path == "coop" and cfg.pop("smem", False) and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret)
-    if smem:
-        return _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode)
+    smem = _smem_config(M, N, x.element_size(), mode, sms, eligible)
+    if path == "coop" and cfg.pop("smem", smem is not None) and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret):
+        return _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, *(smem or SMEM_CONFIG[x.element_size()]))
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
     lse_many = mode == LOGSUMEXP and not _few_rows(M, sms)
     chunk = cfg.pop("chunk", None) or (min(LSE_CHUNK, _pow2(N)) if lse_many else
@@ -680,38 +680,27 @@ def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
             and not (x.data_ptr() | out.data_ptr()) & 15)
 
 
-def _smem_per_sm(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_multiprocessor", SMEM_PER_SM_BYTES)
+def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: bool) -> tuple[int, int] | None:
+    """(chunk, warps) of softmax_coop_smem_kernel for a coop problem of many rows, or None where the register
+    kernels measured better: decode sizes (not measured with it), bf16 rows the bf16x2 kernel takes in short
+    chunks (N <= BF16X2_SHORT_N), and bf16 log-softmax (see SMEM_CONFIG)."""
+    if _few_rows(M, sms) or (bf16x2 and (N <= BF16X2_SHORT_N or mode == LOG_SOFTMAX)):
+        return None
+    return SMEM_CONFIG.get(elem_bytes)
 
 
-def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
+def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps) -> _Plan:
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
-    warps = cfg.pop("num_warps", SMEM_WARPS)
-    vec = 16 // x.element_size()
-    sub = vec * 32 * warps
-    chunk = cfg.pop("chunk", None) or SMEM_CHUNK_BYTES // x.element_size()
-    chunk = max(sub, chunk // sub * sub)
+    warps = cfg.pop("num_warps", warps)
+    sub = 16 // x.element_size() * 32 * warps              # elements per sub-tile: one 16-byte copy per thread
+    chunk = max(sub, cfg.pop("chunk", chunk) // sub * sub)
     C = triton.cdiv(N, chunk)
-    items = M * C
-    bufs = 2 if cfg.pop("persist", SMEM_PERSIST) else 1
-    grid = items
-    if bufs == 2:
-        # every program resident at once (their barriers wait on each other): as many as shared memory holds
-        per_program = bufs * chunk * x.element_size() + SMEM_RESERVED_BYTES
-        resident = min(_smem_per_sm(x.device) // per_program, 64 // warps) * sm_count(x.device)
-        grid = min(items, resident // C * C)
-        if grid < C:
-            bufs, grid = 1, items
-    early = cfg.pop("early", False)
-    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, BUFS=bufs, EARLY=early,
+    meta = dict(CHUNK=chunk, VEC=16 // x.element_size(), WARPS=warps, C_POW2=_pow2(C), MODE=mode,
                 num_warps=warps)
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=grid, bufs=bufs,
-                  early=early, smem_bytes=bufs * chunk * x.element_size())
-    return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (grid,), meta)],
-                 (N, INNER, *geo_x[:2], *geo_y[:2], C, items, grid), (M, items, torch.float32, (2, 3, 0, 1)),
-                 record)
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
+                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
