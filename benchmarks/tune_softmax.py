@@ -238,13 +238,14 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save(f"tune_gib_{gib}")
         return
     if gib == "smem":     # the coop kernel with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
-        neighbours = {4: ((9216, 4), (13312, 4), (11264, 8)), 2: ((12288, 2), (22528, 2), (16384, 4))}
+        neighbours = {4: ((9216, 4), (8192, 4)), 2: ((8192, 2), (22528, 2), (32768, 4))}
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
-                         (torch.bfloat16, 262144), (torch.float16, 131072), (torch.float16, 262144)):
+                         (torch.bfloat16, 262144), (torch.float16, 131072), (torch.bfloat16, 32768),
+                         (torch.bfloat16, 65536), (torch.float32, 65536)):
             size = torch.finfo(dtype).bits // 8
             m = GIB // (n * size)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            variants = {"registers": {"path": "coop", "smem": False}}
+            variants = {"registers": {"path": "coop", "smem": False}, "smem": {"path": "coop", "smem": True}}
             variants.update({f"smem chunk={c} w={w}": {"path": "coop", "smem": True, "chunk": c, "num_warps": w}
                              for c, w in neighbours[size]})
             for name, cfg in variants.items():

@@ -697,7 +697,7 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps) -> _Plan:
     chunk = max(sub, cfg.pop("chunk", chunk) // sub * sub)
     C = triton.cdiv(N, chunk)
     meta = dict(CHUNK=chunk, VEC=16 // x.element_size(), WARPS=warps, C_POW2=_pow2(C), MODE=mode,
-                num_warps=warps)
+                EVEN=N % chunk == 0, num_warps=warps)
     record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
     return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)

@@ -25,11 +25,23 @@ from .softmax import _exp, _row_barrier, _shift
 
 
 @gluon.jit
+def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
+    """Sub-tile s as fp32, -inf past N (copied as zeros there)."""
+    x = smem.index(s).load(L).to(gl.float32)
+    if EVEN:
+        return x
+    else:
+        return gl.where(cols < N, x, float("-inf"))
+
+
+@gluon.jit
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
+    EVEN: gl.constexpr,
 ):
-    """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned)."""
+    """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
+    EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer)."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
@@ -43,20 +55,21 @@ def softmax_coop_smem_kernel(
                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
     # 0. the whole chunk in flight at once, one cp.async group per sub-tile
     for s in gl.static_range(S):
-        cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
+        if EVEN:
+            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs)
+        else:
+            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
         cp.commit_group()
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
     for s in gl.static_range(S):
         cp.wait_group(S - 1 - s)
-        x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
-        mv = gl.maximum(mv, x)
+        mv = gl.maximum(mv, _sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN))
     m_c = gl.max(mv, axis=0)
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)
     for s in range(S):
-        x = gl.where(start + s * SUB + offs < N, smem.index(s).load(L).to(gl.float32), float("-inf"))
-        dv += _exp(x - sh_c, True)
+        dv += _exp(_sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN) - sh_c, True)
     d_c = gl.sum(dv, axis=0)
     # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c)
     gl.store(PART_M + pid, m_c)
@@ -81,4 +94,7 @@ def softmax_coop_smem_kernel(
             y = _exp(x - sh, True) * scale
         else:
             y = (x - m) - log_d
-        gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
+        if EVEN:
+            gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty))
+        else:
+            gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
