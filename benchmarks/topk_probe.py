@@ -37,16 +37,28 @@ RUN14 = {
                           dict(tree=2, tree_warps=8, **T1)],
 }
 ONE = dict(tree=0)          # the one-level merge (streams its slots where they pass MERGE_TILE)
-VARIANTS = {
-    (256, 128256, 1024): [ONE],
-    (1, 262144, 1024): [],
-    (32, 151936, 1024): [],
-    (256, 262144, 1024): [],
-    (1, 128256, 1024): [],
-    (256, 262144, 50): [ONE],
-    (1, 262144, 50): [ONE],
-    (256, 128256, 50): [],
+# Run 15 (commit e872dd2): the defaults of 17c8ca9 against the one-level merge (probe-run15.log); --run15.
+RUN15 = {
+    (256, 128256, 1024): [ONE], (1, 262144, 1024): [], (32, 151936, 1024): [], (256, 262144, 1024): [],
+    (1, 128256, 1024): [], (256, 262144, 50): [ONE], (1, 262144, 50): [ONE], (256, 128256, 50): [],
     (32, 262144, 50): [],
+}
+# Run 17: stage 1's 1-bit bisection (radix 0) and the merge's row bound (the new defaults) against run 16's plan
+# (OLD: 3-bit radix steps, lo = max t_c), each alone, and stage-1 register variants; the sort path at B = 1.
+OLD = dict(radix=3, row_bound=False)
+SORT = dict(path="sort")
+VARIANTS = {
+    (256, 128256, 50): [OLD, dict(radix=3), dict(row_bound=False), dict(maxnreg=144), dict(maxnreg=128),
+                        dict(merge_warps=8)],
+    (256, 128256, 8): [OLD],
+    (256, 128256, 1): [OLD],
+    (32, 128256, 50): [OLD],
+    (256, 262144, 50): [OLD],
+    (1, 128256, 50): [OLD],
+    (1, 262144, 50): [OLD],
+    (1, 128256, 1024): [SORT],
+    (1, 151936, 1024): [SORT],
+    (1, 262144, 1024): [SORT],
 }
 SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1)]}     # --smoke: CPU, the interpreter
 
@@ -60,19 +72,26 @@ def configs(B, V, k, variants=None):
 
 
 
+def _run(x, k, cfg):
+    """The op under ``cfg``: the kernels, or the sort path (a stable torch sort + logsumexp)."""
+    from onlinesoftmax.kernels import topk as kt
+    from onlinesoftmax.ops.topk import _torch_2d
+
+    return _torch_2d(x, k) if cfg.path == "sort" else kt.softmax_topk_2d(x, k, cfg)
+
+
 def _compile(job):
     import torch
 
-    from onlinesoftmax.kernels import topk as kt
 
-    (B, V, k), variants = job
+    (B, V, k), variants = job      # one job per variant (None: the default plan), so they compile in parallel
     shape = (B, V, k)
     x = torch.randn(B, V, device=DEV)
     t0 = time.time()
     errs = []
-    for cfg in configs(B, V, k, variants):
+    for cfg in configs(B, V, k, [] if variants is None else variants)[0 if variants is None else 1:]:
         try:
-            kt.softmax_topk_2d(x, k, cfg)
+            _run(x, k, cfg)
         except Exception as e:  # reported again when timed
             errs.append(f"{cfg}: {type(e).__name__}: {str(e)[:200]}")
     return shape, time.time() - t0, errs
@@ -86,10 +105,9 @@ def _check(x, k, cfg):
     import torch
 
     from onlinesoftmax import softmax_topk
-    from onlinesoftmax.kernels import topk as kt
 
     ref = softmax_topk(x, k, backend="torch")
-    v, i, lse = kt.softmax_topk_2d(x, k, cfg)
+    v, i, lse = _run(x, k, cfg)
     rtol = 2e-5 * max(1.0, float(ref.lse.abs().max()))      # the torch path's exp(x - lse) errs by |lse|·eps
     return bool(torch.equal(i, ref.indices) and torch.allclose(v, ref.values, rtol=rtol, atol=1e-8, equal_nan=True)
                 and torch.allclose(lse, ref.lse, rtol=2e-6, atol=2e-6, equal_nan=True))
@@ -102,6 +120,9 @@ def _special(x):
     x = x.clone()
     x[0, : V // 2] = torch.arange(V // 2, device=x.device, dtype=torch.float32)   # the exact path in most chunks
     x[x.shape[0] - 1, ::3] = float("-inf")
+    if x.shape[0] >= 4:     # negative denormal maxima (flushed to zero in base 2), a NaN
+        x[1] = -1e-40 * (1 + torch.arange(V, device=x.device) % 7)
+        x[2, 5] = float("nan")
     return x
 
 
@@ -126,15 +147,17 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter), nothing timed")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--run14", action="store_true", help="run 14's variant set")
+    ap.add_argument("--run15", action="store_true", help="run 15's variant set")
     args = ap.parse_args()
-    if args.run14:
+    if args.run14 or args.run15:
         VARIANTS.clear()
-        VARIANTS.update(RUN14)
+        VARIANTS.update(RUN14 if args.run14 else RUN15)
     if args.smoke:
         return smoke()
     t0 = time.time()
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        for shape, dt, errs in pool.imap_unordered(_compile, list(VARIANTS.items())):
+        jobs = [(sh, None) for sh in VARIANTS] + [(sh, [v]) for sh, vs in VARIANTS.items() for v in vs]
+        for shape, dt, errs in pool.imap_unordered(_compile, jobs):
             print(f"compiled {shape}: {dt:.1f} s {errs}", flush=True)
     print(f"compile: {time.time() - t0:.1f} s", flush=True)
     if args.compile_only:
@@ -162,27 +185,35 @@ def main():
             return do_bench(rot(fn), return_mode="median") * 1e3
 
         t_topk = bench(lambda x: torch.topk(x, k, -1))
+        t_sm = bench(lambda x: torch.softmax(x, -1).topk(k, -1))
         cfg0 = kt.plan(B, V, k, torch.float32)
         ws = kt._workspace(xs[0].device, kt.workspace_words(B, cfg0))[0]
-        t_s1 = bench(lambda x: kt.launch(
-            kt._topk_chunk_kernel, (B * cfg0.splits,), (x, ws, x.stride(0), x.stride(1), V, k, cfg0.splits,
-                                                         B * cfg0.splits), x.device,
-            BLOCK=cfg0.block, R=cfg0.cols, CAP=cfg0.cap, FAST=True, num_warps=cfg0.num_warps))
+        s1 = {}
+
+        def t_stage1(cfg):     # stage 1 alone, once per distinct stage-1 configuration
+            key = (cfg.radix, cfg.reload, cfg.maxnreg)
+            if cfg.path == "filter" and key not in s1:
+                s1[key] = bench(lambda x: kt.stage1(x, ws, k, cfg, True))
+            return s1.get(key, float("nan"))
+
+        t_s1 = t_stage1(cfg0)
         x = _special(xs[0])
         cfgs = configs(B, V, k) + [cfg0]
         for n, cfg in enumerate(cfgs):
             try:
                 ok = _check(x, k, cfg) and _check(xs[1 % n_sets], k, cfg)
-                us = bench(lambda x, cfg=cfg: kt.softmax_topk_2d(x, k, cfg))
+                us = bench(lambda x, cfg=cfg: _run(x, k, cfg))
+                t_s1 = t_stage1(cfg)
                 err = ""
             except Exception as e:  # report, keep going
                 ok, us, err = False, None, f"{type(e).__name__}: {str(e)[:300]}"
             tag = "default" if n in (0, len(cfgs) - 1) else str(VARIANTS[(B, V, k)][n - 1])
             r = dict(B=B, V=V, k=k, variant=tag, cfg=repr(cfg), ok=ok, us=us, stage1_us=t_s1, torch_topk_us=t_topk,
+                     torch_softmax_topk_us=t_sm,
                      floor_us=B * V * 4 / 4.25e12 * 1e6, err=err)
             rows.append(r)
             line = (f"B{B:4d} V{V:7d} k{k:5d} | {tag:58s} | ok={ok!s:5s} {us if us is None else round(us, 1)!s:>8s} us"
-                    f" | stage1 {t_s1:6.1f} topk {t_topk:7.1f} {err}")
+                    f" | stage1 {t_s1:6.1f} topk {t_topk:7.1f} sm→topk {t_sm:7.1f} {err}")
             lines.append(line)
             print(line, flush=True)
             with open(f"{args.out}/probe.json", "w") as f:

@@ -76,11 +76,7 @@ def main():
         # stage 1 alone (the default configuration): the rest of the op's time is the merge and launches
         cfg0 = kt.plan(B, V, k, torch.float32)
         ws = kt._workspace(xs[0].device, kt.workspace_words(B, cfg0))[0]
-        t_s1 = do_bench(rot(lambda x: kt.launch(
-            kt._topk_chunk_kernel, (B * cfg0.splits,), (x, ws, x.stride(0), x.stride(1), V, k, cfg0.splits,
-                                                         B * cfg0.splits), x.device,
-            BLOCK=cfg0.block, R=cfg0.cols, CAP=cfg0.cap, FAST=True, num_warps=cfg0.num_warps)),
-            return_mode="median") * 1e3
+        t_s1 = do_bench(rot(lambda x: kt.stage1(x, ws, k, cfg0, True)), return_mode="median") * 1e3
         print(f"B{B:5d} V{V:7d} k{k:5d} op {t_op:8.1f} us (host {h_op:5.1f}) | torch.topk {t_topk:7.1f} "
               f"(host {h_topk:4.1f}) softmax→topk {t_sm:7.1f} floor {floor_us:6.1f} | "
               f"x{t_sm / t_op:5.2f} vs softmax→topk, x{t_topk / t_op:5.2f} vs topk | stage 1 alone {t_s1:6.1f}",

@@ -78,6 +78,10 @@ FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256
 TREE_SLOTS_SMALL_K = 2048           # the merge would stream its slots (S·CAP > MERGE_TILE): a two-level merge, first
 TREE_WARPS_SMALL_K = 2              # over groups of this many slots (k <= 64; H200 run 14, 256 x 262144, k = 50:
                                     # 163 µs against 235 one-level) or of MERGE_TILE slots (KP >= FIT_TILE_MIN_KP)
+BINARY_BISECT_MAX_WARPS = 1         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
+                                    # reduction, REDUX: 16 steps ≈ 290 SASS instructions against ≈ 930 for the
+                                    # 3-bit radix steps' int64 packed counts; 2136 → 1504 static instructions)
+ROW_BOUND = True                    # the merge starts from the k-th largest chunk maximum when k <= chunks
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
@@ -102,6 +106,10 @@ class TopKConfig:
     tree: int = 0       # > 0: two-level merge, first over groups of this many chunks (see softmax_topk_2d)
     tree_warps: int = 0     # warps of the first level's programs
     exact_apart: bool = False   # a chunk's exact path (1d) in a launch of its own, not inside the merge
+    radix: int = RADIX_BITS     # stage 1: bits per bisection step of t (0: 1-bit steps, one int32 reduction each)
+    reload: bool = False        # stage 1: the compaction re-reads the chunk (L2) instead of keeping x in registers
+    maxnreg: int = 0            # stage 1: register cap per thread (0: the compiler's choice)
+    row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -114,14 +122,15 @@ def _pow2(n: int) -> int:
 
 def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
                 num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
-                merge_warps: int | None = None, exact_apart: bool | None = None, esize: int = 4) -> TopKConfig:
+                merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
+                reload: bool = False, maxnreg: int = 0, row_bound: bool | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
-    ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` override the choice (tests and
-    the variant timers use them).
+    ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``reload`` /
+    ``maxnreg`` / ``row_bound`` override the choice (tests and the variant timers use them).
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -169,7 +178,12 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     mw = merge_warps or mw
     if exact_apart is None:     # the first level's tile is MERGE_TILE: the exact path's registers would spill it
         exact_apart = bool(tree) and kp >= FIT_TILE_MIN_KP
-    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart)
+    if radix is None:
+        radix = 0 if num_warps <= BINARY_BISECT_MAX_WARPS else RADIX_BITS
+    if row_bound is None:   # only where a merge program holds k chunks (else no k-th largest maximum exists)
+        row_bound = ROW_BOUND and k <= (min(tree, triton.cdiv(splits, tree)) if tree else splits)
+    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, reload,
+                      maxnreg, row_bound)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -310,9 +324,9 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
 
 @triton.jit
 def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr):
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
+                       RADIX: tl.constexpr, RELOAD: tl.constexpr):
     G: tl.constexpr = BLOCK // R
-    RADIX_B: tl.constexpr = RADIX_BITS_ if R < 512 else 2
     pid = tl.program_id(0)
     row = pid // S
     start = (pid % S) * BLOCK
@@ -335,8 +349,16 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
     # b. t <= the k-th largest column maximum <= the chunk's k-th largest key (columns with no element of
     # the row are padding)
     gkey = tl.where(start + tl.arange(0, R) < V, _key_of(gmax), INT32_MIN)
-    t = _kth_key_radix(gkey, k, _COARSE, RADIX_B)
+    if RADIX == 0:      # one warp: a 1-bit step is one int32 warp reduction (REDUX), a few instructions
+        t = _kth_key(gkey, k, _COARSE)
+    else:
+        t = _kth_key_radix(gkey, k, _COARSE, RADIX if R < 512 else 2)
     tf = _value_of(t)
+    if RELOAD:      # x was not kept in registers past the exponentials: read the chunk again (L1 / L2)
+        if start + BLOCK <= V:
+            x = tl.load(ptrs, volatile=True).to(tl.float32)
+        else:
+            x = tl.load(ptrs, mask=off < V - start, other=float("-inf"), volatile=True).to(tl.float32)
     ge = x >= tf
     cnt = tl.sum(ge.to(tl.int32), axis=0)                                  # [R] candidates per column
     n = tl.sum(cnt)
@@ -418,7 +440,8 @@ def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, CA
 @triton.jit
 def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
-                       CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr):
+                       CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr,
+                       ROWB: tl.constexpr):
     """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
     state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input."""
@@ -458,6 +481,16 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     # chunk c's k-th key whichever path it took; every real key is >= the key of -inf.)
     tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN)
     lo = tl.maximum(tl.max(tc), NEG_INF_KEY)
+    if ROWB:
+        # chunk c holds an element >= its maximum m_c, so k chunks (k <= SC) hold k elements >= the k-th largest
+        # maximum: lo >= it too. m_c is known as mc = fl(m_c·log2 e), so mc·ln 2 is within 4 ulps of it: take a
+        # lower bound (1e-6 relative, and the smallest normal for zero / denormal maxima under flush-to-zero).
+        # A NaN chunk's mc is NaN (its exact path ran above): NaN ranks highest and the chunk holds one.
+        v = mc * LN2
+        lb = tl.where(v == float("inf"), v, v - tl.abs(v) * 1e-6 - 1.1754944e-38)
+        uk = tl.where(smask, _key_of(lb), INT32_MIN)
+        n_ge = tl.sum((uk[None, :] >= uk[:, None]).to(tl.int32), axis=1)      # #{u_j >= u_i}
+        lo = tl.maximum(lo, tl.max(tl.where(n_ge >= k, uk, INT32_MIN)))
     # the S·CAP candidate slots of the row (chunk c holds n_c): int64 = value bits | index << 32
     slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64))
     cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
@@ -585,6 +618,16 @@ def plan(B: int, V: int, k: int, dtype: torch.dtype) -> TopKConfig:
     return select_path(B, V, k, esize=torch.finfo(dtype).bits // 8)
 
 
+def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: TopKConfig, fast: bool):
+    """Launch stage 1 for ``x`` ``[B, V]`` into the workspace ``ws`` (also timed alone by the benchmarks)."""
+    B, V = x.shape
+    S = cfg.splits
+    opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
+    launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), x.device,
+           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix, RELOAD=cfg.reload,
+           num_warps=cfg.num_warps, **opt)
+
+
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
 
@@ -606,8 +649,7 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     ws, ws2 = _workspace(dev, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)
     fast = dev.type == "cuda" and not interpret_mode()
     blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
-    launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
-           **blk, FAST=fast, num_warps=cfg.num_warps)
+    stage1(x, ws, k, cfg, fast)
     if cfg.exact_apart:
         launch(_topk_exact_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
                **blk, num_warps=cfg.num_warps)
@@ -615,12 +657,13 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     if cfg.tree:
         sp = _pow2(cfg.tree)
         launch(_topk_merge_kernel, (B * ng,), head + (ws, ws2, values, indices, lse, k, S, B * S, cfg.tree, ng), dev,
-               **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, num_warps=cfg.tree_warps)
+               **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, ROWB=cfg.row_bound,
+               num_warps=cfg.tree_warps)
         ws, S, exact = ws2, ng, False
     else:
         exact = not cfg.exact_apart
     sp = _pow2(S)
     launch(_topk_merge_kernel, (B,), head + (ws, ws, values, indices, lse, k, S, B * S, S, 1), dev,
            **blk, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)), FAST=fast, EXACT=exact, OUT_STATE=False,
-           num_warps=cfg.merge_warps)
+           ROWB=cfg.row_bound, num_warps=cfg.merge_warps)
     return values, indices, lse
