@@ -238,23 +238,39 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save(f"tune_gib_{gib}")
         return
     if gib == "smem":     # the coop kernel with the chunk in shared memory (kernels/softmax_smem.py), 1 GiB
-        neighbours = {4: ((9216, 4), (8192, 4)), 2: ((8192, 2), (22528, 2), (32768, 4))}
+        neighbours = {4: ((4096, 2), (6144, 2), (8192, 2), (4096, 4)), 2: ((4096, 2), (4096, 1), (8192, 1),
+                                                                           (6144, 2), (8192, 4))}
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
-                         (torch.bfloat16, 262144), (torch.float16, 131072), (torch.bfloat16, 32768),
-                         (torch.bfloat16, 65536), (torch.float32, 65536)):
+                         (torch.bfloat16, 262144), (torch.bfloat16, 65536)):
             size = torch.finfo(dtype).bits // 8
             m = GIB // (n * size)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            variants = {"registers": {"path": "coop", "smem": False}, "smem": {"path": "coop", "smem": True}}
+            variants = {"registers": {"path": "coop", "smem": False}}
             variants.update({f"smem chunk={c} w={w}": {"path": "coop", "smem": True, "chunk": c, "num_warps": w}
                              for c, w in neighbours[size]})
             for name, cfg in variants.items():
                 record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             lref = torch.log_softmax(sets[0][0], -1)
-            for name, cfg in (("default", None), ("registers", variants["registers"]),
-                              ("smem", {"path": "coop", "smem": True})):
+            for name, cfg in (("default", None), ("registers", variants["registers"])):
                 record("log", m, n, dtype, name, fwd_variant(cfg, K.LOG_SOFTMAX), sets, nb, lref)
             del sets
+        bwd_variants = {4: ((4096, 4), (2048, 2), (4096, 2), (8192, 4)), 2: ((8192, 2), (4096, 2), (4096, 1),
+                                                                          (8192, 4))}
+        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
+                         (torch.bfloat16, 262144)):
+            size = torch.finfo(dtype).bits // 8
+            m = GIB // (n * size)
+            bsets, bref, nb3 = bwd_baseline(m, n, dtype)
+            for c, w in bwd_variants[size]:
+                record("bwd", m, n, dtype, f"smem chunk={c} w={w}",
+                       bwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w}), bsets, nb3, bref)
+            lref = torch._log_softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
+            record("lbwd", m, n, dtype, "default", bwd_variant(None, log=True), bsets, nb3, lref)
+            c, w = bwd_variants[size][0]
+            record("lbwd", m, n, dtype, f"smem chunk={c} w={w}",
+                   bwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w}, log=True), bsets, nb3,
+                   lref)
+            del bsets, bref
         save("tune_gib_smem")
         return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes

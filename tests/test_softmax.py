@@ -290,12 +290,13 @@ def test_bf16x2_path_and_chunk_on_h200(m, n, path, chunk):
 @pytest.mark.parametrize("m,n,size,mode,bf16x2,expect", [
     (2048, 131072, 4, K.SOFTMAX, False, K.SMEM_CONFIG[4]), (1024, 262144, 4, K.LOG_SOFTMAX, False, K.SMEM_CONFIG[4]),
     (4096, 131072, 2, K.SOFTMAX, True, K.SMEM_CONFIG[2]), (2048, 262144, 2, K.SOFTMAX, True, K.SMEM_CONFIG[2]),
-    (4096, 131072, 2, K.LOG_SOFTMAX, True, None), (16384, 32768, 2, K.SOFTMAX, True, None),
+    (4096, 131072, 2, K.LOG_SOFTMAX, True, K.SMEM_CONFIG[2]), (16384, 32768, 2, K.SOFTMAX, True, None),
+    (8192, 65536, 2, K.SOFTMAX, True, K.SMEM_CONFIG[2]),
     (4096, 131072, 2, K.LOG_SOFTMAX, False, K.SMEM_CONFIG[2]), (32, 151936, 4, K.SOFTMAX, False, None),
 ])
 def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
-    """Many long rows take the shared-memory coop kernel, except bf16 rows the bf16x2 kernel measured better on
-    (N <= BF16X2_SHORT_N, log-softmax) and decode sizes."""
+    """Many long rows take the shared-memory coop kernel, except bf16 rows under SMEM_BF16_MIN_N (bf16x2) and
+    decode sizes."""
     assert K._smem_config(m, n, size, mode, H200_SMS, bf16x2) == expect
 
 
@@ -535,6 +536,34 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
                 (info["kernel"], info["chunk"]) == ("smem", chunk), info
             assert_matches_low_precision_eager(name, out, x, dim)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("m,n,chunk,warps", [(300, 131072, 4096, 4), (9, 50256, 2048, 2), (70, 262144, 8192, 2)])
+def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps):
+    """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|);
+    dy off a 16-byte boundary takes the register kernels."""
+    x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
+    y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
+    gbase = torch.randn(m, n + 16, device="cuda").to(dtype)
+    for dy, kern in ((gbase[:, :n], "smem"), (gbase[:, 8:n + 8], "smem"), (gbase[:, 1:n + 1], None)):
+        dx = torch.empty_like(y)
+        mm, nn, inner, geos = row_geometry([y, dy, dx], 1)
+        cfg = {"path": "coop", "smem": True}
+        if kern:
+            cfg.update(chunk=chunk, num_warps=warps)
+        K.backward(y, dy, dx, *geos, mm, nn, inner, log, config=cfg)
+        info = K.last_launch()
+        assert info.get("kernel") != "smem" if kern is None else (info["kernel"], info["chunk"]) == ("smem", chunk)
+        y64, dy64 = y.double(), dy.double()
+        ref = dy64 - y64.exp() * dy64.sum(-1, keepdim=True) if log else \
+            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        eager = (torch._log_softmax_backward_data if log else torch._softmax_backward_data)(dy, y, -1, dtype)
+        ours = (dx.double() - ref).abs().max()
+        theirs = (eager.double() - ref).abs().max()
+        assert ours <= 2 * theirs + 4 * torch.finfo(dtype).eps * ref.abs().max(), (ours, theirs)
 
 
 def test_smem_kernel_eligibility_and_compile_for_sm90():

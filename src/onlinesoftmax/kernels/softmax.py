@@ -66,10 +66,12 @@ BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warp
 BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
 SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps) of the coop kernel that holds its
-    4: (11264, 4),           # chunk in shared memory (kernels/softmax_smem.py). 1 GiB, fp32 N = 128K / 256K: 92.1 /
-    2: (16384, 2),           # 89.5 % against 87.0 / 81.7 % (registers); bf16 softmax 80.9 / 80.3 against 78.5 / 75.4
-}                            # (bf16x2). bf16 log-softmax stays bf16x2: 78.1 / 77.5 against 85.2 / 78.2; bf16 N = 32K
-                             # too: 76.2 against 83.8 (tune-gib-smem-*.log)
+    4: (11264, 4),           # chunk in shared memory (kernels/softmax_smem.py). 1 GiB, N = 128K / 256K: fp32 92.5 /
+    2: (8192, 2),            # 89.9 % against 86.8 / 82.0 % (registers); bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2);
+}                            # fp16 87.3 at 128K against 67.4 (tune-gib-smem-2b9adac.log)
+SMEM_BWD_CONFIG: dict = {}   # backward (y and dy in shared memory): not the default until measured better
+SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 2)}   # its (chunk, warps) when asked for (plan config smem=True)
+SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -682,9 +684,8 @@ def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
 
 def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: bool) -> tuple[int, int] | None:
     """(chunk, warps) of softmax_coop_smem_kernel for a coop problem of many rows, or None where the register
-    kernels measured better: decode sizes (not measured with it), bf16 rows the bf16x2 kernel takes in short
-    chunks (N <= BF16X2_SHORT_N), and bf16 log-softmax (see SMEM_CONFIG)."""
-    if _few_rows(M, sms) or (bf16x2 and (N <= BF16X2_SHORT_N or mode == LOG_SOFTMAX)):
+    kernels stay: decode sizes (not measured with it) and bf16 rows under SMEM_BF16_MIN_N (bf16x2)."""
+    if _few_rows(M, sms) or (bf16x2 and N < SMEM_BF16_MIN_N):
         return None
     return SMEM_CONFIG.get(elem_bytes)
 
@@ -707,10 +708,12 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: d
     """dx from y and dy: softmax ``dx = y·(dy − Σ y·dy)``, log-softmax ``dx = dy − e^y·Σ dy``."""
     device = y.device
     dtypes = (y.dtype, dy.dtype, dx.dtype)
-    words = (dtypes == (torch.bfloat16,) * 3 and not (y.data_ptr() | dy.data_ptr() | dx.data_ptr()) & 3)
-    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, *dtypes, device, words)
+    ptrs = y.data_ptr() | dy.data_ptr() | dx.data_ptr()
+    words = dtypes == (torch.bfloat16,) * 3 and not ptrs & 3
+    aligned = not ptrs & 15                                                           # see _smem_bwd_ok
+    key = (M, N, INNER, geo_y, geo_dy, geo_dx, log, *dtypes, device, words, aligned)
     plan = _cached_plan(key, lambda cfg: _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log,
-                                                        dtypes, words), config)
+                                                        dtypes, words, aligned), config)
     return _run(plan, (y, dy, dx), device)
 
 
@@ -720,7 +723,15 @@ def _bf16x2_bwd_ok(geos, N: int, words: bool) -> bool:
     return words and N % 2 == 0 and all(g[2] == 1 and not (g[0] % 2 or g[1] % 2) for g in geos)
 
 
-def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes, words=False) -> _Plan:
+def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
+    """softmax_bwd_coop_smem_kernel applies: the GPU, y, dy, dx of one 2- or 4-byte dtype, 16-byte aligned,
+    unit-stride rows whose starts and N are multiples of 16 elements."""
+    return (not interpret and aligned and len(set(dtypes)) == 1 and dtypes[0].itemsize in (2, 4) and N % 16 == 0
+            and all(g[2] == 1 and not (g[0] % 16 or g[1] % 16) for g in geos))
+
+
+def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes, words=False,
+                   aligned=False) -> _Plan:
     sms = sm_count(device)
     interpret = device.type != "cuda" and interpret_mode()
     precise = not interpret and dtypes[2] in (torch.float32, torch.float64)       # see _grad
@@ -735,6 +746,22 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
+    smem = SMEM_BWD_CONFIG.get(dtypes[0].itemsize) if not _few_rows(M, sms) else None
+    if (path == "coop" and cfg.pop("smem", smem is not None)
+            and _smem_bwd_ok((geo_y, geo_dy, geo_dx), N, dtypes, aligned, interpret)):
+        from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
+
+        chunk, warps = smem or SMEM_BWD_FALLBACK[dtypes[0].itemsize]
+        warps = cfg.pop("num_warps", warps)
+        vec = 16 // dtypes[0].itemsize
+        chunk = max(vec * 32 * warps, cfg.pop("chunk", chunk) // (vec * 32 * warps) * (vec * 32 * warps))
+        C = triton.cdiv(N, chunk)
+        meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
+                    **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")})
+        record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+        part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
+        return _Plan(path, [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
+                     (N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C), (M, M * C, part, (2, 0, 1)), record)
     eligible = path == "coop" and _bf16x2_bwd_ok((geo_y, geo_dy, geo_dx), N, words)
     bf16x2 = eligible and cfg.pop("bf16x2", not _few_rows(M, sms))      # many rows, as the forward
     chunk = cfg.pop("chunk", None) or (BWD_BF16X2_CHUNK if bf16x2 else _chunking(M, N, sms, backward=True)[0])

@@ -21,7 +21,21 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _exp, _row_barrier, _shift
+from .softmax import _exp, _grad, _row_barrier, _shift
+
+
+@gluon.jit
+def _chunk_of_program(C, CHUNK: gl.constexpr):
+    """(program id, row, row as int64, first column) of this program's chunk: program = row·C + c."""
+    pid = gl.program_id(0)
+    row = pid // C
+    return pid, row, row.to(gl.int64), (pid % C) * CHUNK
+
+
+@gluon.jit
+def _row_ptr(P, r64, INNER, so, si, start):
+    """Element `start` of row r64 (rows as in kernels/softmax.py: outer and inner strides, 64-bit)."""
+    return P + (r64 // INNER) * so + (r64 % INNER) * si + start
 
 
 @gluon.jit
@@ -45,11 +59,8 @@ def softmax_coop_smem_kernel(
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    pid = gl.program_id(0)
-    row = pid // C
-    r64 = row.to(gl.int64)
-    start = (pid % C) * CHUNK
-    x_row = X + (r64 // INNER) * sxo + (r64 % INNER) * sxi + start
+    pid, row, r64, start = _chunk_of_program(C, CHUNK)
+    x_row = _row_ptr(X, r64, INNER, sxo, sxi, start)
     offs = gl.arange(0, SUB, layout=L)
     smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -82,7 +93,7 @@ def softmax_coop_smem_kernel(
     m = gl.max(pm, axis=0)
     d = gl.sum(pd * gl.where(pm == m, 1.0, gl.exp(pm - m)), axis=0)
     # 3. y from shared memory; a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
-    y_row = Y + (r64 // INNER) * syo + (r64 % INNER) * syi + start
+    y_row = _row_ptr(Y, r64, INNER, syo, syi, start)
     sh = _shift(m)
     if MODE == 0:
         scale = gl.where(m == float("inf"), float("nan"), 1.0 / d)
@@ -98,3 +109,55 @@ def softmax_coop_smem_kernel(
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty))
         else:
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
+
+
+@gluon.jit
+def softmax_bwd_coop_smem_kernel(
+    Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
+    CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, LOG: gl.constexpr,
+    LIBDEVICE: gl.constexpr, SUM: gl.constexpr, EVEN: gl.constexpr,
+):
+    """Backward of program (row, c): chunks of y and dy held in shared memory (y, dy, dx of one dtype, rows as
+    the forward's). 1. s_c = sum_j y_j·dy_j (softmax) or sum_j dy_j (log-softmax), in SUM (fp64 for fp32, see
+    kernels/softmax.py `_grad_sum`); 2. s = sum_c s_c at the row barrier; 3. dx from shared memory (`_grad`)."""
+    SUB: gl.constexpr = VEC * 32 * WARPS
+    S: gl.constexpr = CHUNK // SUB
+    L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    pid, row, r64, start = _chunk_of_program(C, CHUNK)
+    y_row = _row_ptr(Yp, r64, INNER, syo, syi, start)
+    dy_row = _row_ptr(DY, r64, INNER, sdo, sdi, start)
+    offs = gl.arange(0, SUB, layout=L)
+    layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    ys = gl.allocate_shared_memory(Yp.dtype.element_ty, [S, SUB], layout)
+    dys = gl.allocate_shared_memory(DY.dtype.element_ty, [S, SUB], layout)
+    for s in gl.static_range(S):            # masked-off elements are copied as zeros: they add nothing to s_c
+        if EVEN:
+            cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs)
+            cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs)
+        else:
+            cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs, mask=start + s * SUB + offs < N)
+            cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs, mask=start + s * SUB + offs < N)
+        cp.commit_group()
+    # 1. s_c, each sub-tile as soon as it has landed
+    sv = gl.zeros([SUB], SUM, L)
+    for s in gl.static_range(S):
+        cp.wait_group(S - 1 - s)
+        dy = dys.index(s).load(L).to(gl.float32)
+        if LOG:
+            sv += dy.to(SUM)
+        else:
+            sv += (ys.index(s).load(L).to(gl.float32) * dy).to(SUM)
+    gl.store(PART + pid, gl.sum(sv, axis=0))
+    gl.thread_barrier()
+    # 2. s = sum_c s_c
+    _row_barrier(ARRIVE, GEN, row, C)
+    k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
+    # 3. dx = y·(dy - s)  or  dy - e^y·s
+    dx_row = _row_ptr(DX, r64, INNER, sxo, sxi, start)
+    for s in range(S):
+        dx = _grad(ys.index(s).load(L).to(gl.float32), dys.index(s).load(L).to(gl.float32), s_row, LOG, LIBDEVICE)
+        if EVEN:
+            gl.store(dx_row + s * SUB + offs, dx.to(DX.dtype.element_ty))
+        else:
+            gl.store(dx_row + s * SUB + offs, dx.to(DX.dtype.element_ty), mask=start + s * SUB + offs < N)
