@@ -43,19 +43,22 @@ RUN15 = {
     (1, 128256, 1024): [], (256, 262144, 50): [ONE], (1, 262144, 50): [ONE], (256, 128256, 50): [],
     (32, 262144, 50): [],
 }
-# Run 17: stage 1's 1-bit bisection (radix 0) and the merge's row bound (the new defaults) against run 16's plan
-# (OLD: 3-bit radix steps, lo = max t_c), each alone, and stage-1 register variants; the sort path at B = 1.
-OLD = dict(radix=3, row_bound=False)
+# Run 17 (not run yet: no device time was left in the session that wrote it): stage 1's 1-bit bisection
+# (radix 0) and the merge's row bound, each alone and together (NEW), against the default plan (run 16's: 3-bit
+# radix steps, lo = max t_c), and stage-1 register caps; the sort path (stable torch sort + logsumexp) at B = 1,
+# k = 1024. `timeout 200 python benchmarks/topk_probe.py --out $OUT --jobs 14` on the GPU machine.
+NEW = dict(radix=0, row_bound=True)
 SORT = dict(path="sort")
 VARIANTS = {
-    (256, 128256, 50): [OLD, dict(radix=3), dict(row_bound=False), dict(maxnreg=144), dict(maxnreg=128),
-                        dict(merge_warps=8)],
-    (256, 128256, 8): [OLD],
-    (256, 128256, 1): [OLD],
-    (32, 128256, 50): [OLD],
-    (256, 262144, 50): [OLD],
-    (1, 128256, 50): [OLD],
-    (1, 262144, 50): [OLD],
+    (256, 128256, 50): [NEW, dict(radix=0), dict(row_bound=True), dict(NEW, maxnreg=144), dict(NEW, maxnreg=128),
+                        dict(NEW, merge_warps=8)],
+    (256, 128256, 8): [NEW],
+    (256, 128256, 1): [NEW],
+    (32, 128256, 50): [NEW],
+    (256, 262144, 50): [dict(radix=0), dict(NEW, tree=0)],     # one level: streamed tiles, but no narrowing pass
+    (256, 151936, 50): [dict(radix=0), dict(NEW, tree=0)],
+    (1, 128256, 50): [NEW],
+    (1, 262144, 50): [dict(radix=0), dict(NEW, tree=0)],
     (1, 128256, 1024): [SORT],
     (1, 151936, 1024): [SORT],
     (1, 262144, 1024): [SORT],

@@ -1,5 +1,6 @@
 """Registers, stack frame (spills) and shared memory of the top-k kernels for the 45 goal shapes, compiled for
-sm_90a here: no GPU needed (Triton's own ptxas and cuobjdump).
+sm_90a here: no GPU needed (Triton's own ptxas and cuobjdump). ``PROBE=1``: the variants that
+``benchmarks/topk_probe.py`` times instead of the 45 default plans.
 
 ``PYTHONPATH=src [JOBS=8] python benchmarks/topk_ptxas.py [> ptxas.txt]``. Every kernel the default plan launches
 (stage 1, the exact path when apart, the merge or the tree's two merge levels), each distinct one compiled once in
@@ -26,14 +27,15 @@ MERGE_SIG = {"x_ptr": "*fp32", "stride_b": "i32", "stride_v": "constexpr", "V": 
              "BS": "i32", "GS": "i32", "NG": "i32"}
 
 
-def resources(fn, sig: dict, constexprs: dict, num_warps: int) -> tuple[int, ...]:
+def resources(fn, sig: dict, constexprs: dict, num_warps: int, maxnreg: int = 0) -> tuple[int, ...]:
     """(registers, stack frame bytes, shared bytes[, SASS instructions]) of ``fn`` compiled for sm_90a; the
     instruction count (static: the code's size, 16 bytes each) with ``SASS=1`` in the environment."""
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n in ("stride_b", "V")}
     src = ASTSource(fn, sig, dict(constexprs, stride_v=1), attrs)
-    res, sass = cubin_report(compile_sm90(src, dict(num_warps=num_warps)), sass=os.environ.get("SASS") == "1")
+    opts = dict(num_warps=num_warps, **(dict(maxnreg=maxnreg) if maxnreg else {}))
+    res, sass = cubin_report(compile_sm90(src, opts), sass=os.environ.get("SASS") == "1")
     n_sass = (len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M)),) if sass else ()
     return res + n_sass
 
@@ -49,13 +51,15 @@ def _one(job):
 
     fn, sig = {"stage1": (kt._topk_chunk_kernel, STAGE1_SIG), "exact": (kt._topk_exact_kernel, EXACT_SIG),
                "merge": (kt._topk_merge_kernel, MERGE_SIG)}[name]
-    return job, resources(fn, sig, dict(constexprs), warps)
+    meta = dict(constexprs)
+    return job, resources(fn, sig, meta, warps, meta.pop("MAXNREG", 0))
 
 
 def kernels(cfg):
     """The kernels (name, constexprs, warps) that softmax_topk_2d launches for ``cfg``, labelled."""
     meta = (("BLOCK", cfg.block), ("R", cfg.cols), ("CAP", cfg.cap))
-    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix), ("RELOAD", cfg.reload)),
+    cap = (("MAXNREG", cfg.maxnreg),) if cfg.maxnreg else ()
+    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix), ("RELOAD", cfg.reload)) + cap,
                         cfg.num_warps))]
     if cfg.exact_apart:
         out.append(("exact", ("exact", meta, cfg.num_warps)))
@@ -80,6 +84,10 @@ def main():
 
     shapes = [(B, V, k) for B in (1, 32, 256) for V in (128256, 151936, 262144) for k in (1, 8, 50, 256, 1024)]
     plans = {s: kt.select_path(*s) for s in shapes}
+    if os.environ.get("PROBE") == "1":      # the filter variants of benchmarks/topk_probe.py instead
+        from topk_probe import VARIANTS
+        plans = {(s, str(o)): kt.select_path(*s, **o) for s, vs in VARIANTS.items() for o in [{}] + vs}
+        plans = {s: c for s, c in plans.items() if c.path == "filter"}
     jobs = sorted({job for cfg in plans.values() for _, job in kernels(cfg)}, key=lambda j: -dict(j[1])["CAP"])
     with mp.get_context("spawn").Pool(int(os.environ.get("JOBS", "8"))) as pool:
         res = dict(pool.map(_one, jobs))
@@ -88,6 +96,7 @@ def main():
     for s, cfg in plans.items():
         parts = " | ".join(f"{label} {res[job]}" for label, job in kernels(cfg))
         print(f"{s}: block {cfg.block} R {cfg.cols} CAP {cfg.cap} warps {cfg.num_warps} S {cfg.splits} "
+              f"radix {cfg.radix} row bound {cfg.row_bound} reload {cfg.reload} maxnreg {cfg.maxnreg} "
               f"tree {cfg.tree} (warps {cfg.tree_warps}) merge warps {cfg.merge_warps} exact apart "
               f"{cfg.exact_apart} | {parts}", flush=True)
 

@@ -78,10 +78,13 @@ FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256
 TREE_SLOTS_SMALL_K = 2048           # the merge would stream its slots (S·CAP > MERGE_TILE): a two-level merge, first
 TREE_WARPS_SMALL_K = 2              # over groups of this many slots (k <= 64; H200 run 14, 256 x 262144, k = 50:
                                     # 163 µs against 235 one-level) or of MERGE_TILE slots (KP >= FIT_TILE_MIN_KP)
-BINARY_BISECT_MAX_WARPS = 1         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
+BINARY_BISECT_MAX_WARPS = 0         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
                                     # reduction, REDUX: 16 steps ≈ 290 SASS instructions against ≈ 930 for the
-                                    # 3-bit radix steps' int64 packed counts; 2136 → 1504 static instructions)
-ROW_BOUND = True                    # the merge starts from the k-th largest chunk maximum when k <= chunks
+                                    # 3-bit radix steps' int64 packed counts; 2136 → 1504 static instructions at
+                                    # the goal shape). 0 = off: not yet timed on a GPU (1 = on for one-warp chunks)
+ROW_BOUND = False                   # the merge starts from the k-th largest chunk maximum when k <= chunks
+                                    # (simulated: ≈ 96 candidates >= it at the goal shape, so no narrowing pass);
+                                    # off: not yet timed on a GPU
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
