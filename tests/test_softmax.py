@@ -300,6 +300,30 @@ def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
     assert K._smem_config(m, n, size, mode, H200_SMS, bf16x2) == expect
 
 
+@pytest.mark.parametrize("m,size,log,expect", [
+    (2048, 4, True, K.SMEM_BWD_CONFIG[4, True]), (4096, 2, False, K.SMEM_BWD_CONFIG[2, False]),
+    (2048, 4, False, None), (4096, 2, True, None), (32, 2, False, None),
+])
+def test_smem_backward_choice_on_h200(m, size, log, expect):
+    """Many long rows: the backward takes the shared-memory kernel where it measured faster (fp32 log-softmax,
+    16-bit softmax); fp32 softmax, 16-bit log-softmax and decode sizes keep the register kernels."""
+    assert K._smem_bwd_config(m, size, log, H200_SMS) == expect
+
+
+def test_smem_backward_eligibility():
+    row = (131072, 0, 1)
+    f32, bf = (torch.float32,) * 3, (torch.bfloat16,) * 3
+    assert K._smem_bwd_ok((row, row, row), 131072, f32, True, False)
+    assert K._smem_bwd_ok((row, row, row), 131072, bf, True, False)
+    assert not K._smem_bwd_ok((row, row, row), 131072, f32, False, False)          # a pointer off 16 bytes
+    assert not K._smem_bwd_ok((row, row, row), 131072, f32, True, True)            # interpreter
+    assert not K._smem_bwd_ok((row, row, row), 131072, (torch.float32, torch.bfloat16, torch.float32), True, False)
+    assert not K._smem_bwd_ok((row, row, row), 131064, f32, True, False)           # N not a multiple of 16
+    assert not K._smem_bwd_ok((row, (131080, 0, 1), row), 131072, f32, True, False)
+    assert not K._smem_bwd_ok((row, row, (131072, 0, 2)), 131072, f32, True, False)
+    assert not K._smem_bwd_ok((row, row, row), 131072, (torch.float64,) * 3, True, False)
+
+
 def test_bf16x2_backward_eligibility():
     row = (65536, 0, 1)                       # (stride_outer, stride_inner, stride_n) of contiguous rows
     assert K._bf16x2_bwd_ok((row, row, row), 65536, words=True)
@@ -541,7 +565,7 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("m,n,chunk,warps", [(300, 131072, 4096, 4), (9, 50256, 2048, 2), (70, 262144, 8192, 2)])
+@pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 4096, 4), (9, 50256, 2048, 2), (20, 262144, 8192, 4)])
 def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps):
     """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|);
     dy off a 16-byte boundary takes the register kernels."""

@@ -69,8 +69,13 @@ SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps) 
     4: (11264, 4),           # chunk in shared memory (kernels/softmax_smem.py). 1 GiB, N = 128K / 256K: fp32 92.5 /
     2: (8192, 2),            # 89.9 % against 86.8 / 82.0 % (registers); bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2);
 }                            # fp16 87.3 at 128K against 67.4 (tune-gib-smem-2b9adac.log)
-SMEM_BWD_CONFIG: dict = {}   # backward (y and dy in shared memory): not the default until measured better
-SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 2)}   # its (chunk, warps) when asked for (plan config smem=True)
+SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps) of the coop
+    (4, True): (4096, 4),    # kernel with y and dy in shared memory. 1 GiB, N = 128K / 256K: fp32 log-softmax 90.0 /
+    (2, False): (8192, 4),   # 87.4 % against 83.9 / 78.8 (registers), bf16 softmax 92.8 / 91.2 against 86.8 / 83.9
+}                            # (bf16x2). It lost on fp32 softmax (92.6 / 89.6 against 95.3 / 91.8) and bf16
+                             # log-softmax (77.0 / 76.1 against 81.1 / 79.7): those keep the register kernels
+                             # (tune-gib-smem-ce06dbe.log). Plan config smem=True forces it with SMEM_BWD_FALLBACK.
+SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 4)}
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
@@ -723,6 +728,11 @@ def _bf16x2_bwd_ok(geos, N: int, words: bool) -> bool:
     return words and N % 2 == 0 and all(g[2] == 1 and not (g[0] % 2 or g[1] % 2) for g in geos)
 
 
+def _smem_bwd_config(M: int, elem_bytes: int, log: bool, sms: int) -> tuple[int, int] | None:
+    """(chunk, warps) of softmax_bwd_coop_smem_kernel for many coop rows, or None (see SMEM_BWD_CONFIG)."""
+    return None if _few_rows(M, sms) else SMEM_BWD_CONFIG.get((elem_bytes, log))
+
+
 def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
     """softmax_bwd_coop_smem_kernel applies: the GPU, y, dy, dx of one 2- or 4-byte dtype, 16-byte aligned,
     unit-stride rows whose starts and N are multiples of 16 elements."""
@@ -746,7 +756,7 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
-    smem = SMEM_BWD_CONFIG.get(dtypes[0].itemsize) if not _few_rows(M, sms) else None
+    smem = _smem_bwd_config(M, dtypes[0].itemsize, log, sms)
     if (path == "coop" and cfg.pop("smem", smem is not None)
             and _smem_bwd_ok((geo_y, geo_dy, geo_dx), N, dtypes, aligned, interpret)):
         from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
