@@ -59,7 +59,7 @@ def kernels(cfg):
     """The kernels (name, constexprs, warps) that softmax_topk_2d launches for ``cfg``, labelled."""
     meta = (("BLOCK", cfg.block), ("R", cfg.cols), ("CAP", cfg.cap))
     cap = (("MAXNREG", cfg.maxnreg),) if cfg.maxnreg else ()
-    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix), ("RELOAD", cfg.reload)) + cap,
+    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix)) + cap,
                         cfg.num_warps))]
     if cfg.exact_apart:
         out.append(("exact", ("exact", meta, cfg.num_warps)))
@@ -96,7 +96,7 @@ def main():
     for s, cfg in plans.items():
         parts = " | ".join(f"{label} {res[job]}" for label, job in kernels(cfg))
         print(f"{s}: block {cfg.block} R {cfg.cols} CAP {cfg.cap} warps {cfg.num_warps} S {cfg.splits} "
-              f"radix {cfg.radix} row bound {cfg.row_bound} reload {cfg.reload} maxnreg {cfg.maxnreg} "
+              f"radix {cfg.radix} row bound {cfg.row_bound} maxnreg {cfg.maxnreg} "
               f"tree {cfg.tree} (warps {cfg.tree_warps}) merge warps {cfg.merge_warps} exact apart "
               f"{cfg.exact_apart} | {parts}", flush=True)
 

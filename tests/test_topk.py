@@ -166,9 +166,9 @@ def test_select_path_thresholds():
     c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
     assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
     assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4 and not c.tree and not c.exact_apart
-    assert c.radix == kt.RADIX_BITS and not c.row_bound and not c.reload and not c.maxnreg   # run 16's plan
-    c = kt.select_path(256, 128256, 50, radix=0, row_bound=True, reload=True, maxnreg=144)  # the options
-    assert (c.radix, c.row_bound, c.reload, c.maxnreg) == (0, True, True, 144)
+    assert c.radix == kt.RADIX_BITS and not c.row_bound and not c.maxnreg   # run 16's plan
+    c = kt.select_path(256, 128256, 50, radix=0, row_bound=True, maxnreg=144)              # the options
+    assert (c.radix, c.row_bound, c.maxnreg) == (0, True, 144)
     c = kt.select_path(256, 262144, 50)                    # 128 x 128 slots would stream: a two-level merge
     assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (kt.TREE_SLOTS_SMALL_K // 128, 2, 1, False)
     c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
@@ -248,12 +248,12 @@ def test_kernel_tree_and_exact_apart(kernel_device, over, k):
     assert_matches_ref(out, x, k)
 
 
-@pytest.mark.parametrize("over", [{"row_bound": True, "radix": 0}, {"row_bound": False, "radix": 3, "reload": True}])
+@pytest.mark.parametrize("over", [{"row_bound": True, "radix": 0}, {"row_bound": False, "radix": 3}])
 def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
     """Many chunks per row, k <= chunks: the merge starts from the k-th largest chunk maximum (``row_bound``),
-    stage 1 bisects with 1-bit steps (``radix`` 0) or 3-bit steps, and may re-read the chunk for its compaction
-    (``reload``). Rows whose chunk maxima are ties, negative denormals (flushed to zero in the base-2 maxima on
-    the GPU), NaN, +inf, or where one chunk holds the whole top-k."""
+    or not, and stage 1 bisects with 1-bit steps (``radix`` 0) or 3-bit steps. Rows whose chunk maxima are ties,
+    negative denormals (flushed to zero in the base-2 maxima on the GPU), NaN, +inf, or where one chunk holds the
+    whole top-k."""
     gen = torch.Generator().manual_seed(11)
     n = 1000
     i = torch.arange(n)
@@ -263,7 +263,7 @@ def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
                       torch.where(i % 128 == 0, 2.0, torch.randn(n, generator=gen))[None]])
     for k in (1, 6):
         cfg, out = _run_cfg(rows.to(kernel_device), k, block=128, **over)
-        assert cfg.splits == 8 and cfg.num_warps == 1 and cfg.reload == over.get("reload", False)
+        assert cfg.splits == 8 and cfg.num_warps == 1
         assert (cfg.row_bound, cfg.radix) == (over["row_bound"], over["radix"])
         assert_matches_ref(out, rows, k)
 

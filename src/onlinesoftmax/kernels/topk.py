@@ -110,7 +110,6 @@ class TopKConfig:
     tree_warps: int = 0     # warps of the first level's programs
     exact_apart: bool = False   # a chunk's exact path (1d) in a launch of its own, not inside the merge
     radix: int = RADIX_BITS     # stage 1: bits per bisection step of t (0: 1-bit steps, one int32 reduction each)
-    reload: bool = False        # stage 1: the compaction re-reads the chunk (L2) instead of keeping x in registers
     maxnreg: int = 0            # stage 1: register cap per thread (0: the compiler's choice)
     row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
 
@@ -126,14 +125,14 @@ def _pow2(n: int) -> int:
 def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
                 num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
                 merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
-                reload: bool = False, maxnreg: int = 0, row_bound: bool | None = None, esize: int = 4) -> TopKConfig:
+                maxnreg: int = 0, row_bound: bool | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
-    ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``reload`` /
-    ``maxnreg`` / ``row_bound`` override the choice (tests and the variant timers use them).
+    ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``maxnreg`` /
+    ``row_bound`` override the choice (tests and the variant timers use them).
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -185,8 +184,8 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         radix = 0 if num_warps <= BINARY_BISECT_MAX_WARPS else RADIX_BITS
     if row_bound is None:   # only where a merge program holds k chunks (else no k-th largest maximum exists)
         row_bound = ROW_BOUND and k <= (min(tree, triton.cdiv(splits, tree)) if tree else splits)
-    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, reload,
-                      maxnreg, row_bound)
+    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg,
+                      row_bound)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -328,7 +327,7 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
 @triton.jit
 def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
-                       RADIX: tl.constexpr, RELOAD: tl.constexpr):
+                       RADIX: tl.constexpr):
     G: tl.constexpr = BLOCK // R
     pid = tl.program_id(0)
     row = pid // S
@@ -357,11 +356,6 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
     else:
         t = _kth_key_radix(gkey, k, _COARSE, RADIX if R < 512 else 2)
     tf = _value_of(t)
-    if RELOAD:      # x was not kept in registers past the exponentials: read the chunk again (L1 / L2)
-        if start + BLOCK <= V:
-            x = tl.load(ptrs, volatile=True).to(tl.float32)
-        else:
-            x = tl.load(ptrs, mask=off < V - start, other=float("-inf"), volatile=True).to(tl.float32)
     ge = x >= tf
     cnt = tl.sum(ge.to(tl.int32), axis=0)                                  # [R] candidates per column
     n = tl.sum(cnt)
@@ -627,7 +621,7 @@ def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: TopKConfig, fast: boo
     S = cfg.splits
     opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
     launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), x.device,
-           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix, RELOAD=cfg.reload,
+           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix,
            num_warps=cfg.num_warps, **opt)
 
 
