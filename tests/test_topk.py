@@ -349,6 +349,23 @@ def test_gpu_matches_reference(V, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("over", [{"radix": 0, "row_bound": True}, {"radix": 0, "row_bound": True, "maxnreg": 144}])
+def test_gpu_stage1_bisect_and_row_bound(over):
+    """Run 17's opt-in options on the GPU (flush-to-zero, REDUX, register caps): every k <= 50 goal k at
+    V = 128256 (63 chunks, so the row bound applies), special rows, a row of negative denormals."""
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    gen = torch.Generator().manual_seed(17)
+    V = 128256
+    den = -1e-40 * (1 + torch.arange(V) % 7).float()
+    x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]], den[None]])
+    for k in (1, 8, 50):
+        cfg = kt.select_path(x.shape[0], V, k, **over)
+        assert cfg.path == "filter" and cfg.row_bound and cfg.radix == 0 and not cfg.tree
+        out = TopK(*kt.softmax_topk_2d(x.cuda(), k, cfg))
+        assert_matches_ref(out, x, k)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 256])
 def test_gpu_batch_paths(B):
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
