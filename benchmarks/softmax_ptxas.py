@@ -1,8 +1,9 @@
 """Compiler report for the softmax family: for each goal shape of issue 3 (1 GiB per tensor, as the bench suites),
 the kernels the plan launches on an H200, compiled here for sm_90a (no GPU: Triton's ptxas and cuobjdump), with
 
-- registers, stack frame (spills), shared memory, and the programs per SM the registers allow;
-- the bytes a program holds in registers (its tile or chunk) and an SM at that occupancy;
+- registers, stack frame (spills), shared memory (dynamic included), and the programs per SM they allow;
+- the bytes a program holds (its tile or chunk: in registers, or in shared memory for the Gluon kernels of
+  kernels/softmax_smem.py) and an SM at that occupancy;
 - from the SASS: instructions per thread and MUFU (exp/log/rcp) per thread, per element, and the element rates
   they bound: issue 4 warp-instructions per clock per SM, MUFU 16 lanes per clock per SM, at CLOCK_GHZ, against
   the rate the copy ceiling asks for. Static counts over the elements one thread holds per tile: the main loop's
@@ -23,6 +24,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 from cubin_tools import compile_sm90, cubin_report  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from onlinesoftmax.kernels import softmax as K  # noqa: E402
 from onlinesoftmax.ops.softmax import row_geometry  # noqa: E402
@@ -56,7 +58,10 @@ def compile_launch(fn, args: tuple, meta: dict):
             sig[p.name], const[p.name] = "constexpr", meta[p.name]
     sig = {n: sig[n] for n in fn.arg_names}
     options = {k: v for k, v in meta.items() if k in ("num_warps", "maxnreg")}
-    return cubin_report(compile_sm90(ASTSource(fn, sig, const, attrs), options), sass=True)
+    source = GluonASTSource if fn.is_gluon() else ASTSource
+    compiled = compile_sm90(source(fn, sig, const, attrs), options)
+    (regs, stack, shared), sass = cubin_report(compiled, sass=True)
+    return (regs, stack, max(shared, compiled.metadata.shared)), sass   # dynamic shared memory included
 
 
 def opcodes(sass: str) -> tuple[collections.Counter, bool]:
@@ -93,7 +98,8 @@ def plan_for(op: str, dtype, n: int):
     if op == "bwd":
         y, dy, dx = x, fake((m, n), dtype), fake((m, n), dtype)
         M, N, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
-        plan = K._backward_plan({}, x.device, g1, g2, g3, M, N, inner, False, (dtype,) * 3, dtype == torch.bfloat16)
+        plan = K._backward_plan({}, x.device, g1, g2, g3, M, N, inner, False, (dtype,) * 3, dtype == torch.bfloat16,
+                                aligned=True)
         return plan, (y, dy, dx), 3 * size
     mode = {"fwd": K.SOFTMAX, "log": K.LOG_SOFTMAX, "lse": K.LOGSUMEXP}[op]
     out = fake((m,), dtype) if mode == K.LOGSUMEXP else fake((m, n), dtype)
@@ -129,20 +135,24 @@ def main():
                     warps = bound.meta["num_warps"]
                     elems = rec.get("chunk") or rec["block_m"] * rec["block_n"]
                     e_thread = elems / (32 * warps)
-                    ops, looped = opcodes(sass)
-                    total, mufu = sum(ops.values()), ops["MUFU"]
                     occ = programs_per_sm(regs, warps, shared)
                     esz = torch.finfo(dtype).bits // 8
-                    issue_gbps = 128 * e_thread / total * SMS * CLOCK_GHZ * bpe
-                    mufu_gbps = 16 * e_thread / mufu * SMS * CLOCK_GHZ * bpe if mufu else float("inf")
                     held = elems * esz * (2 if op == "bwd" else 1)
                     phase = f"PHASE={bound.meta['PHASE']} " if "PHASE" in bound.meta else ""
+                    where = "shared" if bound.fn.is_gluon() else "regs"
+                    head = (f"{op:3} {str(dtype)[6:]:8} N={n:<6} {rec['path']:5} {bound.fn.__name__:32} {phase}"
+                            f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} shared "
+                            f"{shared // 1024:3} KB | {occ:2} programs/SM, holds ({where}) {held // 1024:4} KB/program "
+                            f"{occ * held // 1024:4} KB/SM | ")
+                    if bound.fn.is_gluon():     # loops over sub-tiles at run time: static counts are not per tile
+                        print(head + "instructions: n/a (run-time loops over sub-tiles)", flush=True)
+                        continue
+                    ops, looped = opcodes(sass)
+                    total, mufu = sum(ops.values()), ops["MUFU"]
+                    issue_gbps = 128 * e_thread / total * SMS * CLOCK_GHZ * bpe
+                    mufu_gbps = 16 * e_thread / mufu * SMS * CLOCK_GHZ * bpe if mufu else float("inf")
                     star = "*" if looped else " "
-                    print(f"{op:3} {str(dtype)[6:]:8} N={n:<6} {rec['path']:5} {bound.fn.__name__:32} "
-                          f"{phase}"
-                          f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} | "
-                          f"{occ:2} programs/SM, holds {held // 1024:4} KB/program {occ * held // 1024:4} KB/SM | "
-                          f"instr/thread{star}{total:5} ({total / e_thread:5.1f}/elem) "
+                    print(head + f"instr/thread{star}{total:5} ({total / e_thread:5.1f}/elem) "
                           f"MUFU {mufu / e_thread:4.2f}/elem | "
                           f"issue bound {issue_gbps:6.0f} GB/s ({100 * issue_gbps / COPY_GBPS:4.0f} %), "
                           f"MUFU bound {mufu_gbps:6.0f} GB/s ({100 * mufu_gbps / COPY_GBPS:4.0f} %)", flush=True)

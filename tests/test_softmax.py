@@ -594,8 +594,7 @@ def test_smem_kernel_eligibility_and_compile_for_sm90():
     """Where the shared-memory kernel may run (no GPU needed), and that it compiles for sm_90a holding its
     chunk in shared memory with no spills."""
     class T:            # the attributes _smem_ok reads
-        def __init__(self, size=4, ptr=0, cuda=True):
-            self.device = torch.device("cuda" if cuda else "cpu")
+        def __init__(self, size=4, ptr=0):
             self._size, self._ptr = size, ptr
 
         def element_size(self):
@@ -608,7 +607,6 @@ def test_smem_kernel_eligibility_and_compile_for_sm90():
     assert K._smem_ok(*ok)
     assert K._smem_ok(T(2), T(2), *ok[2:])
     assert not K._smem_ok(*ok[:-1], True)                                   # interpreter
-    assert not K._smem_ok(T(cuda=False), T(cuda=False), *ok[2:])
     assert not K._smem_ok(T(8), T(8), *ok[2:])                              # fp64
     assert not K._smem_ok(T(ptr=4), T(), *ok[2:])                           # x off 16 bytes
     assert not K._smem_ok(*ok[:2], (131080, 0, 1), (131072, 0, 1), *ok[4:])  # row stride not a multiple of 16

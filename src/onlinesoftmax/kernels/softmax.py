@@ -680,9 +680,10 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
 
 
 def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
-    """softmax_coop_smem_kernel applies: the GPU, softmax or log-softmax of 2- or 4-byte elements, unit-stride
-    rows whose starts and N are multiples of 16 elements, 16-byte aligned x and y (16-byte cp.async per thread)."""
-    return (not interpret and x.device.type == "cuda" and mode != LOGSUMEXP and x.element_size() in (2, 4)
+    """softmax_coop_smem_kernel applies (not in the interpreter): softmax or log-softmax of 2- or 4-byte elements,
+    unit-stride rows whose starts and N are multiples of 16 elements, 16-byte aligned x and y (16-byte cp.async
+    per thread)."""
+    return (not interpret and mode != LOGSUMEXP and x.element_size() in (2, 4)
             and N % 16 == 0 and geo_x[2] == geo_y[2] == 1 and not any(s % 16 for s in geo_x[:2] + geo_y[:2])
             and not (x.data_ptr() | out.data_ptr()) & 15)
 
