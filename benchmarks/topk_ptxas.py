@@ -1,6 +1,7 @@
 """Registers, stack frame (spills) and shared memory of the top-k kernels for the 45 goal shapes, compiled for
 sm_90a here: no GPU needed (Triton's own ptxas and cuobjdump). ``PROBE=1``: the variants that
-``benchmarks/topk_probe.py`` times instead of the 45 default plans.
+``benchmarks/topk_probe.py`` times instead of the 45 default plans; ``SASS=1 OPS=1``: instruction, barrier and
+shuffle counts too.
 
 ``PYTHONPATH=src [JOBS=8] python benchmarks/topk_ptxas.py [> ptxas.txt]``. Every kernel the default plan launches
 (stage 1, the exact path when apart, the merge or the tree's two merge levels), each distinct one compiled once in
@@ -28,8 +29,9 @@ MERGE_SIG = {"x_ptr": "*fp32", "stride_b": "i32", "stride_v": "constexpr", "V": 
 
 
 def resources(fn, sig: dict, constexprs: dict, num_warps: int, maxnreg: int = 0) -> tuple[int, ...]:
-    """(registers, stack frame bytes, shared bytes[, SASS instructions]) of ``fn`` compiled for sm_90a; the
-    instruction count (static: the code's size, 16 bytes each) with ``SASS=1`` in the environment."""
+    """(registers, stack frame bytes, shared bytes[, SASS instructions[, barriers, shuffles]]) of ``fn`` compiled for
+    sm_90a; the instruction count (static: the code's size, 16 bytes each) with ``SASS=1`` in the environment, and
+    with ``OPS=1`` too the static counts of ``BAR`` and ``SHFL`` (cross-warp and in-warp exchanges)."""
     names = list(sig)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if sig[n].startswith("*") or n in ("stride_b", "V")}
@@ -37,6 +39,9 @@ def resources(fn, sig: dict, constexprs: dict, num_warps: int, maxnreg: int = 0)
     opts = dict(num_warps=num_warps, **(dict(maxnreg=maxnreg) if maxnreg else {}))
     res, sass = cubin_report(compile_sm90(src, opts), sass=os.environ.get("SASS") == "1")
     n_sass = (len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M)),) if sass else ()
+    if sass and os.environ.get("OPS") == "1":
+        ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M)
+        n_sass += (ops.count("BAR"), ops.count("SHFL"))
     return res + n_sass
 
 
@@ -92,7 +97,8 @@ def main():
     with mp.get_context("spawn").Pool(int(os.environ.get("JOBS", "8"))) as pool:
         res = dict(pool.map(_one, jobs))
     print("(B, V, k): configuration | each kernel (registers, stack bytes, shared bytes"
-          + (", SASS instructions)" if os.environ.get("SASS") == "1" else ")"))
+          + (", SASS instructions" if os.environ.get("SASS") == "1" else "")
+          + (", BAR, SHFL)" if os.environ.get("SASS") == "1" and os.environ.get("OPS") == "1" else ")"))
     for s, cfg in plans.items():
         parts = " | ".join(f"{label} {res[job]}" for label, job in kernels(cfg))
         print(f"{s}: block {cfg.block} R {cfg.cols} CAP {cfg.cap} warps {cfg.num_warps} S {cfg.splits} "
