@@ -23,6 +23,9 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
            Many bf16 rows of unit stride and even N take ``softmax_coop_bf16x2_kernel`` from N >
            BF16X2_ROW_MAX_N: x is held as int32 words of two elements, twice the chunk in the same registers
            (on-chip bytes in flight per SM set the speed of this path).
+           Many long rows of unit stride (16-byte aligned, N a multiple of 16) take the same scheme with the
+           chunk in shared memory instead (``softmax_coop_smem_kernel``, kernels/softmax_smem.py, Gluon;
+           SMEM_CONFIG): up to 220 KB per SM held through the barrier against about 128 KB in registers.
 ``split``  The same cut, in two launches with no waiting: the first publishes partial states, the second merges
            them and re-reads its chunk. Used under TRITON_INTERPRET=1 (the CPU interpreter runs programs one
            after another, so a barrier would hang there) and when a row needs more than COOP_MAX_CHUNKS chunks.
@@ -36,8 +39,9 @@ Exponentials: ``_exp`` (ex2.approx.ftz, one MUFU.EX2 per element) on the GPU, ex
 bf16x2 kernel and in the prefetching ``rows`` loop, where it measured slower (a ``rows`` plan records ``fast_exp``).
 
 Backward (read y and dy, write dx): ``rows`` or ``coop`` as above with y and dy in registers; many bf16 long
-rows take ``softmax_bwd_coop_bf16x2_kernel`` (y and dy held as words). Its sums accumulate in fp64 for fp32 and
-fp64 tensors (the terms of sum(dy) cancel).
+rows take ``softmax_bwd_coop_bf16x2_kernel`` (y and dy held as words), or y and dy in shared memory
+(``softmax_bwd_coop_smem_kernel``) for fp32 log-softmax and 16-bit softmax (SMEM_BWD_CONFIG). Its sums
+accumulate in fp64 for fp32 and fp64 tensors (the terms of sum(dy) cancel).
 """
 
 from __future__ import annotations
