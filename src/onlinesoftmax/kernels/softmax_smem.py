@@ -1,4 +1,5 @@
-"""The long-row softmax kernel that holds its chunk in shared memory (Gluon, sm_80+; the GPU only).
+"""The long-row softmax kernels, forward and backward, that hold their chunk in shared memory (Gluon, sm_80+;
+the GPU only; kernels/softmax.py chooses them: SMEM_CONFIG, SMEM_BWD_CONFIG).
 
 Same scheme as ``softmax_chunks_kernel``'s coop phase (kernels/softmax.py): program (row, c) owns chunk c of its
 row, publishes (m_c, d_c), waits at the row barrier until its C siblings have published, merges with ⊕ and
@@ -7,6 +8,8 @@ The register kernels hold at most about 128 KB per SM (four 8192-element fp32 ch
 coop path's speed followed those bytes (docs/softmax.md: 64 KB per SM ≈ 55 %, 128 KB ≈ 75 %, 160 KB ≈ 81 %).
 Here the chunk is copied global → shared by ``cp.async`` (no registers held while the bytes are in flight or
 while the program waits), so an SM holds up to its 227 KB of shared memory, and a program needs few registers.
+Measured (H200, 1 GiB per tensor, docs/softmax.md): fp32 N = 128K / 256K 92.7 / 90.4 % of the copy ceiling against
+86.7 / 81.6 % for the register kernel; bf16 84.5 / 83.8 % against 78.1 / 75.4 %.
 
 Steps, in the paper's notation, for chunk c of CHUNK = S x SUB elements:
     0. cp.async the S sub-tiles into shared memory, one commit group each;
