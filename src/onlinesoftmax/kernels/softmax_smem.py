@@ -8,8 +8,9 @@ The register kernels hold at most about 128 KB per SM (four 8192-element fp32 ch
 coop path's speed followed those bytes (docs/softmax.md: 64 KB per SM ≈ 55 %, 128 KB ≈ 75 %, 160 KB ≈ 81 %).
 Here the chunk is copied global → shared by ``cp.async`` (no registers held while the bytes are in flight or
 while the program waits), so an SM holds up to its 227 KB of shared memory, and a program needs few registers.
-Measured (H200, 1 GiB per tensor, docs/softmax.md): fp32 N = 128K / 256K 92.7 / 90.4 % of the copy ceiling against
-86.7 / 81.6 % for the register kernel; bf16 84.5 / 83.8 % against 78.1 / 75.4 %.
+Measured (H200, 1 GiB per tensor, one run each, benchmarks/results/softmax/tune-gib-smem-*.log): fp32 N = 128K /
+256K 92.5 / 89.9 % of the copy ceiling against 86.8 / 82.0 % for the register kernel; bf16 85.0 / 84.0 % against
+78.4 / 75.3 % for the bf16x2 kernel.
 
 Steps, in the paper's notation, for chunk c of CHUNK = S x SUB elements:
     0. cp.async the S sub-tiles into shared memory, one commit group each;
