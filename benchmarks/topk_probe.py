@@ -151,10 +151,15 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--run14", action="store_true", help="run 14's variant set")
     ap.add_argument("--run15", action="store_true", help="run 15's variant set")
+    ap.add_argument("--only", action="append", default=[], metavar="B,V,k", help="time only these shapes")
     args = ap.parse_args()
     if args.run14 or args.run15:
         VARIANTS.clear()
         VARIANTS.update(RUN14 if args.run14 else RUN15)
+    if args.only:
+        keep = {tuple(int(v) for v in o.split(",")) for o in args.only}
+        for shape in [sh for sh in VARIANTS if sh not in keep]:
+            del VARIANTS[shape]
     if args.smoke:
         return smoke()
     t0 = time.time()
