@@ -310,6 +310,19 @@ def test_smem_backward_choice_on_h200(m, size, log, expect):
     assert K._smem_bwd_config(m, size, log, H200_SMS) == expect
 
 
+def test_smem_plans_keep_coop_max_chunks(monkeypatch):
+    """A row needing more than COOP_MAX_CHUNKS shared-memory chunks (fp32 log-softmax backward at N = 2^20: 256 of
+    4096) takes the register kernel instead; N = 2^19 (128 chunks) keeps the smem kernel. Plans on meta tensors,
+    as on an H200."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)        # plan as for the GPU (CI sets the interpreter)
+    for n, kernel in ((1 << 19, "smem"), (1 << 20, "chunks")):
+        x = torch.empty(4096, n, device="meta")
+        m, nn, inner, (g1, g2, g3) = row_geometry([x, x, x], 1)
+        plan = K._backward_plan({}, x.device, g1, g2, g3, m, nn, inner, True, (x.dtype,) * 3, aligned=True)
+        assert plan.record["kernel"] == kernel and plan.record["chunks"] <= K.COOP_MAX_CHUNKS
+
+
 def test_smem_backward_eligibility():
     row = (131072, 0, 1)
     f32, bf = (torch.float32,) * 3, (torch.bfloat16,) * 3

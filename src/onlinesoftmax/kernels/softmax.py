@@ -659,7 +659,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                      None, record)
     smem = _smem_config(M, N, x.element_size(), mode, sms, eligible)
     if path == "coop" and cfg.pop("smem", smem is not None) and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret):
-        return _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, *(smem or SMEM_CONFIG[x.element_size()]))
+        plan = _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, *(smem or SMEM_CONFIG[x.element_size()]))
+        if plan is not None:
+            return plan
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
     lse_many = mode == LOGSUMEXP and not _few_rows(M, sms)
     chunk = cfg.pop("chunk", None) or (min(LSE_CHUNK, _pow2(N)) if lse_many else
@@ -700,15 +702,25 @@ def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: b
     return SMEM_CONFIG.get(elem_bytes)
 
 
-def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps) -> _Plan:
+def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int, warps: int) -> tuple[int, int, int, int]:
+    """(chunk, C, vec, warps) of a shared-memory coop plan: the chunk a whole number of sub-tiles (one 16-byte
+    copy per thread each); ``cfg`` may override chunk and warps."""
+    warps = cfg.pop("num_warps", warps)
+    vec = 16 // elem_bytes
+    sub = vec * 32 * warps
+    chunk = max(sub, cfg.pop("chunk", chunk) // sub * sub)
+    return chunk, triton.cdiv(N, chunk), vec, warps
+
+
+def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps) -> _Plan | None:
+    """The forward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS."""
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
-    warps = cfg.pop("num_warps", warps)
-    sub = 16 // x.element_size() * 32 * warps              # elements per sub-tile: one 16-byte copy per thread
-    chunk = max(sub, cfg.pop("chunk", chunk) // sub * sub)
-    C = triton.cdiv(N, chunk)
-    meta = dict(CHUNK=chunk, VEC=16 // x.element_size(), WARPS=warps, C_POW2=_pow2(C), MODE=mode,
-                EVEN=N % chunk == 0, num_warps=warps)
+    chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
+    if C > COOP_MAX_CHUNKS:
+        return None
+    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
+                num_warps=warps)
     record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
     return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
@@ -745,6 +757,21 @@ def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
             and all(g[2] == 1 and not (g[0] % 16 or g[1] % 16) for g in geos))
 
 
+def _smem_bwd_plan(cfg, M, N, INNER, geos, elem_bytes, types, chunk, warps) -> _Plan | None:
+    """The backward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS."""
+    from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
+
+    chunk, C, vec, warps = _smem_chunking(cfg, elem_bytes, N, chunk, warps)
+    if C > COOP_MAX_CHUNKS:
+        return None
+    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
+                **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")})
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
+    return _Plan("coop", [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
+                 (N, INNER, *(g for geo in geos for g in geo[:2]), C), (M, M * C, part, (2, 0, 1)), record)
+
+
 def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes, words=False,
                    aligned=False) -> _Plan:
     sms = sm_count(device)
@@ -764,19 +791,10 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     smem = _smem_bwd_config(M, dtypes[0].itemsize, log, sms)
     if (path == "coop" and cfg.pop("smem", smem is not None)
             and _smem_bwd_ok((geo_y, geo_dy, geo_dx), N, dtypes, aligned, interpret)):
-        from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
-
-        chunk, warps = smem or SMEM_BWD_FALLBACK[dtypes[0].itemsize]
-        warps = cfg.pop("num_warps", warps)
-        vec = 16 // dtypes[0].itemsize
-        chunk = max(vec * 32 * warps, cfg.pop("chunk", chunk) // (vec * 32 * warps) * (vec * 32 * warps))
-        C = triton.cdiv(N, chunk)
-        meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
-                    **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")})
-        record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
-        part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
-        return _Plan(path, [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
-                     (N, INNER, *geo_y[:2], *geo_dy[:2], *geo_dx[:2], C), (M, M * C, part, (2, 0, 1)), record)
+        plan = _smem_bwd_plan(cfg, M, N, INNER, (geo_y, geo_dy, geo_dx), dtypes[0].itemsize, types,
+                              *(smem or SMEM_BWD_FALLBACK[dtypes[0].itemsize]))
+        if plan is not None:
+            return plan
     eligible = path == "coop" and _bf16x2_bwd_ok((geo_y, geo_dy, geo_dx), N, words)
     bf16x2 = eligible and cfg.pop("bf16x2", not _few_rows(M, sms))      # many rows, as the forward
     chunk = cfg.pop("chunk", None) or (BWD_BF16X2_CHUNK if bf16x2 else _chunking(M, N, sms, backward=True)[0])
