@@ -685,12 +685,16 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 
 
+def _smem_rows(geos, N: int, elem_bytes: int) -> bool:
+    """Rows the shared-memory kernels copy by 16-byte cp.async per thread: 2- or 4-byte elements, unit-stride
+    rows whose starts and N are multiples of 16 elements (pointer alignment is the caller's check)."""
+    return elem_bytes in (2, 4) and N % 16 == 0 and all(g[2] == 1 and not (g[0] % 16 or g[1] % 16) for g in geos)
+
+
 def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
-    """softmax_coop_smem_kernel applies (not in the interpreter): softmax or log-softmax of 2- or 4-byte elements,
-    unit-stride rows whose starts and N are multiples of 16 elements, 16-byte aligned x and y (16-byte cp.async
-    per thread)."""
-    return (not interpret and mode != LOGSUMEXP and x.element_size() in (2, 4)
-            and N % 16 == 0 and geo_x[2] == geo_y[2] == 1 and not any(s % 16 for s in geo_x[:2] + geo_y[:2])
+    """softmax_coop_smem_kernel applies (not in the interpreter): softmax or log-softmax, _smem_rows, 16-byte
+    aligned x and y."""
+    return (not interpret and mode != LOGSUMEXP and _smem_rows((geo_x, geo_y), N, x.element_size())
             and not (x.data_ptr() | out.data_ptr()) & 15)
 
 
@@ -751,10 +755,9 @@ def _smem_bwd_config(M: int, elem_bytes: int, log: bool, sms: int) -> tuple[int,
 
 
 def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
-    """softmax_bwd_coop_smem_kernel applies: the GPU, y, dy, dx of one 2- or 4-byte dtype, 16-byte aligned,
-    unit-stride rows whose starts and N are multiples of 16 elements."""
-    return (not interpret and aligned and len(set(dtypes)) == 1 and dtypes[0].itemsize in (2, 4) and N % 16 == 0
-            and all(g[2] == 1 and not (g[0] % 16 or g[1] % 16) for g in geos))
+    """softmax_bwd_coop_smem_kernel applies (not in the interpreter): y, dy, dx of one dtype, _smem_rows,
+    16-byte aligned."""
+    return not interpret and aligned and len(set(dtypes)) == 1 and _smem_rows(geos, N, dtypes[0].itemsize)
 
 
 def _smem_bwd_plan(cfg, M, N, INNER, geos, elem_bytes, types, chunk, warps) -> _Plan | None:

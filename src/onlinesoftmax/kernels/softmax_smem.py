@@ -25,21 +25,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _exp, _grad, _row_barrier, _shift
+from .softmax import _exp, _grad, _row_barrier, _row_offsets, _shift
 
 
 @gluon.jit
 def _chunk_of_program(C, CHUNK: gl.constexpr):
-    """(program id, row, row as int64, first column) of this program's chunk: program = row·C + c."""
+    """(program id, row, first column) of this program's chunk: program = row·C + c."""
     pid = gl.program_id(0)
-    row = pid // C
-    return pid, row, row.to(gl.int64), (pid % C) * CHUNK
-
-
-@gluon.jit
-def _row_ptr(P, r64, INNER, so, si, start):
-    """Element `start` of row r64 (rows as in kernels/softmax.py: outer and inner strides, 64-bit)."""
-    return P + (r64 // INNER) * so + (r64 % INNER) * si + start
+    return pid, pid // C, (pid % C) * CHUNK
 
 
 @gluon.jit
@@ -63,8 +56,8 @@ def softmax_coop_smem_kernel(
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    pid, row, r64, start = _chunk_of_program(C, CHUNK)
-    x_row = _row_ptr(X, r64, INNER, sxo, sxi, start)
+    pid, row, start = _chunk_of_program(C, CHUNK)
+    x_row = X + _row_offsets(row, INNER, sxo, sxi) + start
     offs = gl.arange(0, SUB, layout=L)
     smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -92,12 +85,14 @@ def softmax_coop_smem_kernel(
     gl.thread_barrier()
     _row_barrier(ARRIVE, GEN, row, C)
     k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    # kernels/softmax.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
+    # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
     pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
     pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
     m = gl.max(pm, axis=0)
     d = gl.sum(pd * gl.where(pm == m, 1.0, gl.exp(pm - m)), axis=0)
     # 3. y from shared memory; a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
-    y_row = _row_ptr(Y, r64, INNER, syo, syi, start)
+    y_row = Y + _row_offsets(row, INNER, syo, syi) + start
     sh = _shift(m)
     if MODE == 0:
         scale = gl.where(m == float("inf"), float("nan"), 1.0 / d)
@@ -127,9 +122,9 @@ def softmax_bwd_coop_smem_kernel(
     SUB: gl.constexpr = VEC * 32 * WARPS
     S: gl.constexpr = CHUNK // SUB
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    pid, row, r64, start = _chunk_of_program(C, CHUNK)
-    y_row = _row_ptr(Yp, r64, INNER, syo, syi, start)
-    dy_row = _row_ptr(DY, r64, INNER, sdo, sdi, start)
+    pid, row, start = _chunk_of_program(C, CHUNK)
+    y_row = Yp + _row_offsets(row, INNER, syo, syi) + start
+    dy_row = DY + _row_offsets(row, INNER, sdo, sdi) + start
     offs = gl.arange(0, SUB, layout=L)
     layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     ys = gl.allocate_shared_memory(Yp.dtype.element_ty, [S, SUB], layout)
@@ -158,7 +153,7 @@ def softmax_bwd_coop_smem_kernel(
     k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
     # 3. dx = y·(dy - s)  or  dy - e^y·s
-    dx_row = _row_ptr(DX, r64, INNER, sxo, sxi, start)
+    dx_row = DX + _row_offsets(row, INNER, sxo, sxi) + start
     for s in range(S):
         dx = _grad(ys.index(s).load(L).to(gl.float32), dys.index(s).load(L).to(gl.float32), s_row, LOG, LIBDEVICE)
         if EVEN:
