@@ -43,13 +43,11 @@ RUN15 = {
     (1, 128256, 1024): [], (256, 262144, 50): [ONE], (1, 262144, 50): [ONE], (256, 128256, 50): [],
     (32, 262144, 50): [],
 }
-# Run 17 (not run yet: no device time was left in the session that wrote it): stage 1's 1-bit bisection
-# (radix 0) and the merge's row bound, each alone and together (NEW), against the default plan (run 16's: 3-bit
-# radix steps, lo = max t_c), and stage-1 register caps; the sort path (stable torch sort + logsumexp) at B = 1,
-# k = 1024. `timeout 200 python benchmarks/topk_probe.py --out $OUT --jobs 14` on the GPU machine.
+# Run 17 (commit aa556ad, probe-run17b.log): stage 1's 1-bit bisection (radix 0) and the merge's row bound, each
+# alone and together, against run 16's plan, and stage-1 register caps; --run17.
 NEW = dict(radix=0, row_bound=True)
 SORT = dict(path="sort")
-VARIANTS = {
+RUN17 = {
     (256, 128256, 50): [NEW, dict(radix=0), dict(row_bound=True), dict(NEW, maxnreg=144), dict(NEW, maxnreg=128),
                         dict(NEW, merge_warps=8)],
     (256, 128256, 8): [NEW],
@@ -63,7 +61,21 @@ VARIANTS = {
     (1, 151936, 1024): [SORT],
     (1, 262144, 1024): [SORT],
 }
-SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1)]}     # --smoke: CPU, the interpreter
+# Run 18: a persistent stage 1 (8 one-warp programs per SM, 242 registers, each loading its next chunk before
+# computing the current one) and programmatic dependent launch of the merge, both with radix 0.
+R0 = dict(radix=0, persist=0, pdl=False)
+P8 = dict(radix=0, persist=8, pdl=False)
+VARIANTS = {
+    (256, 128256, 50): [R0, P8, dict(R0, pdl=True), dict(P8, pdl=True), dict(P8, persist=6), dict(P8, persist=16)],
+    (256, 128256, 8): [R0, dict(P8, pdl=True)],
+    (256, 128256, 1): [R0, dict(P8, pdl=True)],
+    (32, 128256, 50): [R0, dict(P8, pdl=True)],
+    (256, 262144, 50): [R0, P8, dict(P8, pdl=True)],
+    (1, 128256, 50): [R0, dict(R0, pdl=True), dict(P8, pdl=True)],
+    (256, 128256, 1024): [dict(pdl=True)],
+}
+SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1),      # --smoke: CPU, the interpreter
+                         dict(block=512, radix=0, persist=2)]}
 
 
 def configs(B, V, k, variants=None):
@@ -152,11 +164,12 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--run14", action="store_true", help="run 14's variant set")
     ap.add_argument("--run15", action="store_true", help="run 15's variant set")
+    ap.add_argument("--run17", action="store_true", help="run 17's variant set")
     ap.add_argument("--only", action="append", default=[], metavar="B,V,k", help="time only these shapes")
     args = ap.parse_args()
-    if args.run14 or args.run15:
+    if args.run14 or args.run15 or args.run17:
         VARIANTS.clear()
-        VARIANTS.update(RUN14 if args.run14 else RUN15)
+        VARIANTS.update(RUN14 if args.run14 else RUN15 if args.run15 else RUN17)
     if args.only:
         keep = {tuple(int(v) for v in o.split(",")) for o in args.only}
         for shape in [sh for sh in VARIANTS if sh not in keep]:
@@ -196,14 +209,23 @@ def main():
         t_topk = bench(lambda x: torch.topk(x, k, -1))
         t_sm = bench(lambda x: torch.softmax(x, -1).topk(k, -1))
         cfg0 = kt.plan(B, V, k, torch.float32)
-        ws = kt._workspace(xs[0].device, kt.workspace_words(B, cfg0))[0]
         s1 = {}
 
-        def t_stage1(cfg):     # stage 1 alone, once per distinct stage-1 configuration
-            key = (cfg.radix, cfg.maxnreg)
+        def t_stage1(cfg, xs=xs):     # stage 1 alone, once per distinct stage-1 configuration
+            key = (cfg.radix, cfg.maxnreg, cfg.persist)
             if cfg.path == "filter" and key not in s1:
+                ws = kt.workspaces(B, cfg, xs[0].device)[0]
                 s1[key] = bench(lambda x: kt.stage1(x, ws, k, cfg, True))
             return s1.get(key, float("nan"))
+
+        def t_merge(cfg, xs=xs):      # the launches after stage 1 alone, on the workspace a stage 1 call left
+            if cfg.path != "filter":
+                return float("nan")
+            ws, ws2 = kt.workspaces(B, cfg, xs[0].device)
+            out = (torch.empty(B, k, device="cuda"), torch.empty(B, k, device="cuda", dtype=torch.int64),
+                   torch.empty(B, device="cuda"))
+            kt.stage1(xs[0], ws, k, cfg, True)
+            return do_bench(lambda: kt.merge(xs[0], ws, ws2, out, k, cfg, True), return_mode="median") * 1e3
 
         t_s1 = t_stage1(cfg0)
         x = _special(xs[0])
@@ -213,16 +235,18 @@ def main():
                 ok = _check(x, k, cfg) and _check(xs[1 % n_sets], k, cfg)
                 us = bench(lambda x, cfg=cfg: _run(x, k, cfg))
                 t_s1 = t_stage1(cfg)
+                t_m = t_merge(cfg)
                 err = ""
             except Exception as e:  # report, keep going
-                ok, us, err = False, None, f"{type(e).__name__}: {str(e)[:300]}"
+                ok, us, t_m, err = False, None, float("nan"), f"{type(e).__name__}: {str(e)[:300]}"
             tag = "default" if n in (0, len(cfgs) - 1) else str(VARIANTS[(B, V, k)][n - 1])
-            r = dict(B=B, V=V, k=k, variant=tag, cfg=repr(cfg), ok=ok, us=us, stage1_us=t_s1, torch_topk_us=t_topk,
+            r = dict(B=B, V=V, k=k, variant=tag, cfg=repr(cfg), ok=ok, us=us, stage1_us=t_s1, merge_us=t_m,
+                     torch_topk_us=t_topk,
                      torch_softmax_topk_us=t_sm,
                      floor_us=B * V * 4 / 4.25e12 * 1e6, err=err)
             rows.append(r)
             line = (f"B{B:4d} V{V:7d} k{k:5d} | {tag:58s} | ok={ok!s:5s} {us if us is None else round(us, 1)!s:>8s} us"
-                    f" | stage1 {t_s1:6.1f} topk {t_topk:7.1f} sm→topk {t_sm:7.1f} {err}")
+                    f" | stage1 {t_s1:6.1f} merge {t_m:6.1f} topk {t_topk:7.1f} sm→topk {t_sm:7.1f} {err}")
             lines.append(line)
             print(line, flush=True)
             with open(f"{args.out}/probe.json", "w") as f:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..backend import interpret_mode
 from ._launch import launch, stream_scratch
@@ -85,6 +86,9 @@ BINARY_BISECT_MAX_WARPS = 0         # stage 1 with this many warps or fewer: 1-b
 ROW_BOUND = False                   # the merge starts from the k-th largest chunk maximum when k <= chunks
                                     # (simulated: ≈ 96 candidates >= it at the goal shape, so no narrowing pass);
                                     # off: not yet timed on a GPU
+PERSIST_PROGRAMS_PER_SM = 0         # stage 1 as a persistent grid of this many programs per SM (0 = off), each
+PERSIST_MAX_WARPS = 1               # prefetching its next chunk; for stage 1 of at most this many warps
+PDL = False                         # merge launches may start before stage 1 ends (griddepcontrol.wait inside)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
@@ -112,6 +116,8 @@ class TopKConfig:
     radix: int = RADIX_BITS     # stage 1: bits per bisection step of t (0: 1-bit steps, one int32 reduction each)
     maxnreg: int = 0            # stage 1: register cap per thread (0: the compiler's choice)
     row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
+    persist: int = 0            # stage 1: programs per SM looping over the chunks, prefetching (0: one per chunk)
+    pdl: bool = False           # the launches after stage 1 start early (programmatic dependent launch)
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -125,14 +131,15 @@ def _pow2(n: int) -> int:
 def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
                 num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
                 merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
-                maxnreg: int = 0, row_bound: bool | None = None, esize: int = 4) -> TopKConfig:
+                maxnreg: int = 0, row_bound: bool | None = None, persist: int | None = None,
+                pdl: bool | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
     ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``maxnreg`` /
-    ``row_bound`` override the choice (tests and the variant timers use them).
+    ``row_bound`` / ``persist`` / ``pdl`` override the choice (tests and the variant timers use them).
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -184,8 +191,12 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         radix = 0 if num_warps <= BINARY_BISECT_MAX_WARPS else RADIX_BITS
     if row_bound is None:   # only where a merge program holds k chunks (else no k-th largest maximum exists)
         row_bound = ROW_BOUND and k <= (min(tree, triton.cdiv(splits, tree)) if tree else splits)
+    if persist is None:
+        persist = PERSIST_PROGRAMS_PER_SM if num_warps <= PERSIST_MAX_WARPS else 0
+    if pdl is None:
+        pdl = PDL
     return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg,
-                      row_bound)
+                      row_bound, persist, pdl)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -325,21 +336,28 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
 # --- stage 1: per-chunk (m, d) and top-k candidates ---------------------------------------------------------
 
 @triton.jit
-def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
-                       RADIX: tl.constexpr):
+def _load_chunk(x_ptr, stride_b, stride_v, V, c, S, BLOCK: tl.constexpr, R: tl.constexpr):
+    """Chunk ``c`` of the input (row ``c // S``) as the ``[G, R]`` tile ``(g, r) = x[start + g·R + r]``, fp32;
+    padding past the row's end is -inf."""
     G: tl.constexpr = BLOCK // R
-    pid = tl.program_id(0)
-    row = pid // S
-    start = (pid % S) * BLOCK
-    x_row = x_ptr + row.to(tl.int64) * stride_b + start.to(tl.int64) * stride_v
+    start = (c % S) * BLOCK
+    x_row = x_ptr + (c // S).to(tl.int64) * stride_b + start.to(tl.int64) * stride_v
     off = tl.arange(0, G)[:, None] * R + tl.arange(0, R)[None, :]          # [G, R]: (g, r) -> g·R + r
     ptrs = x_row + off.to(tl.int64) * stride_v
-    # read BLOCK elements of x: the only pass over x (padding is -inf)
     if start + BLOCK <= V:
         x = tl.load(ptrs).to(tl.float32)
     else:
         x = tl.load(ptrs, mask=off < V - start, other=float("-inf")).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
+                 FAST: tl.constexpr, RADIX: tl.constexpr):
+    """Steps a–c for chunk ``c`` held in ``x``: its (m, d), bound t and candidates to the workspace."""
+    G: tl.constexpr = BLOCK // R
+    start = (c % S) * BLOCK
+    off = tl.arange(0, G)[:, None] * R + tl.arange(0, R)[None, :]
     # a. chunk state in base 2: m2 = log2(e)·max x, d = Σ 2^(x·log2(e) − m2) = Σ e^(x − m). For m = ±inf, d is
     # taken relative to 0: (-inf, 0) is ⊕'s identity, (+inf, d) gives lse = +inf. A NaN anywhere makes d NaN
     # (and takes the exact path below).
@@ -363,14 +381,39 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
     # c. straight-line; stores nothing when the chunk is left to the exact path (x >= NaN is false)
     idx = start + off
     run = tl.cumsum(ge.to(tl.int32), axis=0)                               # running count down each column
-    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + c.to(tl.int64) * CAP
     _compact(slots, run, cnt, x, idx, tl.where(exact, float("nan"), tf), x, False, FAST)
     # d. the exact path (rare) runs in the merge, which re-reads the chunk: n_c = -1 marks it. Its registers
     # (four [G, R] tiles) would otherwise set this kernel's register count and so its occupancy.
-    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
-    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + BS + pid, d)
-    tl.store(ws_ptr + 2 * BS + pid, tl.where(exact, -1, n))
-    tl.store(ws_ptr + 3 * BS + pid, t)
+    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + c, m2)
+    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + BS + c, d)
+    tl.store(ws_ptr + 2 * BS + c, tl.where(exact, -1, n))
+    tl.store(ws_ptr + 3 * BS + c, t)
+
+
+@triton.jit
+def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
+                       RADIX: tl.constexpr, PERSIST: tl.constexpr, PDL: tl.constexpr):
+    """Stage 1 over the BS = B·S chunks: one program per chunk, or (``PERSIST``) a grid of fewer programs that
+    each loop over chunks ``pid, pid + P, …`` with the next chunk's load issued before the current chunk's
+    steps a–c, so every program has a chunk in flight while it computes. ``PDL``: the merge may launch now (it
+    waits for this grid's end before reading anything)."""
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+    if PERSIST:
+        P = tl.num_programs(0)
+        x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
+        for i in range(tl.cdiv(BS - pid, P)):
+            c = pid + i * P
+            nxt = tl.where(c + P < BS, c + P, c)       # the last step re-reads its own chunk (from L2)
+            x_next = _load_chunk(x_ptr, stride_b, stride_v, V, nxt, S, BLOCK, R)
+            _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK, R, CAP, FAST, RADIX)
+            x = x_next
+    else:
+        x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
+        _chunk_state(x, ws_ptr, V, k, S, BS, pid, BLOCK, R, CAP, FAST, RADIX)
 
 
 @triton.jit
@@ -397,10 +440,13 @@ def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
 
 @triton.jit
 def _topk_exact_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr):
     """1d as a launch of its own (``exact_apart``), one program per chunk, between stage 1 and the merge: the
     merge then carries none of the exact path's registers (its [G, R] tiles made the k = 1024 merge spill)."""
     pid = tl.program_id(0)
+    if PDL:         # launched early (programmatic dependent launch): wait for stage 1, let the merge launch
+        gdc_wait()
+        gdc_launch_dependents()
     if tl.load(ws_ptr + 2 * BS + pid) < 0:
         _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, pid // S, pid, (pid % S) * BLOCK, BLOCK, R, CAP)
 
@@ -438,12 +484,15 @@ def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, CA
 def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
                        CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr,
-                       ROWB: tl.constexpr):
+                       ROWB: tl.constexpr, PDL: tl.constexpr):
     """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
     state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input."""
     NT: tl.constexpr = SP // CT
     pid = tl.program_id(0)
+    if PDL:         # launched early (programmatic dependent launch): wait for the previous launch's end
+        gdc_wait()
+        gdc_launch_dependents()
     if OUT_STATE:
         row = pid // NG
         c0 = (pid % NG) * GS                    # the group's first chunk in its row
@@ -615,22 +664,60 @@ def plan(B: int, V: int, k: int, dtype: torch.dtype) -> TopKConfig:
     return select_path(B, V, k, esize=torch.finfo(dtype).bits // 8)
 
 
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2            # the interpreter: a small grid, so that programs loop
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: TopKConfig, fast: bool):
     """Launch stage 1 for ``x`` ``[B, V]`` into the workspace ``ws`` (also timed alone by the benchmarks)."""
     B, V = x.shape
     S = cfg.splits
     opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
-    launch(_topk_chunk_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), x.device,
-           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix,
-           num_warps=cfg.num_warps, **opt)
+    grid = B * S
+    if cfg.persist:
+        grid = min(grid, cfg.persist * _sm_count(x.device))
+    launch(_topk_chunk_kernel, (grid,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), x.device,
+           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix, PERSIST=bool(cfg.persist),
+           PDL=cfg.pdl and fast, num_warps=cfg.num_warps, **opt)
+
+
+def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: int, cfg: TopKConfig, fast: bool):
+    """The launches after stage 1 (the exact path apart, the merge or its two levels) into ``out`` = (values,
+    indices, lse); also timed alone by the benchmarks."""
+    B, V = x.shape
+    S = cfg.splits
+    dev = x.device
+    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
+    pdl = cfg.pdl and fast
+    opt = dict(PDL=pdl, **(dict(launch_pdl=True) if pdl else {}))
+    if cfg.exact_apart:
+        launch(_topk_exact_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
+               **blk, num_warps=cfg.num_warps, **opt)
+    head = (x, x.stride(0), x.stride(1), V)
+    if cfg.tree:
+        ng = triton.cdiv(S, cfg.tree)
+        sp = _pow2(cfg.tree)
+        launch(_topk_merge_kernel, (B * ng,), head + (ws, ws2, *out, k, S, B * S, cfg.tree, ng), dev,
+               **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, ROWB=cfg.row_bound,
+               num_warps=cfg.tree_warps, **opt)
+        ws, S, exact = ws2, ng, False
+    else:
+        exact = not cfg.exact_apart
+    sp = _pow2(S)
+    launch(_topk_merge_kernel, (B,), head + (ws, ws, *out, k, S, B * S, S, 1), dev,
+           **blk, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)), FAST=fast, EXACT=exact, OUT_STATE=False,
+           ROWB=cfg.row_bound, num_warps=cfg.merge_warps, **opt)
 
 
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
 
-    Launches: stage 1 (B·S programs); with ``exact_apart`` the chunks' exact paths (B·S, most return at once);
-    the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks each, then B over the
-    NG group states."""
+    Launches: stage 1 (B·S programs, or a persistent grid); with ``exact_apart`` the chunks' exact paths (B·S,
+    most return at once); the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks
+    each, then B over the NG group states."""
     B, V = x.shape
     cfg = cfg or plan(B, V, k, x.dtype)
     if cfg.path == "sort":
@@ -641,26 +728,14 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     lse = torch.empty((B,), device=dev, dtype=torch.float32)
     if B == 0:
         return values, indices, lse
-    S = cfg.splits
-    ng = triton.cdiv(S, cfg.tree) if cfg.tree else 1
-    ws, ws2 = _workspace(dev, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)
+    ws, ws2 = workspaces(B, cfg, dev)
     fast = dev.type == "cuda" and not interpret_mode()
-    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
     stage1(x, ws, k, cfg, fast)
-    if cfg.exact_apart:
-        launch(_topk_exact_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
-               **blk, num_warps=cfg.num_warps)
-    head = (x, x.stride(0), x.stride(1), V)
-    if cfg.tree:
-        sp = _pow2(cfg.tree)
-        launch(_topk_merge_kernel, (B * ng,), head + (ws, ws2, values, indices, lse, k, S, B * S, cfg.tree, ng), dev,
-               **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, ROWB=cfg.row_bound,
-               num_warps=cfg.tree_warps)
-        ws, S, exact = ws2, ng, False
-    else:
-        exact = not cfg.exact_apart
-    sp = _pow2(S)
-    launch(_topk_merge_kernel, (B,), head + (ws, ws, values, indices, lse, k, S, B * S, S, 1), dev,
-           **blk, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)), FAST=fast, EXACT=exact, OUT_STATE=False,
-           ROWB=cfg.row_bound, num_warps=cfg.merge_warps)
+    merge(x, ws, ws2, (values, indices, lse), k, cfg, fast)
     return values, indices, lse
+
+
+def workspaces(B: int, cfg: TopKConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's scratch and the tree's first-level scratch for ``cfg`` (cached per device and stream)."""
+    ng = triton.cdiv(cfg.splits, cfg.tree) if cfg.tree else 1
+    return _workspace(device, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)
