@@ -20,7 +20,7 @@ VARIANTS = {"default": {}, "radix0": dict(radix=0, persist=0), "persist8": dict(
 
 def main(B=256, V=128256, k=50):
     x = torch.randn(B, V, device="cuda")
-    ref = torch.sort(x, -1, descending=True, stable=True)[1][:, :k]
+    ref = torch.sort(x, dim=-1, descending=True, stable=True)[1][:, :k]
     cfgs = {name: kt.select_path(B, V, k, **over) for name, over in VARIANTS.items()}
     for cfg in cfgs.values():                  # compile, warm and check
         assert torch.equal(kt.softmax_topk_2d(x, k, cfg)[1], ref)

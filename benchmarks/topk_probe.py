@@ -61,11 +61,11 @@ RUN17 = {
     (1, 151936, 1024): [SORT],
     (1, 262144, 1024): [SORT],
 }
-# Run 18: a persistent stage 1 (8 one-warp programs per SM, 242 registers, each loading its next chunk before
-# computing the current one) and programmatic dependent launch of the merge, both with radix 0.
+# Run 18 (commit 127d714, probe-run18.log): a persistent stage 1 (8 one-warp programs per SM, each loading its
+# next chunk before computing the current one) and programmatic dependent launch of the merges; --run18.
 R0 = dict(radix=0, persist=0, pdl=False)
 P8 = dict(radix=0, persist=8, pdl=False)
-VARIANTS = {
+RUN18 = {
     (256, 128256, 50): [R0, P8, dict(R0, pdl=True), dict(P8, pdl=True), dict(P8, persist=6), dict(P8, persist=16)],
     (256, 128256, 8): [R0, dict(P8, pdl=True)],
     (256, 128256, 1): [R0, dict(P8, pdl=True)],
@@ -74,8 +74,18 @@ VARIANTS = {
     (1, 128256, 50): [R0, dict(R0, pdl=True), dict(P8, pdl=True)],
     (256, 128256, 1024): [dict(pdl=True)],
 }
+# Run 19: the narrow merge (stage 1 aims at rank kb < k, the merge reads `width` slots per chunk), radix 0.
+N8 = dict(radix=0, kb=8, width=32)
+VARIANTS = {
+    (256, 128256, 50): [dict(radix=0), N8, dict(N8, width=16), dict(N8, kb=16), dict(N8, merge_warps=2),
+                        dict(N8, merge_warps=1), dict(N8, pdl=True)],
+    (32, 128256, 50): [dict(radix=0), N8],
+    (1, 128256, 50): [dict(radix=0), N8],
+    (256, 128256, 8): [dict(radix=0)],
+    (256, 151936, 50): [dict(radix=0)],
+}
 SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1),      # --smoke: CPU, the interpreter
-                         dict(block=512, radix=0, persist=2)]}
+                         dict(block=512, radix=0, persist=2), dict(block=512, radix=0, kb=4, width=16)]}
 
 
 def configs(B, V, k, variants=None):
@@ -165,11 +175,14 @@ def main():
     ap.add_argument("--run14", action="store_true", help="run 14's variant set")
     ap.add_argument("--run15", action="store_true", help="run 15's variant set")
     ap.add_argument("--run17", action="store_true", help="run 17's variant set")
+    ap.add_argument("--run18", action="store_true", help="run 18's variant set")
     ap.add_argument("--only", action="append", default=[], metavar="B,V,k", help="time only these shapes")
     args = ap.parse_args()
-    if args.run14 or args.run15 or args.run17:
-        VARIANTS.clear()
-        VARIANTS.update(RUN14 if args.run14 else RUN15 if args.run15 else RUN17)
+    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run18": RUN18}
+    for name, run in runs.items():
+        if getattr(args, name):
+            VARIANTS.clear()
+            VARIANTS.update(run)
     if args.only:
         keep = {tuple(int(v) for v in o.split(",")) for o in args.only}
         for shape in [sh for sh in VARIANTS if sh not in keep]:
@@ -227,6 +240,13 @@ def main():
             kt.stage1(xs[0], ws, k, cfg, True)
             return do_bench(lambda: kt.merge(xs[0], ws, ws2, out, k, cfg, True), return_mode="median") * 1e3
 
+        def t_graph(cfg, xs=xs):      # one call replayed from a CUDA graph: GPU time, no host in the way
+            _run(xs[0], k, cfg)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                _run(xs[0], k, cfg)
+            return do_bench(g.replay, return_mode="median") * 1e3
+
         t_s1 = t_stage1(cfg0)
         x = _special(xs[0])
         cfgs = configs(B, V, k) + [cfg0]
@@ -236,17 +256,20 @@ def main():
                 us = bench(lambda x, cfg=cfg: _run(x, k, cfg))
                 t_s1 = t_stage1(cfg)
                 t_m = t_merge(cfg)
+                t_g = t_graph(cfg)
                 err = ""
             except Exception as e:  # report, keep going
-                ok, us, t_m, err = False, None, float("nan"), f"{type(e).__name__}: {str(e)[:300]}"
+                ok, us, t_m, t_g, err = False, None, float("nan"), float("nan"), f"{type(e).__name__}: {str(e)[:300]}"
             tag = "default" if n in (0, len(cfgs) - 1) else str(VARIANTS[(B, V, k)][n - 1])
-            r = dict(B=B, V=V, k=k, variant=tag, cfg=repr(cfg), ok=ok, us=us, stage1_us=t_s1, merge_us=t_m,
+            r = dict(B=B, V=V, k=k, variant=tag, cfg=repr(cfg), ok=ok, us=us, graph_us=t_g, stage1_us=t_s1,
+                     merge_us=t_m,
                      torch_topk_us=t_topk,
                      torch_softmax_topk_us=t_sm,
                      floor_us=B * V * 4 / 4.25e12 * 1e6, err=err)
             rows.append(r)
             line = (f"B{B:4d} V{V:7d} k{k:5d} | {tag:58s} | ok={ok!s:5s} {us if us is None else round(us, 1)!s:>8s} us"
-                    f" | stage1 {t_s1:6.1f} merge {t_m:6.1f} topk {t_topk:7.1f} sm→topk {t_sm:7.1f} {err}")
+                    f" graph {t_g:6.1f} | stage1 {t_s1:6.1f} merge {t_m:6.1f} topk {t_topk:7.1f}"
+                    f" sm→topk {t_sm:7.1f} {err}")
             lines.append(line)
             print(line, flush=True)
             with open(f"{args.out}/probe.json", "w") as f:

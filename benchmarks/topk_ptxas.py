@@ -72,15 +72,16 @@ def kernels(cfg):
     s = cfg.splits
     if cfg.tree:
         sp = kt._pow2(cfg.tree)
-        out.append(("merge 1", ("merge", meta + (("SP", sp), ("CT", sp), ("FAST", True), ("EXACT", not cfg.exact_apart),
-                                                  ("OUT_STATE", True), ("ROWB", cfg.row_bound)) + pdl, cfg.tree_warps)))
+        m1 = (("SP", sp), ("CT", sp), ("FAST", True), ("EXACT", not cfg.exact_apart), ("OUT_STATE", True),
+              ("ROWB", cfg.row_bound), ("W", cfg.cap))
+        out.append(("merge 1", ("merge", meta + m1 + pdl, cfg.tree_warps)))
         s = -(-s // cfg.tree)
     sp = kt._pow2(s)
     ct = max(1, min(sp, kt.MERGE_TILE // cfg.cap))
     exact = not cfg.exact_apart and not cfg.tree
     out.append(("merge" if not cfg.tree else "merge 2",
                 ("merge", meta + (("SP", sp), ("CT", ct), ("FAST", True), ("EXACT", exact), ("OUT_STATE", False),
-                          ("ROWB", cfg.row_bound)) + pdl,
+                          ("ROWB", cfg.row_bound), ("W", cfg.width or cfg.cap)) + pdl,
                  cfg.merge_warps)))
     return out
 

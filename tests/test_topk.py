@@ -271,6 +271,38 @@ def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
         assert_matches_ref(out, rows, k)
 
 
+@pytest.mark.parametrize("kb,width", [(2, 8), (4, 16)])
+def test_kernel_narrow_merge(kernel_device, kb, width):
+    """Stage 1 bounds each chunk by its kb-th largest column maximum (kb < k) and the merge reads the first
+    ``width`` slots of each chunk. Rows where that cannot hold the answer (a chunk with more than ``width``
+    candidates: ties, sorted runs; fewer than k keys >= lo: one chunk holding the whole top-k; a NaN, all -inf)
+    take the merge's exact fallback: the same answer, indices exactly."""
+    gen = torch.Generator().manual_seed(12)
+    n = 3000
+    i = torch.arange(n)
+    one_chunk = torch.randn(n, generator=gen)
+    one_chunk[256:296] += 10.0                                         # chunk 1 holds the top 40
+    x = torch.cat([torch.randn(3, n, generator=gen), _special_rows(n, gen), i.float()[None], -i.float()[None],
+                   one_chunk[None]]).to(kernel_device)
+    for k in (5, 30):
+        cfg, out = _run_cfg(x, k, block=256, kb=kb, width=width)
+        assert (cfg.kb, cfg.width, cfg.tree, cfg.splits) == (kb, width, 0, 12)
+        assert_matches_ref(out, x, k)
+
+
+def test_narrow_dispatch(monkeypatch):
+    """NARROW_KB on: k above it with a one-level merge takes the narrow tile; the tree, the row bound and small k
+    do not. An inconsistent override is refused."""
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+    monkeypatch.setattr(kt, "NARROW_KB", 8)
+    c = kt.select_path(256, 128256, 50)
+    assert (c.kb, c.width, c.tree) == (8, kt.NARROW_WIDTH, 0)
+    assert kt.select_path(256, 128256, 8).kb == 0                      # k <= NARROW_KB
+    assert kt.select_path(256, 262144, 50).kb == 0                     # two-level merge
+    with pytest.raises(ValueError, match="kb="):
+        kt.select_path(256, 128256, 50, kb=8, width=0)
+
+
 def test_row_bound_dispatch(monkeypatch):
     """With ``ROW_BOUND`` on, the merge takes the row bound only where a program merges at least k chunks."""
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
@@ -353,7 +385,8 @@ def test_gpu_matches_reference(V, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("over", [{"radix": 0, "row_bound": True}, {"radix": 0, "row_bound": True, "maxnreg": 144},
-                                  {"radix": 0, "row_bound": False, "persist": 8, "pdl": True}])
+                                  {"radix": 0, "row_bound": False, "persist": 8, "pdl": True},
+                                  {"radix": 0, "row_bound": False, "kb": 8, "width": 32}])
 def test_gpu_stage1_bisect_and_row_bound(over):
     """Run 17's and 18's options on the GPU (flush-to-zero, REDUX, register caps, the persistent stage 1 and
     programmatic dependent launch): every k <= 50 goal k at V = 128256 (63 chunks, so the row bound applies),
@@ -366,7 +399,7 @@ def test_gpu_stage1_bisect_and_row_bound(over):
     for k in (1, 8, 50):
         cfg = kt.select_path(x.shape[0], V, k, **over)
         assert cfg.path == "filter" and cfg.row_bound == over["row_bound"] and cfg.radix == 0 and not cfg.tree
-        assert (cfg.persist, cfg.pdl) == (over.get("persist", 0), over.get("pdl", False))
+        assert (cfg.persist, cfg.pdl, cfg.kb) == (over.get("persist", 0), over.get("pdl", False), over.get("kb", 0))
         out = TopK(*kt.softmax_topk_2d(x.cuda(), k, cfg))
         assert_matches_ref(out, x, k)
 

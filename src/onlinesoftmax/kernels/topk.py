@@ -88,6 +88,9 @@ ROW_BOUND = False                   # the merge starts from the k-th largest chu
                                     # off: not yet timed on a GPU
 PERSIST_PROGRAMS_PER_SM = 0         # stage 1 as a persistent grid of this many programs per SM (0 = off), each
 PERSIST_MAX_WARPS = 1               # prefetching its next chunk; for stage 1 of at most this many warps
+NARROW_KB = 0                       # k > this, one-level merge: stage 1's bound t_c is the chunk's NARROW_KB-th
+NARROW_WIDTH = 32                   # largest column maximum (≈ NARROW_KB candidates, not ≈ k) and the merge loads
+                                    # NARROW_WIDTH slots per chunk, with an exact fallback (0 = off)
 PDL = False                         # merge launches may start before stage 1 ends (griddepcontrol.wait inside)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
@@ -118,6 +121,8 @@ class TopKConfig:
     row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
     persist: int = 0            # stage 1: programs per SM looping over the chunks, prefetching (0: one per chunk)
     pdl: bool = False           # the launches after stage 1 start early (programmatic dependent launch)
+    kb: int = 0                 # stage 1's t_c: the kb-th largest column maximum (0: k; kb < k needs width)
+    width: int = 0              # the merge's tile: the first `width` slots of each chunk (0: all CAP)
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -132,14 +137,16 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
                 num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
                 merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
                 maxnreg: int = 0, row_bound: bool | None = None, persist: int | None = None,
-                pdl: bool | None = None, esize: int = 4) -> TopKConfig:
+                pdl: bool | None = None, kb: int | None = None, width: int | None = None,
+                esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
     ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``maxnreg`` /
-    ``row_bound`` / ``persist`` / ``pdl`` override the choice (tests and the variant timers use them).
+    ``row_bound`` / ``persist`` / ``pdl`` / ``kb`` / ``width`` override the choice (tests and the variant timers
+    use them).
     """
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -195,8 +202,14 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         persist = PERSIST_PROGRAMS_PER_SM if num_warps <= PERSIST_MAX_WARPS else 0
     if pdl is None:
         pdl = PDL
+    if kb is None:      # only the one-level merge reads stage 1's slots with the narrow tile
+        kb = NARROW_KB if 0 < NARROW_KB < k and not tree and not row_bound else 0
+    if width is None:
+        width = NARROW_WIDTH if kb else 0
+    if bool(kb) != bool(width) or width > cap or (kb and (tree or row_bound)):
+        raise ValueError(f"select_path: kb={kb} needs width (<= CAP = {cap}) and a one-level merge, and the reverse")
     return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg,
-                      row_bound, persist, pdl)
+                      row_bound, persist, pdl, kb, width)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -459,35 +472,113 @@ def _add3(a1, a2, a3, b1, b2, b3):
 
 
 @triton.jit
-def _slot_tile(cand_ptr, n_ptr, S, j, CT: tl.constexpr, CAP: tl.constexpr):
-    """Keys of chunks ``[j·CT, (j + 1)·CT)`` of the row, ``[CT, CAP]`` (INT32_MIN where chunk c has no
-    candidate: slot ``>= n_c``), and the slots' offsets. Loads bypass L1: the merge may have written them."""
+def _slot_tile(cand_ptr, n_ptr, S, j, CT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr):
+    """Keys of the first W slots of chunks ``[j·CT, (j + 1)·CT)`` of the row, ``[CT, W]`` (INT32_MIN where chunk c
+    has no candidate: slot ``>= n_c``), and the slots' offsets (CAP slots per chunk). Loads bypass L1: the merge
+    may have written them."""
     c = j * CT + tl.arange(0, CT)
     n = tl.load(n_ptr + c, mask=c < S, other=0, cache_modifier=".cg")
-    o = c[:, None] * CAP + tl.arange(0, CAP)[None, :]
-    live = tl.arange(0, CAP)[None, :] < n[:, None]
+    o = c[:, None] * CAP + tl.arange(0, W)[None, :]
+    live = tl.arange(0, W)[None, :] < n[:, None]
     bits = tl.load(cand_ptr + 2 * o, mask=live, other=0, cache_modifier=".cg")
     return tl.where(live, _key_of(bits.to(tl.float32, bitcast=True)), INT32_MIN), o
 
 
 @triton.jit
-def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, CAP: tl.constexpr):
+def _tile_j(keys0, cand_ptr, n_ptr, S, j, NT: tl.constexpr, CT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr):
     """Tile j of the row's slots: the register tile when it holds them all (NT = 1), else loaded (from L2)."""
     if NT == 1:     # the offsets are recomputed, not held in registers beside the keys
         c = tl.arange(0, CT)
-        return keys0, c[:, None] * CAP + tl.arange(0, CAP)[None, :]
+        return keys0, c[:, None] * CAP + tl.arange(0, W)[None, :]
     else:
-        return _slot_tile(cand_ptr, n_ptr, S, j, CT, CAP)
+        return _slot_tile(cand_ptr, n_ptr, S, j, CT, W, CAP)
+
+
+@triton.jit
+def _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE: tl.constexpr, NT: tl.constexpr,
+                 CT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr):
+    """Steps 3–4 on the row's candidate keys (tiles ``[CT, W]``, ``keys0`` the first) given ``lo`` with
+    ``#{key >= lo} >= k``: the at most CAP survivors to ``buf``; returns their number and the bound t."""
+    kmax = tl.full([], INT32_MIN, tl.int32)
+    cnt = 0
+    for j in tl.static_range(NT):
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, W, CAP)
+        kmax = tl.maximum(kmax, tl.max(kj))
+        cnt += tl.sum((kj >= lo).to(tl.int32))
+    # 3. narrow [lo, hi) (#{key >= lo} >= k > #{key >= hi}) by 4-way splits until <= CAP keys are >= lo, or
+    # hi = lo + 1 (lo is then the exact k-th key): 3 counts per reduction, about 2-3 reductions for i.i.d. data
+    hi = kmax.to(tl.int64) + 1
+    while (cnt > CAP) & (hi - lo.to(tl.int64) > 1):
+        w = hi - lo.to(tl.int64)
+        e = (w.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127       # floor(log2 w) or above
+        s = tl.maximum(e - 1, 0)                                           # 4·2^s > w
+        step = tl.full([], 1, tl.int64) << s.to(tl.int64)
+        th1 = tl.minimum(lo.to(tl.int64) + step, 0x7FFFFFFF).to(tl.int32)   # thresholds past the largest key
+        th2 = tl.minimum(lo.to(tl.int64) + 2 * step, 0x7FFFFFFF).to(tl.int32)   # count nothing (hi <= 2^31)
+        th3 = tl.minimum(lo.to(tl.int64) + 3 * step, 0x7FFFFFFF).to(tl.int32)
+        c1 = 0
+        c2 = 0
+        c3 = 0
+        for j in tl.static_range(NT):
+            kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, W, CAP)
+            a1, a2, a3 = tl.reduce(tl.reduce(((kj >= th1).to(tl.int32), (kj >= th2).to(tl.int32),
+                                              (kj >= th3).to(tl.int32)), 1, _add3), 0, _add3)   # one tree
+            c1 += a1
+            c2 += a2
+            c3 += a3
+        f = (c1 >= k).to(tl.int32) + (c2 >= k).to(tl.int32) + (c3 >= k).to(tl.int32)
+        cnt = tl.where(f == 0, cnt, tl.where(f == 1, c1, tl.where(f == 2, c2, c3)))
+        new_lo = lo.to(tl.int64) + (f.to(tl.int64) << s.to(tl.int64))
+        hi = tl.minimum(hi, new_lo + (tl.full([], 1, tl.int64) << s.to(tl.int64)))
+        lo = new_lo.to(tl.int32)
+    t = lo
+    t_gt = t - 1                                    # survivors: key > t_gt, or key == t with index <= u
+    u = 0x7FFFFFFF
+    if cnt > CAP:
+        # rare (ties): t is the exact k-th key; its ties cut at the lower index, the largest u with
+        # #{key == t, index < u} < k − #{key > t}
+        t_gt = t
+        n_gt = 0
+        for j in tl.static_range(NT):
+            kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, W, CAP)
+            n_gt += tl.sum((kj > t).to(tl.int32))
+        u = 0
+        for i in range(31):
+            c_u = u + (1 << (30 - i))
+            below = 0
+            for j in tl.static_range(NT):
+                kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, W, CAP)
+                eq = kj == t
+                below += tl.sum((eq & (tl.load(cand_ptr + 2 * o + 1, mask=eq, other=0) < c_u)).to(tl.int32))
+            u = tl.where(below < k - n_gt, c_u, u)
+    # 4. compact the survivors (<= CAP) and pack them: by (key desc, index asc) in one int64 to be sorted; first
+    # level of the tree: the group's candidates, unsorted, (value bits, index) as stage 1 stores them
+    n = 0
+    for j in tl.static_range(NT):
+        kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, W, CAP)
+        maybe = kj >= t
+        idx = tl.load(cand_ptr + 2 * o + 1, mask=maybe, other=0)
+        surv = maybe & ((kj > t_gt) | (idx <= u))
+        per_c = tl.sum(surv.to(tl.int32), axis=1)
+        pos = n + (tl.cumsum(per_c, 0) - per_c)[:, None] + tl.cumsum(surv.to(tl.int32), axis=1) - 1
+        if OUT_STATE:
+            packed = (idx.to(tl.int64) << 32) | (_value_of(kj).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+        else:
+            packed = (kj.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
+        tl.store(buf + pos, packed, mask=surv)
+        n += tl.sum(per_c)
+    return n, t
 
 
 @triton.jit
 def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
                        CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr,
-                       ROWB: tl.constexpr, PDL: tl.constexpr):
+                       ROWB: tl.constexpr, W: tl.constexpr, PDL: tl.constexpr):
     """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
-    state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input."""
+    state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input.
+    ``W < CAP``: stage 1 aimed at a rank below k; the first W slots of each chunk, checked (see below)."""
     NT: tl.constexpr = SP // CT
     pid = tl.program_id(0)
     if PDL:         # launched early (programmatic dependent launch): wait for the previous launch's end
@@ -537,83 +628,34 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
         uk = tl.where(smask, _key_of(lb), INT32_MIN)
         n_ge = tl.sum((uk[None, :] >= uk[:, None]).to(tl.int32), axis=1)      # #{u_j >= u_i}
         lo = tl.maximum(lo, tl.max(tl.where(n_ge >= k, uk, INT32_MIN)))
-    # the S·CAP candidate slots of the row (chunk c holds n_c): int64 = value bits | index << 32
+    # the candidate slots of the row (CAP per chunk, chunk c holds n_c): int64 = value bits | index << 32
     slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64))
     cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
-    keys0, _ = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP)
-    kmax = tl.full([], INT32_MIN, tl.int32)
-    cnt = 0
-    for j in tl.static_range(NT):
-        kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
-        kmax = tl.maximum(kmax, tl.max(kj))
-        cnt += tl.sum((kj >= lo).to(tl.int32))
-    # 3. narrow [lo, hi) (#{key >= lo} >= k > #{key >= hi}) by 4-way splits until <= CAP keys are >= lo, or
-    # hi = lo + 1 (lo is then the exact k-th key): 3 counts per reduction, about 2-3 reductions for i.i.d. data
-    hi = kmax.to(tl.int64) + 1
-    while (cnt > CAP) & (hi - lo.to(tl.int64) > 1):
-        w = hi - lo.to(tl.int64)
-        e = (w.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127       # floor(log2 w) or above
-        s = tl.maximum(e - 1, 0)                                           # 4·2^s > w
-        step = tl.full([], 1, tl.int64) << s.to(tl.int64)
-        th1 = tl.minimum(lo.to(tl.int64) + step, 0x7FFFFFFF).to(tl.int32)   # thresholds past the largest key
-        th2 = tl.minimum(lo.to(tl.int64) + 2 * step, 0x7FFFFFFF).to(tl.int32)   # count nothing (hi <= 2^31)
-        th3 = tl.minimum(lo.to(tl.int64) + 3 * step, 0x7FFFFFFF).to(tl.int32)
-        c1 = 0
-        c2 = 0
-        c3 = 0
-        for j in tl.static_range(NT):
-            kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
-            a1, a2, a3 = tl.reduce(tl.reduce(((kj >= th1).to(tl.int32), (kj >= th2).to(tl.int32),
-                                              (kj >= th3).to(tl.int32)), 1, _add3), 0, _add3)   # one tree
-            c1 += a1
-            c2 += a2
-            c3 += a3
-        f = (c1 >= k).to(tl.int32) + (c2 >= k).to(tl.int32) + (c3 >= k).to(tl.int32)
-        cnt = tl.where(f == 0, cnt, tl.where(f == 1, c1, tl.where(f == 2, c2, c3)))
-        new_lo = lo.to(tl.int64) + (f.to(tl.int64) << s.to(tl.int64))
-        hi = tl.minimum(hi, new_lo + (tl.full([], 1, tl.int64) << s.to(tl.int64)))
-        lo = new_lo.to(tl.int32)
-    t = lo
-    t_gt = t - 1                                    # survivors: key > t_gt, or key == t with index <= u
-    u = 0x7FFFFFFF
-    if cnt > CAP:
-        # rare (ties): t is the exact k-th key; its ties cut at the lower index, the largest u with
-        # #{key == t, index < u} < k − #{key > t}
-        t_gt = t
-        n_gt = 0
-        for j in tl.static_range(NT):
-            kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
-            n_gt += tl.sum((kj > t).to(tl.int32))
-        u = 0
-        for i in range(31):
-            c_u = u + (1 << (30 - i))
-            below = 0
-            for j in tl.static_range(NT):
-                kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
-                eq = kj == t
-                below += tl.sum((eq & (tl.load(cand_ptr + 2 * o + 1, mask=eq, other=0) < c_u)).to(tl.int32))
-            u = tl.where(below < k - n_gt, c_u, u)
-    # 4. compact the survivors (<= CAP) and sort them by (key desc, index asc) packed in one int64; first level
-    # of the tree: they are the group's candidates, unsorted, (value bits, index) as stage 1 stores them
     BP = tl.num_programs(0)
     if OUT_STATE:
         buf = (out_ptr + 4 * BP).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
     else:
         buf = slots + BS.to(tl.int64) * CAP + row.to(tl.int64) * CAP
-    n = 0
-    for j in tl.static_range(NT):
-        kj, o = _tile_j(keys0, cand_ptr, n_ptr, SC, j, NT, CT, CAP)
-        maybe = kj >= t
-        idx = tl.load(cand_ptr + 2 * o + 1, mask=maybe, other=0)
-        surv = maybe & ((kj > t_gt) | (idx <= u))
-        per_c = tl.sum(surv.to(tl.int32), axis=1)
-        pos = n + (tl.cumsum(per_c, 0) - per_c)[:, None] + tl.cumsum(surv.to(tl.int32), axis=1) - 1
-        if OUT_STATE:
-            packed = (idx.to(tl.int64) << 32) | (_value_of(kj).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+    if W < CAP:
+        # stage 1 bounded each chunk by its KB-th largest column maximum (KB < k): chunk c stores every element
+        # >= t_c, or (exact path, step 0) its top k. If every chunk's n_c <= W (the tile holds them all) and
+        # #{key >= lo} >= k, the row's k-th key is >= lo >= t_c, so no element left out can be in the answer.
+        keys0 = _slot_tile(cand_ptr, n_ptr, SC, 0, SP, W, CAP)[0]
+        nc = tl.load(n_ptr + so, mask=smask, other=0, cache_modifier=".cg")
+        if (tl.max(nc) <= W) & (tl.sum((keys0 >= lo).to(tl.int32)) >= k):
+            n, t = _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE, 1, SP, W, CAP)
         else:
-            packed = (kj.to(tl.int64) << 32) | (0x7FFFFFFF - idx).to(tl.int64)
-        tl.store(buf + pos, packed, mask=surv)
-        n += tl.sum(per_c)
+            # rare (sorted rows, ties, a NaN): every chunk's exact top k, then the whole tile from -inf
+            for c in range(SC):
+                _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, (c0 + c) * BLOCK,
+                             BLOCK, R, CAP)
+            tl.debug_barrier()
+            keys1 = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP, CAP)[0]
+            n, t = _select_into(keys1, cand_ptr, n_ptr, SC, tl.full([], NEG_INF_KEY, tl.int32), k, buf, OUT_STATE,
+                                NT, CT, CAP, CAP)
+    else:
+        keys0 = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP, CAP)[0]
+        n, t = _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE, NT, CT, CAP, CAP)
     if OUT_STATE:
         out_f = out_ptr.to(tl.pointer_type(tl.float32))
         tl.store(out_f + pid, m)
@@ -679,7 +721,7 @@ def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: TopKConfig, fast: boo
     grid = B * S
     if cfg.persist:
         grid = min(grid, cfg.persist * _sm_count(x.device))
-    launch(_topk_chunk_kernel, (grid,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), x.device,
+    launch(_topk_chunk_kernel, (grid,), (x, ws, x.stride(0), x.stride(1), V, cfg.kb or k, S, B * S), x.device,
            BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix, PERSIST=bool(cfg.persist),
            PDL=cfg.pdl and fast, num_warps=cfg.num_warps, **opt)
 
@@ -702,14 +744,14 @@ def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: i
         sp = _pow2(cfg.tree)
         launch(_topk_merge_kernel, (B * ng,), head + (ws, ws2, *out, k, S, B * S, cfg.tree, ng), dev,
                **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, ROWB=cfg.row_bound,
-               num_warps=cfg.tree_warps, **opt)
+               W=cfg.cap, num_warps=cfg.tree_warps, **opt)
         ws, S, exact = ws2, ng, False
     else:
         exact = not cfg.exact_apart
     sp = _pow2(S)
     launch(_topk_merge_kernel, (B,), head + (ws, ws, *out, k, S, B * S, S, 1), dev,
            **blk, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)), FAST=fast, EXACT=exact, OUT_STATE=False,
-           ROWB=cfg.row_bound, num_warps=cfg.merge_warps, **opt)
+           ROWB=cfg.row_bound, W=cfg.width or cfg.cap, num_warps=cfg.merge_warps, **opt)
 
 
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
