@@ -74,9 +74,10 @@ RUN18 = {
     (1, 128256, 50): [R0, dict(R0, pdl=True), dict(P8, pdl=True)],
     (256, 128256, 1024): [dict(pdl=True)],
 }
-# Run 19: the narrow merge (stage 1 aims at rank kb < k, the merge reads `width` slots per chunk), radix 0.
+# Run 19 (commit e70f46e, probe-run19.log): the narrow merge (stage 1 aims at rank kb < k, the merge reads `width`
+# slots per chunk), radix 0; --run19.
 N8 = dict(radix=0, kb=8, width=32)
-VARIANTS = {
+RUN19 = {
     (256, 128256, 50): [dict(radix=0), N8, dict(N8, width=16), dict(N8, kb=16), dict(N8, merge_warps=2),
                         dict(N8, merge_warps=1), dict(N8, pdl=True)],
     (32, 128256, 50): [dict(radix=0), N8],
@@ -84,6 +85,11 @@ VARIANTS = {
     (256, 128256, 8): [dict(radix=0)],
     (256, 151936, 50): [dict(radix=0)],
 }
+# Run 20: the defaults (radix 0 for one-warp stage 1, the narrow merge at k = 50, one level) against the same
+# without the narrow merge (so the two-level merge at V >= 151936).
+WIDE = dict(kb=0, width=0)
+VARIANTS = {(256, 128256, 50): [WIDE], (256, 151936, 50): [WIDE], (256, 262144, 50): [WIDE],
+            (32, 262144, 50): [WIDE], (1, 262144, 50): [WIDE]}
 SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1),      # --smoke: CPU, the interpreter
                          dict(block=512, radix=0, persist=2), dict(block=512, radix=0, kb=4, width=16)]}
 
@@ -176,9 +182,10 @@ def main():
     ap.add_argument("--run15", action="store_true", help="run 15's variant set")
     ap.add_argument("--run17", action="store_true", help="run 17's variant set")
     ap.add_argument("--run18", action="store_true", help="run 18's variant set")
+    ap.add_argument("--run19", action="store_true", help="run 19's variant set")
     ap.add_argument("--only", action="append", default=[], metavar="B,V,k", help="time only these shapes")
     args = ap.parse_args()
-    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run18": RUN18}
+    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run18": RUN18, "run19": RUN19}
     for name, run in runs.items():
         if getattr(args, name):
             VARIANTS.clear()

@@ -166,10 +166,13 @@ def test_select_path_thresholds():
     c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
     assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
     assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4 and not c.tree and not c.exact_apart
-    assert c.radix == kt.RADIX_BITS and not c.row_bound and not c.maxnreg   # run 16's plan
+    assert c.radix == 0 and not c.row_bound and not c.maxnreg              # 1-bit bisection steps (run 17)
+    assert (c.kb, c.width) == (kt.NARROW_KB, kt.NARROW_WIDTH)             # the narrow merge (run 19)
     c = kt.select_path(256, 128256, 50, radix=0, row_bound=True, maxnreg=144)              # the options
     assert (c.radix, c.row_bound, c.maxnreg) == (0, True, 144)
-    c = kt.select_path(256, 262144, 50)                    # 128 x 128 slots would stream: a two-level merge
+    c = kt.select_path(256, 262144, 50)                    # the narrow merge's tile fits: one level
+    assert (c.kb, c.tree) == (kt.NARROW_KB, 0)
+    c = kt.select_path(256, 262144, 50, kb=0, width=0)     # 128 x 128 slots would stream: a two-level merge
     assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (kt.TREE_SLOTS_SMALL_K // 128, 2, 1, False)
     c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
     assert (c.block, c.cols, c.cap, c.num_warps) == (2048, 256, 32, 1)
@@ -190,7 +193,8 @@ def test_select_path_thresholds():
                 assert kt._pow2(c.splits) * c.cap <= kt.MERGE_MAX_SLOTS
                 assert (c.block, c.num_warps) == ((2048, 1) if k <= 50 else (c.block, c.num_warps))
                 streams = kt._pow2(c.splits) * c.cap > kt.MERGE_TILE
-                assert bool(c.tree) == streams and c.exact_apart == (streams and k >= 256)
+                assert bool(c.kb) == (k == 50) and c.width == (kt.NARROW_WIDTH if k == 50 else 0)
+                assert bool(c.tree) == (streams and not c.kb) and c.exact_apart == (streams and k >= 256)
                 assert c.tree * c.cap <= kt.MERGE_TILE
                 assert c.radix == (0 if c.num_warps <= kt.BINARY_BISECT_MAX_WARPS else kt.RADIX_BITS)
                 assert c.row_bound == (kt.ROW_BOUND and k <= (min(c.tree, -(-c.splits // c.tree)) if c.tree
@@ -298,7 +302,8 @@ def test_narrow_dispatch(monkeypatch):
     c = kt.select_path(256, 128256, 50)
     assert (c.kb, c.width, c.tree) == (8, kt.NARROW_WIDTH, 0)
     assert kt.select_path(256, 128256, 8).kb == 0                      # k <= NARROW_KB
-    assert kt.select_path(256, 262144, 50).kb == 0                     # two-level merge
+    assert kt.select_path(256, 50000, 50).kb == 0                      # k·BLOCK·SPARSITY > kb·V
+    assert kt.select_path(256, 262144, 50, tree=4).kb == 0             # a tree asked for
     with pytest.raises(ValueError, match="kb="):
         kt.select_path(256, 128256, 50, kb=8, width=0)
 
@@ -377,15 +382,15 @@ def test_gpu_matches_reference(V, k):
     x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]]])
     out = softmax_topk(x.cuda(), k)
     assert ops_topk.last_path() == "filter"
-    cfg = kt.plan(x.shape[0], V, k, x.dtype)                 # the two-level merge at the last two goal shapes
-    assert bool(cfg.tree) == ((V, k) in ((262144, 1024), (151936, 50)))
+    cfg = kt.plan(x.shape[0], V, k, x.dtype)                 # the two-level merge at k = 1024, the narrow at k = 50
+    assert bool(cfg.tree) == ((V, k) == (262144, 1024)) and bool(cfg.kb) == (k == 50)
     assert cfg.exact_apart == ((V, k) == (262144, 1024))
     assert_matches_ref(out, x, k)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("over", [{"radix": 0, "row_bound": True}, {"radix": 0, "row_bound": True, "maxnreg": 144},
-                                  {"radix": 0, "row_bound": False, "persist": 8, "pdl": True},
+                                  {"radix": 0, "row_bound": False, "persist": 8, "pdl": True, "kb": 0, "width": 0},
                                   {"radix": 0, "row_bound": False, "kb": 8, "width": 32}])
 def test_gpu_stage1_bisect_and_row_bound(over):
     """Run 17's and 18's options on the GPU (flush-to-zero, REDUX, register caps, the persistent stage 1 and

@@ -79,18 +79,22 @@ FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256
 TREE_SLOTS_SMALL_K = 2048           # the merge would stream its slots (S·CAP > MERGE_TILE): a two-level merge, first
 TREE_WARPS_SMALL_K = 2              # over groups of this many slots (k <= 64; H200 run 14, 256 x 262144, k = 50:
                                     # 163 µs against 235 one-level) or of MERGE_TILE slots (KP >= FIT_TILE_MIN_KP)
-BINARY_BISECT_MAX_WARPS = 0         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
+BINARY_BISECT_MAX_WARPS = 1         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
                                     # reduction, REDUX: 16 steps ≈ 290 SASS instructions against ≈ 930 for the
                                     # 3-bit radix steps' int64 packed counts; 2136 → 1504 static instructions at
-                                    # the goal shape). 0 = off: not yet timed on a GPU (1 = on for one-warp chunks)
+                                    # the goal shape; H200 run 17: stage 1 58 → 50 µs there). 1 = every one-warp
+                                    # stage 1 (k <= 64)
 ROW_BOUND = False                   # the merge starts from the k-th largest chunk maximum when k <= chunks
                                     # (simulated: ≈ 96 candidates >= it at the goal shape, so no narrowing pass);
                                     # off: not yet timed on a GPU
 PERSIST_PROGRAMS_PER_SM = 0         # stage 1 as a persistent grid of this many programs per SM (0 = off), each
 PERSIST_MAX_WARPS = 1               # prefetching its next chunk; for stage 1 of at most this many warps
-NARROW_KB = 0                       # k > this, one-level merge: stage 1's bound t_c is the chunk's NARROW_KB-th
-NARROW_WIDTH = 32                   # largest column maximum (≈ NARROW_KB candidates, not ≈ k) and the merge loads
-                                    # NARROW_WIDTH slots per chunk, with an exact fallback (0 = off)
+NARROW_KB = 8                       # k > this: stage 1's bound t_c is the chunk's NARROW_KB-th largest column
+NARROW_WIDTH = 32                   # maximum (≈ NARROW_KB candidates, not ≈ k) and the one-level merge loads
+NARROW_SPARSITY = 4                 # NARROW_WIDTH slots per chunk, checked, with an exact fallback; where
+                                    # k·BLOCK·NARROW_SPARSITY <= NARROW_KB·V (the row's k-th key is then far above
+                                    # the chunks' NARROW_KB-th largest for i.i.d. rows). 0 = off. H200 run 19,
+                                    # 256 x 128256, k = 50: 62.8 µs against 72.9 (radix 0) and 81.5 (run 16's plan)
 PDL = False                         # merge launches may start before stage 1 ends (griddepcontrol.wait inside)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
@@ -178,9 +182,13 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     if B <= MERGE_FEW_ROWS:
         mw = min(2 * mw, 16)
     tw = 0
+    # the narrow merge where x is sparse in the answer (a chunk's kb-th largest is far above the row's k-th) and
+    # its tile fits the registers; it needs no tree
+    narrow = (kb is None and tree is None and 0 < NARROW_KB < k and not (ROW_BOUND if row_bound is None else row_bound)
+              and k * block * NARROW_SPARSITY <= NARROW_KB * V and _pow2(splits) * NARROW_WIDTH <= MERGE_TILE)
     if tree is None:        # a two-level merge where one program per row would stream its slots from L2
         tree = 0
-        if _pow2(splits) * cap > MERGE_TILE:
+        if _pow2(splits) * cap > MERGE_TILE and not narrow:
             tree, tw = ((TREE_SLOTS_SMALL_K // cap, TREE_WARPS_SMALL_K) if kp < FIT_TILE_MIN_KP
                         else (MERGE_TILE // cap, max(4, num_warps)))
     tree = min(tree, MERGE_TILE // cap, splits)
@@ -202,8 +210,8 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         persist = PERSIST_PROGRAMS_PER_SM if num_warps <= PERSIST_MAX_WARPS else 0
     if pdl is None:
         pdl = PDL
-    if kb is None:      # only the one-level merge reads stage 1's slots with the narrow tile
-        kb = NARROW_KB if 0 < NARROW_KB < k and not tree and not row_bound else 0
+    if kb is None:
+        kb = NARROW_KB if narrow else 0
     if width is None:
         width = NARROW_WIDTH if kb else 0
     if bool(kb) != bool(width) or width > cap or (kb and (tree or row_bound)):
@@ -645,13 +653,18 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
         if (tl.max(nc) <= W) & (tl.sum((keys0 >= lo).to(tl.int32)) >= k):
             n, t = _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE, 1, SP, W, CAP)
         else:
-            # rare (sorted rows, ties, a NaN): every chunk's exact top k, then the whole tile from -inf
+            # rare (the top k gathered in few chunks, sorted rows, ties, a NaN). kh = the tile's exact k-th key
+            # (INT32_MIN if it holds fewer than k) is <= the row's: the tile is part of the row. A chunk with
+            # t_c <= kh leaves out only keys < kh; one with t_c > kh is re-read for its exact top k. Then the
+            # whole CAP slots of every chunk, from lo = kh (#{key >= kh} >= k still holds).
+            kh = _kth_key(keys0, k, 32)
             for c in range(SC):
-                _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, (c0 + c) * BLOCK,
-                             BLOCK, R, CAP)
+                if tl.load(ws_ptr + 3 * BS + base_s + c) > kh:
+                    _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, (c0 + c) * BLOCK,
+                                 BLOCK, R, CAP)
             tl.debug_barrier()
             keys1 = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP, CAP)[0]
-            n, t = _select_into(keys1, cand_ptr, n_ptr, SC, tl.full([], NEG_INF_KEY, tl.int32), k, buf, OUT_STATE,
+            n, t = _select_into(keys1, cand_ptr, n_ptr, SC, tl.maximum(kh, NEG_INF_KEY), k, buf, OUT_STATE,
                                 NT, CT, CAP, CAP)
     else:
         keys0 = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP, CAP)[0]
