@@ -15,7 +15,7 @@ import torch
 
 from onlinesoftmax.kernels import topk as kt
 
-VARIANTS = {"default": {}, "radix0": dict(radix=0, persist=0), "persist8": dict(radix=0, persist=8)}
+VARIANTS = {"default": {}, "wide": dict(kb=0, width=0), "radix3": dict(radix=3)}
 
 
 def main(B=256, V=128256, k=50):

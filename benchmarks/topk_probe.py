@@ -61,25 +61,14 @@ RUN17 = {
     (1, 151936, 1024): [SORT],
     (1, 262144, 1024): [SORT],
 }
-# Run 18 (commit 127d714, probe-run18.log): a persistent stage 1 (8 one-warp programs per SM, each loading its
-# next chunk before computing the current one) and programmatic dependent launch of the merges; --run18.
-R0 = dict(radix=0, persist=0, pdl=False)
-P8 = dict(radix=0, persist=8, pdl=False)
-RUN18 = {
-    (256, 128256, 50): [R0, P8, dict(R0, pdl=True), dict(P8, pdl=True), dict(P8, persist=6), dict(P8, persist=16)],
-    (256, 128256, 8): [R0, dict(P8, pdl=True)],
-    (256, 128256, 1): [R0, dict(P8, pdl=True)],
-    (32, 128256, 50): [R0, dict(P8, pdl=True)],
-    (256, 262144, 50): [R0, P8, dict(P8, pdl=True)],
-    (1, 128256, 50): [R0, dict(R0, pdl=True), dict(P8, pdl=True)],
-    (256, 128256, 1024): [dict(pdl=True)],
-}
+# Run 18 (commit 127d714, probe-run18.log) timed a persistent stage 1 and programmatic dependent launch of the
+# merges: no gain, both removed (git show 127d714).
 # Run 19 (commit e70f46e, probe-run19.log): the narrow merge (stage 1 aims at rank kb < k, the merge reads `width`
 # slots per chunk), radix 0; --run19.
 N8 = dict(radix=0, kb=8, width=32)
 RUN19 = {
     (256, 128256, 50): [dict(radix=0), N8, dict(N8, width=16), dict(N8, kb=16), dict(N8, merge_warps=2),
-                        dict(N8, merge_warps=1), dict(N8, pdl=True)],
+                        dict(N8, merge_warps=1)],
     (32, 128256, 50): [dict(radix=0), N8],
     (1, 128256, 50): [dict(radix=0), N8],
     (256, 128256, 8): [dict(radix=0)],
@@ -91,7 +80,7 @@ WIDE = dict(kb=0, width=0)
 VARIANTS = {(256, 128256, 50): [WIDE], (256, 151936, 50): [WIDE], (256, 262144, 50): [WIDE],
             (32, 262144, 50): [WIDE], (1, 262144, 50): [WIDE]}
 SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1),      # --smoke: CPU, the interpreter
-                         dict(block=512, radix=0, persist=2), dict(block=512, radix=0, kb=4, width=16)]}
+                         dict(block=512, radix=0, kb=4, width=16)]}
 
 
 def configs(B, V, k, variants=None):
@@ -181,11 +170,10 @@ def main():
     ap.add_argument("--run14", action="store_true", help="run 14's variant set")
     ap.add_argument("--run15", action="store_true", help="run 15's variant set")
     ap.add_argument("--run17", action="store_true", help="run 17's variant set")
-    ap.add_argument("--run18", action="store_true", help="run 18's variant set")
     ap.add_argument("--run19", action="store_true", help="run 19's variant set")
     ap.add_argument("--only", action="append", default=[], metavar="B,V,k", help="time only these shapes")
     args = ap.parse_args()
-    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run18": RUN18, "run19": RUN19}
+    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run19": RUN19}
     for name, run in runs.items():
         if getattr(args, name):
             VARIANTS.clear()
@@ -232,7 +220,7 @@ def main():
         s1 = {}
 
         def t_stage1(cfg, xs=xs):     # stage 1 alone, once per distinct stage-1 configuration
-            key = (cfg.radix, cfg.maxnreg, cfg.persist)
+            key = (cfg.radix, cfg.maxnreg, cfg.kb)
             if cfg.path == "filter" and key not in s1:
                 ws = kt.workspaces(B, cfg, xs[0].device)[0]
                 s1[key] = bench(lambda x: kt.stage1(x, ws, k, cfg, True))

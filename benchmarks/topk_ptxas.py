@@ -64,24 +64,22 @@ def kernels(cfg):
     """The kernels (name, constexprs, warps) that softmax_topk_2d launches for ``cfg``, labelled."""
     meta = (("BLOCK", cfg.block), ("R", cfg.cols), ("CAP", cfg.cap))
     cap = (("MAXNREG", cfg.maxnreg),) if cfg.maxnreg else ()
-    pdl = (("PDL", cfg.pdl),)
-    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix), ("PERSIST", bool(cfg.persist)))
-                        + pdl + cap, cfg.num_warps))]
+    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix)) + cap, cfg.num_warps))]
     if cfg.exact_apart:
-        out.append(("exact", ("exact", meta + pdl, cfg.num_warps)))
+        out.append(("exact", ("exact", meta, cfg.num_warps)))
     s = cfg.splits
     if cfg.tree:
         sp = kt._pow2(cfg.tree)
         m1 = (("SP", sp), ("CT", sp), ("FAST", True), ("EXACT", not cfg.exact_apart), ("OUT_STATE", True),
               ("ROWB", cfg.row_bound), ("W", cfg.cap))
-        out.append(("merge 1", ("merge", meta + m1 + pdl, cfg.tree_warps)))
+        out.append(("merge 1", ("merge", meta + m1, cfg.tree_warps)))
         s = -(-s // cfg.tree)
     sp = kt._pow2(s)
     ct = max(1, min(sp, kt.MERGE_TILE // cfg.cap))
     exact = not cfg.exact_apart and not cfg.tree
     out.append(("merge" if not cfg.tree else "merge 2",
                 ("merge", meta + (("SP", sp), ("CT", ct), ("FAST", True), ("EXACT", exact), ("OUT_STATE", False),
-                          ("ROWB", cfg.row_bound), ("W", cfg.width or cfg.cap)) + pdl,
+                          ("ROWB", cfg.row_bound), ("W", cfg.width or cfg.cap)),
                  cfg.merge_warps)))
     return out
 

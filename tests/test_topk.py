@@ -210,8 +210,7 @@ def _run_cfg(x, k, **over):
     return cfg, TopK(v, i, l)
 
 
-@pytest.mark.parametrize("over,ks", [({}, (1, 50)), ({"block": 1024}, (13,)), ({"block": 512, "num_warps": 2}, (13,)),
-                                     ({"block": 1024, "persist": 2}, (13,))])
+@pytest.mark.parametrize("over,ks", [({}, (1, 50)), ({"block": 1024}, (13,)), ({"block": 512, "num_warps": 2}, (13,))])
 def test_kernel_matches_reference(kernel_device, over, ks):
     gen = torch.Generator().manual_seed(3)
     x = torch.cat([torch.randn(2, 2500, generator=gen), _special_rows(2500, gen)]).to(kernel_device)
@@ -253,14 +252,12 @@ def test_kernel_tree_and_exact_apart(kernel_device, over, k):
     assert_matches_ref(out, x, k)
 
 
-@pytest.mark.parametrize("over", [{"row_bound": True, "radix": 0}, {"row_bound": False, "radix": 3},
-                                  {"row_bound": False, "radix": 0, "persist": 3}])
+@pytest.mark.parametrize("over", [{"row_bound": True, "radix": 0}, {"row_bound": False, "radix": 3}])
 def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
     """Many chunks per row, k <= chunks: the merge starts from the k-th largest chunk maximum (``row_bound``),
-    or not, and stage 1 bisects with 1-bit steps (``radix`` 0) or 3-bit steps, one program per chunk or
-    (``persist``) a small grid whose programs loop over the chunks, prefetching the next. Rows whose chunk
-    maxima are ties, negative denormals (flushed to zero in the base-2 maxima on the GPU), NaN, +inf, or where
-    one chunk holds the whole top-k."""
+    or not, and stage 1 bisects with 1-bit steps (``radix`` 0) or 3-bit steps. Rows whose chunk maxima are
+    ties, negative denormals (flushed to zero in the base-2 maxima on the GPU), NaN, +inf, or where one chunk
+    holds the whole top-k."""
     gen = torch.Generator().manual_seed(11)
     n = 1000
     i = torch.arange(n)
@@ -271,7 +268,7 @@ def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
     for k in (1, 6):
         cfg, out = _run_cfg(rows.to(kernel_device), k, block=128, **over)
         assert cfg.splits == 8 and cfg.num_warps == 1
-        assert (cfg.row_bound, cfg.radix, cfg.persist) == (over["row_bound"], over["radix"], over.get("persist", 0))
+        assert (cfg.row_bound, cfg.radix) == (over["row_bound"], over["radix"])
         assert_matches_ref(out, rows, k)
 
 
@@ -390,12 +387,11 @@ def test_gpu_matches_reference(V, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("over", [{"radix": 0, "row_bound": True}, {"radix": 0, "row_bound": True, "maxnreg": 144},
-                                  {"radix": 0, "row_bound": False, "persist": 8, "pdl": True, "kb": 0, "width": 0},
                                   {"radix": 0, "row_bound": False, "kb": 8, "width": 32}])
 def test_gpu_stage1_bisect_and_row_bound(over):
-    """Run 17's and 18's options on the GPU (flush-to-zero, REDUX, register caps, the persistent stage 1 and
-    programmatic dependent launch): every k <= 50 goal k at V = 128256 (63 chunks, so the row bound applies),
-    special rows, a row of negative denormals."""
+    """Run 17's options and run 19's narrow merge on the GPU (flush-to-zero, REDUX, register caps): every
+    k <= 50 goal k at V = 128256 (63 chunks, so the row bound applies), special rows, a row of negative
+    denormals."""
     kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     gen = torch.Generator().manual_seed(17)
     V = 128256
@@ -404,7 +400,7 @@ def test_gpu_stage1_bisect_and_row_bound(over):
     for k in (1, 8, 50):
         cfg = kt.select_path(x.shape[0], V, k, **over)
         assert cfg.path == "filter" and cfg.row_bound == over["row_bound"] and cfg.radix == 0 and not cfg.tree
-        assert (cfg.persist, cfg.pdl, cfg.kb) == (over.get("persist", 0), over.get("pdl", False), over.get("kb", 0))
+        assert cfg.kb == over.get("kb", 0)
         out = TopK(*kt.softmax_topk_2d(x.cuda(), k, cfg))
         assert_matches_ref(out, x, k)
 

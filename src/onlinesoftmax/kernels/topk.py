@@ -52,10 +52,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..backend import interpret_mode
-from ._launch import launch, stream_scratch
+from ._launch import BoundKernel, stream_scratch
 
 # --- dispatch thresholds (see select_path) ------------------------------------------------------------------
 MAX_FUSED_K = 2048                  # k above this (after rounding up to a power of two) takes the sort path
@@ -87,15 +86,12 @@ BINARY_BISECT_MAX_WARPS = 1         # stage 1 with this many warps or fewer: 1-b
 ROW_BOUND = False                   # the merge starts from the k-th largest chunk maximum when k <= chunks
                                     # (simulated: ≈ 96 candidates >= it at the goal shape, so no narrowing pass);
                                     # off: not yet timed on a GPU
-PERSIST_PROGRAMS_PER_SM = 0         # stage 1 as a persistent grid of this many programs per SM (0 = off), each
-PERSIST_MAX_WARPS = 1               # prefetching its next chunk; for stage 1 of at most this many warps
 NARROW_KB = 8                       # k > this: stage 1's bound t_c is the chunk's NARROW_KB-th largest column
 NARROW_WIDTH = 32                   # maximum (≈ NARROW_KB candidates, not ≈ k) and the one-level merge loads
 NARROW_SPARSITY = 4                 # NARROW_WIDTH slots per chunk, checked, with an exact fallback; where
                                     # k·BLOCK·NARROW_SPARSITY <= NARROW_KB·V (the row's k-th key is then far above
                                     # the chunks' NARROW_KB-th largest for i.i.d. rows). 0 = off. H200 run 19,
                                     # 256 x 128256, k = 50: 62.8 µs against 72.9 (radix 0) and 81.5 (run 16's plan)
-PDL = False                         # merge launches may start before stage 1 ends (griddepcontrol.wait inside)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
@@ -123,8 +119,6 @@ class TopKConfig:
     radix: int = RADIX_BITS     # stage 1: bits per bisection step of t (0: 1-bit steps, one int32 reduction each)
     maxnreg: int = 0            # stage 1: register cap per thread (0: the compiler's choice)
     row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
-    persist: int = 0            # stage 1: programs per SM looping over the chunks, prefetching (0: one per chunk)
-    pdl: bool = False           # the launches after stage 1 start early (programmatic dependent launch)
     kb: int = 0                 # stage 1's t_c: the kb-th largest column maximum (0: k; kb < k needs width)
     width: int = 0              # the merge's tile: the first `width` slots of each chunk (0: all CAP)
 
@@ -140,16 +134,15 @@ def _pow2(n: int) -> int:
 def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
                 num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
                 merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
-                maxnreg: int = 0, row_bound: bool | None = None, persist: int | None = None,
-                pdl: bool | None = None, kb: int | None = None, width: int | None = None,
-                esize: int = 4) -> TopKConfig:
+                maxnreg: int = 0, row_bound: bool | None = None, kb: int | None = None,
+                width: int | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
     ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``maxnreg`` /
-    ``row_bound`` / ``persist`` / ``pdl`` / ``kb`` / ``width`` override the choice (tests and the variant timers
+    ``row_bound`` / ``kb`` / ``width`` override the choice (tests and the variant timers
     use them).
     """
     if path is not None and path not in PATHS:
@@ -206,10 +199,6 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         radix = 0 if num_warps <= BINARY_BISECT_MAX_WARPS else RADIX_BITS
     if row_bound is None:   # only where a merge program holds k chunks (else no k-th largest maximum exists)
         row_bound = ROW_BOUND and k <= (min(tree, triton.cdiv(splits, tree)) if tree else splits)
-    if persist is None:
-        persist = PERSIST_PROGRAMS_PER_SM if num_warps <= PERSIST_MAX_WARPS else 0
-    if pdl is None:
-        pdl = PDL
     if kb is None:
         kb = NARROW_KB if narrow else 0
     if width is None:
@@ -217,7 +206,7 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
     if bool(kb) != bool(width) or width > cap or (kb and (tree or row_bound)):
         raise ValueError(f"select_path: kb={kb} needs width (<= CAP = {cap}) and a one-level merge, and the reverse")
     return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg,
-                      row_bound, persist, pdl, kb, width)
+                      row_bound, kb, width)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -415,26 +404,11 @@ def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr
 @triton.jit
 def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
-                       RADIX: tl.constexpr, PERSIST: tl.constexpr, PDL: tl.constexpr):
-    """Stage 1 over the BS = B·S chunks: one program per chunk, or (``PERSIST``) a grid of fewer programs that
-    each loop over chunks ``pid, pid + P, …`` with the next chunk's load issued before the current chunk's
-    steps a–c, so every program has a chunk in flight while it computes. ``PDL``: the merge may launch now (it
-    waits for this grid's end before reading anything)."""
+                       RADIX: tl.constexpr):
+    """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at."""
     pid = tl.program_id(0)
-    if PDL:
-        gdc_launch_dependents()
-    if PERSIST:
-        P = tl.num_programs(0)
-        x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
-        for i in range(tl.cdiv(BS - pid, P)):
-            c = pid + i * P
-            nxt = tl.where(c + P < BS, c + P, c)       # the last step re-reads its own chunk (from L2)
-            x_next = _load_chunk(x_ptr, stride_b, stride_v, V, nxt, S, BLOCK, R)
-            _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK, R, CAP, FAST, RADIX)
-            x = x_next
-    else:
-        x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
-        _chunk_state(x, ws_ptr, V, k, S, BS, pid, BLOCK, R, CAP, FAST, RADIX)
+    x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
+    _chunk_state(x, ws_ptr, V, k, S, BS, pid, BLOCK, R, CAP, FAST, RADIX)
 
 
 @triton.jit
@@ -461,13 +435,10 @@ def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
 
 @triton.jit
 def _topk_exact_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
     """1d as a launch of its own (``exact_apart``), one program per chunk, between stage 1 and the merge: the
     merge then carries none of the exact path's registers (its [G, R] tiles made the k = 1024 merge spill)."""
     pid = tl.program_id(0)
-    if PDL:         # launched early (programmatic dependent launch): wait for stage 1, let the merge launch
-        gdc_wait()
-        gdc_launch_dependents()
     if tl.load(ws_ptr + 2 * BS + pid) < 0:
         _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, pid // S, pid, (pid % S) * BLOCK, BLOCK, R, CAP)
 
@@ -582,16 +553,13 @@ def _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE: tl.constexpr
 def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
                        CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr,
-                       ROWB: tl.constexpr, W: tl.constexpr, PDL: tl.constexpr):
+                       ROWB: tl.constexpr, W: tl.constexpr):
     """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
     state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input.
     ``W < CAP``: stage 1 aimed at a rank below k; the first W slots of each chunk, checked (see below)."""
     NT: tl.constexpr = SP // CT
     pid = tl.program_id(0)
-    if PDL:         # launched early (programmatic dependent launch): wait for the previous launch's end
-        gdc_wait()
-        gdc_launch_dependents()
     if OUT_STATE:
         row = pid // NG
         c0 = (pid % NG) * GS                    # the group's first chunk in its row
@@ -719,60 +687,66 @@ def plan(B: int, V: int, k: int, dtype: torch.dtype) -> TopKConfig:
     return select_path(B, V, k, esize=torch.finfo(dtype).bits // 8)
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2            # the interpreter: a small grid, so that programs loop
-    return torch.cuda.get_device_properties(device).multi_processor_count
+@functools.lru_cache(maxsize=4096)
+def _launches(cfg: TopKConfig, B: int, V: int, k: int, stride_b: int, stride_v: int, fast: bool) -> tuple:
+    """The launches of ``cfg`` for one problem, bound once (``BoundKernel``: no per-call argument binding):
+    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out)`` giving the run-time arguments. Stage 1 first."""
+    S = cfg.splits
+    BS = B * S
+    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
+    opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
+    head = (stride_b, stride_v, V)
+    out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, num_warps=cfg.num_warps,
+                                                         **opt)),
+            lambda x, ws, ws2, o: (x, ws, *head, cfg.kb or k, S, BS))]
+    if cfg.exact_apart:
+        out.append((BoundKernel(_topk_exact_kernel, (BS,), dict(blk, num_warps=cfg.num_warps)),
+                    lambda x, ws, ws2, o: (x, ws, *head, k, S, BS)))
+    merge = dict(blk, FAST=fast, ROWB=cfg.row_bound)
+    exact = not cfg.exact_apart
+    S2 = S
+    if cfg.tree:
+        ng = triton.cdiv(S, cfg.tree)
+        sp = _pow2(cfg.tree)
+        out.append((BoundKernel(_topk_merge_kernel, (B * ng,), dict(merge, SP=sp, CT=sp, EXACT=exact, OUT_STATE=True,
+                                                                    W=cfg.cap, num_warps=cfg.tree_warps)),
+                    lambda x, ws, ws2, o: (x, *head, ws, ws2, *o, k, S, BS, cfg.tree, ng)))
+        S2, exact = ng, False
+    sp = _pow2(S2)
+    final = BoundKernel(_topk_merge_kernel, (B,), dict(merge, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)),
+                                                       EXACT=exact, OUT_STATE=False, W=cfg.width or cfg.cap,
+                                                       num_warps=cfg.merge_warps))
+    if cfg.tree:
+        out.append((final, lambda x, ws, ws2, o: (x, *head, ws2, ws2, *o, k, S2, B * S2, S2, 1)))
+    else:
+        out.append((final, lambda x, ws, ws2, o: (x, *head, ws, ws, *o, k, S, BS, S, 1)))
+    return tuple(out)
+
+
+def _run(x: torch.Tensor, launches, ws, ws2, out):
+    for kernel, args in launches:
+        kernel(args(x, ws, ws2, out), (x,), x.device)
 
 
 def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: TopKConfig, fast: bool):
     """Launch stage 1 for ``x`` ``[B, V]`` into the workspace ``ws`` (also timed alone by the benchmarks)."""
     B, V = x.shape
-    S = cfg.splits
-    opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
-    grid = B * S
-    if cfg.persist:
-        grid = min(grid, cfg.persist * _sm_count(x.device))
-    launch(_topk_chunk_kernel, (grid,), (x, ws, x.stride(0), x.stride(1), V, cfg.kb or k, S, B * S), x.device,
-           BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=fast, RADIX=cfg.radix, PERSIST=bool(cfg.persist),
-           PDL=cfg.pdl and fast, num_warps=cfg.num_warps, **opt)
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), fast)[:1], ws, None, None)
 
 
 def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: int, cfg: TopKConfig, fast: bool):
     """The launches after stage 1 (the exact path apart, the merge or its two levels) into ``out`` = (values,
     indices, lse); also timed alone by the benchmarks."""
     B, V = x.shape
-    S = cfg.splits
-    dev = x.device
-    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
-    pdl = cfg.pdl and fast
-    opt = dict(PDL=pdl, **(dict(launch_pdl=True) if pdl else {}))
-    if cfg.exact_apart:
-        launch(_topk_exact_kernel, (B * S,), (x, ws, x.stride(0), x.stride(1), V, k, S, B * S), dev,
-               **blk, num_warps=cfg.num_warps, **opt)
-    head = (x, x.stride(0), x.stride(1), V)
-    if cfg.tree:
-        ng = triton.cdiv(S, cfg.tree)
-        sp = _pow2(cfg.tree)
-        launch(_topk_merge_kernel, (B * ng,), head + (ws, ws2, *out, k, S, B * S, cfg.tree, ng), dev,
-               **blk, SP=sp, CT=sp, FAST=fast, EXACT=not cfg.exact_apart, OUT_STATE=True, ROWB=cfg.row_bound,
-               W=cfg.cap, num_warps=cfg.tree_warps, **opt)
-        ws, S, exact = ws2, ng, False
-    else:
-        exact = not cfg.exact_apart
-    sp = _pow2(S)
-    launch(_topk_merge_kernel, (B,), head + (ws, ws, *out, k, S, B * S, S, 1), dev,
-           **blk, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)), FAST=fast, EXACT=exact, OUT_STATE=False,
-           ROWB=cfg.row_bound, W=cfg.width or cfg.cap, num_warps=cfg.merge_warps, **opt)
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), fast)[1:], ws, ws2, out)
 
 
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
     """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
 
-    Launches: stage 1 (B·S programs, or a persistent grid); with ``exact_apart`` the chunks' exact paths (B·S,
-    most return at once); the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks
-    each, then B over the NG group states."""
+    Launches: stage 1 (B·S programs); with ``exact_apart`` the chunks' exact paths (B·S, most return at once);
+    the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks each, then B over the
+    NG group states."""
     B, V = x.shape
     cfg = cfg or plan(B, V, k, x.dtype)
     if cfg.path == "sort":
@@ -785,8 +759,7 @@ def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
         return values, indices, lse
     ws, ws2 = workspaces(B, cfg, dev)
     fast = dev.type == "cuda" and not interpret_mode()
-    stage1(x, ws, k, cfg, fast)
-    merge(x, ws, ws2, (values, indices, lse), k, cfg, fast)
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), fast), ws, ws2, (values, indices, lse))
     return values, indices, lse
 
 
