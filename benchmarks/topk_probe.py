@@ -74,11 +74,14 @@ RUN19 = {
     (256, 128256, 8): [dict(radix=0)],
     (256, 151936, 50): [dict(radix=0)],
 }
-# Run 20: the defaults (radix 0 for one-warp stage 1, the narrow merge at k = 50, one level) against the same
-# without the narrow merge (so the two-level merge at V >= 151936).
+# Run 20 (commit 2438060, probe-run20.log): the defaults against the same without the narrow merge; --run20.
 WIDE = dict(kb=0, width=0)
-VARIANTS = {(256, 128256, 50): [WIDE], (256, 151936, 50): [WIDE], (256, 262144, 50): [WIDE],
-            (32, 262144, 50): [WIDE], (1, 262144, 50): [WIDE]}
+RUN20 = {(256, 128256, 50): [WIDE], (256, 151936, 50): [WIDE], (256, 262144, 50): [WIDE],
+         (32, 262144, 50): [WIDE], (1, 262144, 50): [WIDE]}
+# Run 21: stage 1's t_c by peeling 8 warp maxima instead of 16 bisection steps (narrow merge).
+PEEL = dict(peel=8)
+VARIANTS = {(256, 128256, 50): [PEEL], (256, 151936, 50): [PEEL], (256, 262144, 50): [PEEL],
+            (32, 128256, 50): [PEEL], (1, 128256, 50): [PEEL]}
 SMOKE = {(2, 5000, 13): [dict(block=512, tree=3, tree_warps=1, **T1),      # --smoke: CPU, the interpreter
                          dict(block=512, radix=0, kb=4, width=16)]}
 
@@ -171,9 +174,10 @@ def main():
     ap.add_argument("--run15", action="store_true", help="run 15's variant set")
     ap.add_argument("--run17", action="store_true", help="run 17's variant set")
     ap.add_argument("--run19", action="store_true", help="run 19's variant set")
+    ap.add_argument("--run20", action="store_true", help="run 20's variant set")
     ap.add_argument("--only", action="append", default=[], metavar="B,V,k", help="time only these shapes")
     args = ap.parse_args()
-    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run19": RUN19}
+    runs = {"run14": RUN14, "run15": RUN15, "run17": RUN17, "run19": RUN19, "run20": RUN20}
     for name, run in runs.items():
         if getattr(args, name):
             VARIANTS.clear()
@@ -220,7 +224,7 @@ def main():
         s1 = {}
 
         def t_stage1(cfg, xs=xs):     # stage 1 alone, once per distinct stage-1 configuration
-            key = (cfg.radix, cfg.maxnreg, cfg.kb)
+            key = (cfg.radix, cfg.maxnreg, cfg.kb, cfg.peel)
             if cfg.path == "filter" and key not in s1:
                 ws = kt.workspaces(B, cfg, xs[0].device)[0]
                 s1[key] = bench(lambda x: kt.stage1(x, ws, k, cfg, True))

@@ -64,7 +64,8 @@ def kernels(cfg):
     """The kernels (name, constexprs, warps) that softmax_topk_2d launches for ``cfg``, labelled."""
     meta = (("BLOCK", cfg.block), ("R", cfg.cols), ("CAP", cfg.cap))
     cap = (("MAXNREG", cfg.maxnreg),) if cfg.maxnreg else ()
-    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix)) + cap, cfg.num_warps))]
+    out = [("stage 1", ("stage1", meta + (("FAST", True), ("RADIX", cfg.radix), ("PEEL", cfg.peel)) + cap,
+                        cfg.num_warps))]
     if cfg.exact_apart:
         out.append(("exact", ("exact", meta, cfg.num_warps)))
     s = cfg.splits

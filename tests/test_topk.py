@@ -272,12 +272,13 @@ def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
         assert_matches_ref(out, rows, k)
 
 
-@pytest.mark.parametrize("kb,width", [(2, 8), (4, 16)])
-def test_kernel_narrow_merge(kernel_device, kb, width):
+@pytest.mark.parametrize("kb,width,peel", [(2, 8, 0), (4, 16, 4)])
+def test_kernel_narrow_merge(kernel_device, kb, width, peel):
     """Stage 1 bounds each chunk by its kb-th largest column maximum (kb < k) and the merge reads the first
     ``width`` slots of each chunk. Rows where that cannot hold the answer (a chunk with more than ``width``
     candidates: ties, sorted runs; fewer than k keys >= lo: one chunk holding the whole top-k; a NaN, all -inf)
-    take the merge's exact fallback: the same answer, indices exactly."""
+    take the merge's exact fallback: the same answer, indices exactly. ``peel``: stage 1 finds t_c as the kb-th
+    largest distinct column maximum (all-equal and mostly masked chunks have fewer: the exact path)."""
     gen = torch.Generator().manual_seed(12)
     n = 3000
     i = torch.arange(n)
@@ -286,8 +287,8 @@ def test_kernel_narrow_merge(kernel_device, kb, width):
     x = torch.cat([torch.randn(3, n, generator=gen), _special_rows(n, gen), i.float()[None], -i.float()[None],
                    one_chunk[None]]).to(kernel_device)
     for k in (5, 30):
-        cfg, out = _run_cfg(x, k, block=256, kb=kb, width=width)
-        assert (cfg.kb, cfg.width, cfg.tree, cfg.splits) == (kb, width, 0, 12)
+        cfg, out = _run_cfg(x, k, block=256, kb=kb, width=width, peel=peel)
+        assert (cfg.kb, cfg.width, cfg.peel, cfg.tree, cfg.splits) == (kb, width, peel, 0, 12)
         assert_matches_ref(out, x, k)
 
 
@@ -387,7 +388,8 @@ def test_gpu_matches_reference(V, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("over", [{"radix": 0, "row_bound": True}, {"radix": 0, "row_bound": True, "maxnreg": 144},
-                                  {"radix": 0, "row_bound": False, "kb": 8, "width": 32}])
+                                  {"radix": 0, "row_bound": False, "kb": 8, "width": 32, "peel": 0},
+                                  {"radix": 0, "row_bound": False, "kb": 8, "width": 32, "peel": 8}])
 def test_gpu_stage1_bisect_and_row_bound(over):
     """Run 17's options and run 19's narrow merge on the GPU (flush-to-zero, REDUX, register caps): every
     k <= 50 goal k at V = 128256 (63 chunks, so the row bound applies), special rows, a row of negative
@@ -400,7 +402,7 @@ def test_gpu_stage1_bisect_and_row_bound(over):
     for k in (1, 8, 50):
         cfg = kt.select_path(x.shape[0], V, k, **over)
         assert cfg.path == "filter" and cfg.row_bound == over["row_bound"] and cfg.radix == 0 and not cfg.tree
-        assert cfg.kb == over.get("kb", 0)
+        assert (cfg.kb, cfg.peel) == (over.get("kb", 0), over.get("peel", 0))
         out = TopK(*kt.softmax_topk_2d(x.cuda(), k, cfg))
         assert_matches_ref(out, x, k)
 

@@ -88,6 +88,7 @@ ROW_BOUND = False                   # the merge starts from the k-th largest chu
                                     # off: not yet timed on a GPU
 NARROW_KB = 8                       # k > this: stage 1's bound t_c is the chunk's NARROW_KB-th largest column
 NARROW_WIDTH = 32                   # maximum (≈ NARROW_KB candidates, not ≈ k) and the one-level merge loads
+NARROW_PEEL_MAX = 0                 # one-warp stage 1 with kb <= this finds t_c by kb warp maxima (0 = off)
 NARROW_SPARSITY = 4                 # NARROW_WIDTH slots per chunk, checked, with an exact fallback; where
                                     # k·BLOCK·NARROW_SPARSITY <= NARROW_KB·V (the row's k-th key is then far above
                                     # the chunks' NARROW_KB-th largest for i.i.d. rows). 0 = off. H200 run 19,
@@ -121,6 +122,7 @@ class TopKConfig:
     row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
     kb: int = 0                 # stage 1's t_c: the kb-th largest column maximum (0: k; kb < k needs width)
     width: int = 0              # the merge's tile: the first `width` slots of each chunk (0: all CAP)
+    peel: int = 0               # stage 1's t_c: the peel-th largest distinct column maximum, by peel warp maxima
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -135,14 +137,14 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
                 num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
                 merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
                 maxnreg: int = 0, row_bound: bool | None = None, kb: int | None = None,
-                width: int | None = None, esize: int = 4) -> TopKConfig:
+                width: int | None = None, peel: int | None = None, esize: int = 4) -> TopKConfig:
     """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
 
     One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
     on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
     chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
     ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``maxnreg`` /
-    ``row_bound`` / ``kb`` / ``width`` override the choice (tests and the variant timers
+    ``row_bound`` / ``kb`` / ``width`` / ``peel`` override the choice (tests and the variant timers
     use them).
     """
     if path is not None and path not in PATHS:
@@ -205,8 +207,10 @@ def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int |
         width = NARROW_WIDTH if kb else 0
     if bool(kb) != bool(width) or width > cap or (kb and (tree or row_bound)):
         raise ValueError(f"select_path: kb={kb} needs width (<= CAP = {cap}) and a one-level merge, and the reverse")
+    if peel is None:    # the narrow merge's small rank, one warp: peeling instead of bisection
+        peel = kb if kb and num_warps == 1 and kb <= NARROW_PEEL_MAX else 0
     return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg,
-                      row_bound, kb, width)
+                      row_bound, kb, width, peel)
 
 
 # --- device helpers -----------------------------------------------------------------------------------------
@@ -256,6 +260,17 @@ def _kth_key(keys, k, BITS: tl.constexpr):
         cand = t + (tl.full([], 1, tl.int32) << (31 - i))
         c = tl.sum((keys >= cand).to(tl.int32))
         t = tl.where(c >= k, cand, t)
+    return t
+
+
+@triton.jit
+def _kth_distinct(keys, P: tl.constexpr):
+    """The P-th largest distinct value of ``keys`` (INT32_MIN when there are fewer): at most the P-th largest
+    counted with repeats, so a lower bound for it. P maxima, each removing every copy of the last."""
+    t = tl.max(keys)
+    for _ in tl.static_range(P - 1):
+        keys = tl.where(keys == t, INT32_MIN, keys)
+        t = tl.max(keys)
     return t
 
 
@@ -363,7 +378,7 @@ def _load_chunk(x_ptr, stride_b, stride_v, V, c, S, BLOCK: tl.constexpr, R: tl.c
 
 @triton.jit
 def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
-                 FAST: tl.constexpr, RADIX: tl.constexpr):
+                 FAST: tl.constexpr, RADIX: tl.constexpr, PEEL: tl.constexpr):
     """Steps a–c for chunk ``c`` held in ``x``: its (m, d), bound t and candidates to the workspace."""
     G: tl.constexpr = BLOCK // R
     start = (c % S) * BLOCK
@@ -379,7 +394,9 @@ def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr
     # b. t <= the k-th largest column maximum <= the chunk's k-th largest key (columns with no element of
     # the row are padding)
     gkey = tl.where(start + tl.arange(0, R) < V, _key_of(gmax), INT32_MIN)
-    if RADIX == 0:      # one warp: a 1-bit step is one int32 warp reduction (REDUX), a few instructions
+    if PEEL > 0:        # the PEEL-th largest distinct column maximum: PEEL int32 warp maxima (REDUX)
+        t = _kth_distinct(gkey, PEEL)
+    elif RADIX == 0:    # one warp: a 1-bit step is one int32 warp reduction (REDUX), a few instructions
         t = _kth_key(gkey, k, _COARSE)
     else:
         t = _kth_key_radix(gkey, k, _COARSE, RADIX if R < 512 else 2)
@@ -404,11 +421,12 @@ def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr
 @triton.jit
 def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
-                       RADIX: tl.constexpr):
-    """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at."""
+                       RADIX: tl.constexpr, PEEL: tl.constexpr):
+    """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at (``PEEL`` > 0: that rank
+    among distinct column maxima, found by peeling)."""
     pid = tl.program_id(0)
     x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
-    _chunk_state(x, ws_ptr, V, k, S, BS, pid, BLOCK, R, CAP, FAST, RADIX)
+    _chunk_state(x, ws_ptr, V, k, S, BS, pid, BLOCK, R, CAP, FAST, RADIX, PEEL)
 
 
 @triton.jit
@@ -696,8 +714,8 @@ def _launches(cfg: TopKConfig, B: int, V: int, k: int, stride_b: int, stride_v: 
     blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
     opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
     head = (stride_b, stride_v, V)
-    out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, num_warps=cfg.num_warps,
-                                                         **opt)),
+    out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, PEEL=cfg.peel,
+                                                         num_warps=cfg.num_warps, **opt)),
             lambda x, ws, ws2, o: (x, ws, *head, cfg.kb or k, S, BS))]
     if cfg.exact_apart:
         out.append((BoundKernel(_topk_exact_kernel, (BS,), dict(blk, num_warps=cfg.num_warps)),
