@@ -167,7 +167,7 @@ def test_select_path_thresholds():
     assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
     assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4 and not c.tree and not c.exact_apart
     assert c.radix == 0 and not c.row_bound and not c.maxnreg              # 1-bit bisection steps (run 17)
-    assert (c.kb, c.width) == (kt.NARROW_KB, kt.NARROW_WIDTH)             # the narrow merge (run 19)
+    assert (c.kb, c.width, c.peel) == (kt.NARROW_KB, kt.NARROW_WIDTH, kt.NARROW_KB)   # narrow merge, peeling
     c = kt.select_path(256, 128256, 50, radix=0, row_bound=True, maxnreg=144)              # the options
     assert (c.radix, c.row_bound, c.maxnreg) == (0, True, 144)
     c = kt.select_path(256, 262144, 50)                    # the narrow merge's tile fits: one level

@@ -88,7 +88,8 @@ ROW_BOUND = False                   # the merge starts from the k-th largest chu
                                     # off: not yet timed on a GPU
 NARROW_KB = 8                       # k > this: stage 1's bound t_c is the chunk's NARROW_KB-th largest column
 NARROW_WIDTH = 32                   # maximum (≈ NARROW_KB candidates, not ≈ k) and the one-level merge loads
-NARROW_PEEL_MAX = 0                 # one-warp stage 1 with kb <= this finds t_c by kb warp maxima (0 = off)
+NARROW_PEEL_MAX = 16                # one-warp stage 1 with kb <= this finds t_c by kb warp maxima, not bisection
+                                    # (H200 run 21, goal shape: stage 1 49.0 → 45.0 µs, the call 61.3 → 56.4)
 NARROW_SPARSITY = 4                 # NARROW_WIDTH slots per chunk, checked, with an exact fallback; where
                                     # k·BLOCK·NARROW_SPARSITY <= NARROW_KB·V (the row's k-th key is then far above
                                     # the chunks' NARROW_KB-th largest for i.i.d. rows). 0 = off. H200 run 19,
