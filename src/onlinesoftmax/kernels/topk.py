@@ -610,7 +610,8 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     if not OUT_STATE:
         tl.store(lse_ptr + row, (m + tl.log2(d)) * LN2)
     # 2. the row's k-th key is >= lo = max_c t_c: chunk c holds k elements >= t_c. (t_c is a lower bound for
-    # chunk c's k-th key whichever path it took; every real key is >= the key of -inf.)
+    # chunk c's k-th key whichever path it took; every real key is >= the key of -inf. With W < CAP, t_c bounds
+    # a smaller rank and the claim is checked before it is used, below.)
     tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN)
     lo = tl.maximum(tl.max(tc), NEG_INF_KEY)
     if ROWB:
