@@ -34,6 +34,12 @@ top-k ⊕ top-k = top-k of the union. Selection is by *threshold*, never by sort
    Two levels (``tree``) where the row's S·CAP slots pass one register tile (``MERGE_TILE``): groups of
    ``tree`` chunks merge first, each into a state of stage 1's form (``m, d``, its ≤ CAP survivors, and
    ``t = lo``: the group holds k elements ``>= t``), then one program per row merges the groups' states.
+4. The narrow merge (where the answer is sparse in x: k·BLOCK far below kb·V). Stage 1 aims t_c at a small
+   rank kb < k (found by kb warp maxima, ``peel``), so a chunk stores ≈ kb candidates, every element ``>= t_c``;
+   the merge loads the first W of each chunk's slots. If every ``n_c <= W`` and ``#{key >= lo} >= k``, the row's
+   k-th key is ``>= lo >= t_c`` and nothing left out can be in the answer: step 3 on that small tile. Otherwise
+   (the top k gathered in a few chunks, sorted rows, a NaN) the tile's exact k-th key kh bounds the row's from
+   below; chunks with ``t_c > kh`` are re-read for their exact top k, and step 3 runs on all CAP slots from kh.
 
 Memory traffic per row, V elements of b bytes: read V·b once (stage 1); about ``k·(1 + k/2R)`` candidates of 8
 bytes per chunk written and read back (stage 1 → 2: ``S·k·8`` bytes, ≈ 0.3 % of V·b at V = 128256, k = 50,
