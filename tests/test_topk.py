@@ -286,10 +286,19 @@ def test_kernel_narrow_merge(kernel_device, kb, width, peel):
     one_chunk[256:296] += 10.0                                         # chunk 1 holds the top 40
     x = torch.cat([torch.randn(3, n, generator=gen), _special_rows(n, gen), i.float()[None], -i.float()[None],
                    one_chunk[None]]).to(kernel_device)
+    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     for k in (5, 30):
         cfg, out = _run_cfg(x, k, block=256, kb=kb, width=width, peel=peel)
         assert (cfg.kb, cfg.width, cfg.peel, cfg.tree, cfg.splits) == (kb, width, peel, 0, 12)
         assert_matches_ref(out, x, k)
+        # which path ran: n_c as the merge left it (a chunk re-read by the fallback holds exactly k)
+        BS = x.shape[0] * cfg.splits
+        n_c = kt.workspaces(x.shape[0], cfg, x.device)[0][2 * BS:3 * BS].view(x.shape[0], -1).cpu()
+        if k == 5 and kb == 2:
+            assert (n_c[1:3] < k).all()                         # two random rows: the narrow tile, nothing re-read
+            assert 0 < int((n_c[0] == k).sum()) < cfg.splits    # one fell back: only chunks with t_c > kh re-read
+        if k == 30:
+            assert n_c[-1, 1] == k                              # the chunk holding the top 40 was re-read
 
 
 def test_narrow_dispatch(monkeypatch):
