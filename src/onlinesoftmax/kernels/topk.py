@@ -368,28 +368,23 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
 # --- stage 1: per-chunk (m, d) and top-k candidates ---------------------------------------------------------
 
 @triton.jit
-def _load_chunk(x_ptr, stride_b, stride_v, V, c, S, BLOCK: tl.constexpr, R: tl.constexpr):
-    """Chunk ``c`` of the input (row ``c // S``) as the ``[G, R]`` tile ``(g, r) = x[start + g·R + r]``, fp32;
-    padding past the row's end is -inf."""
+def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
+                       RADIX: tl.constexpr, PEEL: tl.constexpr):
+    """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at (``PEEL`` > 0: that rank
+    among distinct column maxima, found by peeling)."""
     G: tl.constexpr = BLOCK // R
-    start = (c % S) * BLOCK
-    x_row = x_ptr + (c // S).to(tl.int64) * stride_b + start.to(tl.int64) * stride_v
+    pid = tl.program_id(0)
+    row = pid // S
+    start = (pid % S) * BLOCK
+    x_row = x_ptr + row.to(tl.int64) * stride_b + start.to(tl.int64) * stride_v
     off = tl.arange(0, G)[:, None] * R + tl.arange(0, R)[None, :]          # [G, R]: (g, r) -> g·R + r
     ptrs = x_row + off.to(tl.int64) * stride_v
+    # read BLOCK elements of x: the only pass over x (padding is -inf)
     if start + BLOCK <= V:
         x = tl.load(ptrs).to(tl.float32)
     else:
         x = tl.load(ptrs, mask=off < V - start, other=float("-inf")).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
-                 FAST: tl.constexpr, RADIX: tl.constexpr, PEEL: tl.constexpr):
-    """Steps a–c for chunk ``c`` held in ``x``: its (m, d), bound t and candidates to the workspace."""
-    G: tl.constexpr = BLOCK // R
-    start = (c % S) * BLOCK
-    off = tl.arange(0, G)[:, None] * R + tl.arange(0, R)[None, :]
     # a. chunk state in base 2: m2 = log2(e)·max x, d = Σ 2^(x·log2(e) − m2) = Σ e^(x − m). For m = ±inf, d is
     # taken relative to 0: (-inf, 0) is ⊕'s identity, (+inf, d) gives lse = +inf. A NaN anywhere makes d NaN
     # (and takes the exact path below).
@@ -415,25 +410,14 @@ def _chunk_state(x, ws_ptr, V, k, S, BS, c, BLOCK: tl.constexpr, R: tl.constexpr
     # c. straight-line; stores nothing when the chunk is left to the exact path (x >= NaN is false)
     idx = start + off
     run = tl.cumsum(ge.to(tl.int32), axis=0)                               # running count down each column
-    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + c.to(tl.int64) * CAP
+    slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
     _compact(slots, run, cnt, x, idx, tl.where(exact, float("nan"), tf), x, False, FAST)
     # d. the exact path (rare) runs in the merge, which re-reads the chunk: n_c = -1 marks it. Its registers
     # (four [G, R] tiles) would otherwise set this kernel's register count and so its occupancy.
-    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + c, m2)
-    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + BS + c, d)
-    tl.store(ws_ptr + 2 * BS + c, tl.where(exact, -1, n))
-    tl.store(ws_ptr + 3 * BS + c, t)
-
-
-@triton.jit
-def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
-                       RADIX: tl.constexpr, PEEL: tl.constexpr):
-    """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at (``PEEL`` > 0: that rank
-    among distinct column maxima, found by peeling)."""
-    pid = tl.program_id(0)
-    x = _load_chunk(x_ptr, stride_b, stride_v, V, pid, S, BLOCK, R)
-    _chunk_state(x, ws_ptr, V, k, S, BS, pid, BLOCK, R, CAP, FAST, RADIX, PEEL)
+    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + pid, m2)
+    tl.store(ws_ptr.to(tl.pointer_type(tl.float32)) + BS + pid, d)
+    tl.store(ws_ptr + 2 * BS + pid, tl.where(exact, -1, n))
+    tl.store(ws_ptr + 3 * BS + pid, t)
 
 
 @triton.jit
@@ -742,10 +726,7 @@ def _launches(cfg: TopKConfig, B: int, V: int, k: int, stride_b: int, stride_v: 
     final = BoundKernel(_topk_merge_kernel, (B,), dict(merge, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)),
                                                        EXACT=exact, OUT_STATE=False, W=cfg.width or cfg.cap,
                                                        num_warps=cfg.merge_warps))
-    if cfg.tree:
-        out.append((final, lambda x, ws, ws2, o: (x, *head, ws2, ws2, *o, k, S2, B * S2, S2, 1)))
-    else:
-        out.append((final, lambda x, ws, ws2, o: (x, *head, ws, ws, *o, k, S, BS, S, 1)))
+    out.append((final, lambda x, ws, ws2, o: (x, *head, *(2 * (ws2 if cfg.tree else ws,)), *o, k, S2, B * S2, S2, 1)))
     return tuple(out)
 
 
