@@ -98,6 +98,7 @@ BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
+ROW_SLOTS = True             # forward coop kernels exchange (m_c, d_c) as self-flagging 64-bit words (_publish)
 BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
 BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
 BWD_COOP_CHUNK = 8192        # backward long rows, BWD_ELEMS_PER_THREAD (8 warps): 1 GiB, fp32 99.7 / 95.5 / 91.7 %
@@ -189,6 +190,39 @@ def _row_barrier(ARRIVE, GEN, row, C):
             pass
 
 
+@triton.jit
+def _publish(SLOT, pid, m_c, d_c):
+    """Publish (m_c, d_c) as one 64-bit word: d_c's bits with the sign bit set, then m_c's bits. A published
+    word is negative (d_c >= 0 or NaN, its sign bit is free), an unpublished one is 0: the word is its own flag,
+    so no fence and no atomic stand between the store and a sibling seeing it."""
+    hi = d_c.to(tl.int32, bitcast=True) | -2147483648
+    lo = m_c.to(tl.int32, bitcast=True).to(tl.int64) & 4294967295
+    tl.store(SLOT + pid, (hi.to(tl.int64) << 32) | lo)
+
+
+@triton.jit
+def _await_row(SLOT, row, C, k):
+    """Spin until the C words of `row` are all published, then (m, d) = ⊕_c (m_c, d_c). k: arange(C_POW2)."""
+    ptrs = SLOT + row * C + k
+    w = tl.load(ptrs, mask=k < C, other=-1, volatile=True)
+    while tl.max(w, axis=0) >= 0:                          # a sibling has not published yet
+        w = tl.load(ptrs, mask=k < C, other=-1, volatile=True)
+    pm = tl.where(k < C, (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True), float("-inf"))
+    pd = tl.where(k < C, ((w >> 32) & 2147483647).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    m = tl.max(pm, axis=0)
+    d = tl.sum(pd * tl.where(pm == m, 1.0, tl.exp(pm - m)), axis=0)
+    return m, d
+
+
+@triton.jit
+def _release_row(SLOT, CNT, row, C, k):
+    """Count this program as done reading its row's words; the last of the C clears them (and the count) for the
+    next launch. Called last, so the atomic's round trip does not delay y."""
+    if tl.atomic_add(CNT + row, 1, sem="relaxed") == C - 1:
+        tl.store(SLOT + row * C + k, k.to(tl.int64) * 0, mask=k < C)
+        tl.store(CNT + row, 0)
+
+
 # ---- forward: rows in registers ---------------------------------------------------------------------
 @triton.jit
 def _load_rows(X, tile, M, N, INNER, so, si, sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
@@ -232,9 +266,9 @@ def softmax_rows_kernel(
 # ---- forward: a row cut into C chunks ------------------------------------------------------------------
 @triton.jit
 def softmax_chunks_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, SLOT, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, SLOTS: tl.constexpr,
 ):
     """Program (row, c) owns chunk c of its row.
 
@@ -254,9 +288,12 @@ def softmax_chunks_kernel(
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
         m_c, d_c, e = _state(x, 0, FAST)
-        tl.store(PART_M + pid, m_c)
-        tl.store(PART_D + pid, d_c)
-        tl.debug_barrier()
+        if PHASE == 0 and SLOTS:
+            _publish(SLOT, pid, m_c, d_c)
+        else:
+            tl.store(PART_M + pid, m_c)
+            tl.store(PART_D + pid, d_c)
+            tl.debug_barrier()
     if PHASE == 1:
         if MODE == 2:
             if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
@@ -264,14 +301,19 @@ def softmax_chunks_kernel(
                 m, d = _merge_row(PART_M, PART_D, row, C, k)
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
-        if PHASE == 0:
-            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
-        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
+        if PHASE == 0 and SLOTS:
+            m, d = _await_row(SLOT, row, C, k)
+        else:
+            if PHASE == 0:
+                _row_barrier(ARRIVE, GEN, row, C)                           # 2. wait for the row's chunks
+            m, d = _merge_row(PART_M, PART_D, row, C, k)                     # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0, FAST)
         y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
         tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
+        if PHASE == 0 and SLOTS:
+            _release_row(SLOT, ARRIVE, row, C, k)
 
 
 @triton.jit
@@ -327,8 +369,8 @@ def _pack_bf16x2(lo, hi):
 
 @triton.jit
 def softmax_coop_bf16x2_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, SLOT, N, INNER, sxo, sxi, syo, syi, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, SLOTS: tl.constexpr,
 ):
     """The coop path for bf16 rows of unit stride and even N: x is read and held as int32 words of two
     elements, one register per two elements where fp32 e^(x - m_c) needs one per element, so a program
@@ -345,11 +387,16 @@ def softmax_coop_bf16x2_kernel(
     s_c = _shift(m_c)
     lo, hi = _bf16_halves(w, 1)
     d_c = tl.sum(_exp(lo - s_c, True) + _exp(hi - s_c, True), axis=0)
-    tl.store(PART_M + pid, m_c)
-    tl.store(PART_D + pid, d_c)
-    tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
-    m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
+    k = tl.arange(0, C_POW2)
+    if SLOTS:
+        _publish(SLOT, pid, m_c, d_c)
+        m, d = _await_row(SLOT, row, C, k)
+    else:
+        tl.store(PART_M + pid, m_c)
+        tl.store(PART_D + pid, d_c)
+        tl.debug_barrier()
+        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row's chunks
+        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
         s = _shift(m)
@@ -361,6 +408,8 @@ def softmax_coop_bf16x2_kernel(
         y_lo = lo - b                                                 # the difference is far below bf16's ulp)
         y_hi = hi - b
     tl.store(_word_row(Y, row, INNER, syo, syi) + words, _pack_bf16x2(y_lo, y_hi), mask=mask)   # write y
+    if SLOTS:
+        _release_row(SLOT, ARRIVE, row, C, k)
 
 
 # ---- backward ---------------------------------------------------------------------------------------
@@ -511,7 +560,8 @@ def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
     """
     rows, parts = max(rows, 1024), max(parts, 1 << 16)
     return stream_scratch(("softmax", dtype), device,
-                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype)))
+                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype),
+                           (parts, torch.int64)))
 
 
 class _Plan:
@@ -672,15 +722,18 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
                   grid=M * C, **options)
-    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN
-    workspace = (M, M * C, part_dtype, (2, 3, 0, 1))
+    slots = cfg.pop("slots", ROW_SLOTS)
+    record["slots"] = slots
+    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN, SLOT
+    workspace = (M, M * C, part_dtype, (2, 3, 0, 1, 4))
     if bf16x2:
-        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, num_warps=warps, **options)
+        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, SLOTS=slots, num_warps=warps, **options)
         return _Plan(path, [BoundKernel(softmax_coop_bf16x2_kernel, (M * C,), meta)],
                      (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
     if mode == LOGSUMEXP:
         path = record["path"] = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, num_warps=warps, **options)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, SLOTS=slots,
+                num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 
@@ -723,11 +776,12 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps) -> _Plan |
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
     if C > COOP_MAX_CHUNKS:
         return None
+    slots = cfg.pop("slots", ROW_SLOTS)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
-                num_warps=warps)
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+                SLOTS=slots, num_warps=warps)
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, slots=slots)
     return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
-                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
+                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1, 4)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
