@@ -330,6 +330,47 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         with open(f"{out_dir}/tune_gib_slots.json", "w") as f:
             json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows, "graph": GRAPH_ROWS}, f, indent=1)
         return
+    if gib == "rows2":    # after one row per program (ONE_ROW_MIN_N) and SMEM_ROWS: logsumexp and backward at N = 1K,
+        # long rows with larger shared-memory chunks, log-softmax on the new paths
+        for dtype in (torch.float32, torch.bfloat16):
+            size = torch.finfo(dtype).bits // 8
+            m = GIB // (1024 * size)
+            sets = inputs(m, 1024, dtype)
+            ref = torch.logsumexp(sets[0][0].float(), -1)
+            record("lse", m, 1024, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, m * 1024 * size, ref)
+            old = {"tile": 8192, "prefetch": True} if size == 2 else {"tile": 4096, "prefetch": False, "num_warps": 8}
+            for name, cfg in (("default", None), ("old", old), ("w=2", {"num_warps": 2}), ("w=4", {"num_warps": 4}),
+                              ("w=8", {"num_warps": 8}), ("tile=2048 w=4", {"tile": 2048, "num_warps": 4})):
+                record("lse", m, 1024, dtype, name, fwd_variant(cfg, K.LOGSUMEXP), sets, m * 1024 * size, ref)
+            lref = torch.log_softmax(sets[0][0], -1)
+            record("log", m, 1024, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, 2 * m * 1024 * size, lref)
+            del sets
+            bsets, bref, nb3 = bwd_baseline(m, 1024, dtype)
+            for name, cfg in (("tile=1024 w=1", {"tile": 1024, "num_warps": 1}),
+                              ("tile=1024 w=2", {"tile": 1024, "num_warps": 2}),
+                              ("tile=1024 w=4", {"tile": 1024, "num_warps": 4}),
+                              ("tile=2048 w=4", {"tile": 2048, "num_warps": 4})):
+                record("bwd", m, 1024, dtype, name, bwd_variant(cfg), bsets, nb3, bref)
+            del bsets
+        for dtype, n in ((torch.bfloat16, 4096), (torch.bfloat16, 16384), (torch.bfloat16, 32768)):
+            m = GIB // (n * 2)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb,
+                   torch.log_softmax(sets[0][0], -1))
+            del sets
+        long = {4: ((11264, 4), (16384, 8), (16384, 16), (22528, 8)),
+                2: ((8192, 2), (16384, 4), (16384, 8), (32768, 8), (32768, 16))}
+        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 65536),
+                         (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
+            size = torch.finfo(dtype).bits // 8
+            m = GIB // (n * size)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            for c, w in long[size]:
+                record("fwd", m, n, dtype, f"smem chunk={c} w={w}",
+                       fwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w}), sets, nb, ref)
+            del sets
+        save("tune_gib_rows2")
+        return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):
             size = torch.finfo(dtype).bits // 8

@@ -310,6 +310,33 @@ def test_smem_backward_choice_on_h200(m, size, log, expect):
     assert K._smem_bwd_config(m, size, log, H200_SMS) == expect
 
 
+@pytest.mark.parametrize("dtype,m,n,mode,expect", [
+    (torch.bfloat16, 131072, 4096, K.SOFTMAX, ("rows", "smem", 4)),
+    (torch.float16, 32768, 16384, K.LOG_SOFTMAX, ("rows", "smem", 4)),
+    (torch.bfloat16, 16384, 32768, K.SOFTMAX, ("rows", "smem", 16)),
+    (torch.bfloat16, 16384, 20000, K.SOFTMAX, ("rows", "smem", 16)),
+    (torch.bfloat16, 32, 32768, K.SOFTMAX, ("coop", "chunks", 4)),            # decode sizes: the coop path
+    (torch.bfloat16, 16384, 32776, K.SOFTMAX, ("coop", "bf16x2", 4)),         # longer than SMEM_ROWS
+    (torch.bfloat16, 16384, 32752, K.SOFTMAX, ("rows", "smem", 16)),
+    (torch.bfloat16, 16384, 32762, K.SOFTMAX, ("coop", "bf16x2", 4)),         # N not a multiple of 16
+    (torch.float32, 16384, 16384, K.SOFTMAX, ("rows", None, 32)),             # fp32 keeps registers
+    (torch.bfloat16, 524288, 1024, K.SOFTMAX, ("rows", None, 2)),
+    (torch.bfloat16, 32768, 16384, K.LOGSUMEXP, ("rows", None, 16)),
+])
+def test_smem_rows_choice_on_h200(monkeypatch, dtype, m, n, mode, expect):
+    """16-bit rows of SMEM_ROWS lengths (unit stride, N a multiple of 16) run the shared-memory kernel with the
+    whole row in one program (no barrier); others, logsumexp and decode sizes do not. Plans on meta tensors."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    x = torch.empty((m, n), dtype=dtype, device="meta")
+    out = torch.empty((m,) if mode == K.LOGSUMEXP else (m, n), dtype=dtype, device="meta")
+    M, N, inner, (gx, gy) = row_geometry([x, x if mode == K.LOGSUMEXP else out], 1)
+    rec = K._forward_plan({}, x, out, gx, gy, M, N, inner, mode, dtype == torch.bfloat16).record
+    assert (rec["path"], rec.get("kernel"), rec["num_warps"]) == expect, rec
+    if rec.get("kernel") == "smem" and rec["path"] == "rows":
+        assert rec["chunks"] == 1 and N <= rec["chunk"] < N + 8 * 32 * rec["num_warps"]
+
+
 def test_smem_plans_keep_coop_max_chunks(monkeypatch):
     """A row needing more than COOP_MAX_CHUNKS shared-memory chunks (fp32 log-softmax backward at N = 2^20: 256 of
     4096) takes the register kernel instead; N = 2^19 (128 chunks) keeps the smem kernel. Plans on meta tensors,
@@ -347,7 +374,8 @@ def test_bf16x2_backward_eligibility():
 
 
 @pytest.mark.parametrize("mode,dtype,n,fast", [
-    (K.SOFTMAX, torch.bfloat16, 1024, False), (K.LOGSUMEXP, torch.bfloat16, 1024, True),
+    (K.SOFTMAX, torch.bfloat16, 512, False), (K.SOFTMAX, torch.bfloat16, 1024, True),
+    (K.LOGSUMEXP, torch.bfloat16, 1024, True),
     (K.LOG_SOFTMAX, torch.bfloat16, 1024, True), (K.SOFTMAX, torch.float32, 4096, True),
     (K.LOGSUMEXP, torch.float32, 4096, True),
 ])
@@ -378,13 +406,17 @@ def test_op_runs_the_chosen_path(m, n, path):
     assert K.last_launch()["path"] == ("rows" if path == "rows" else "chunks")
 
 
-@pytest.mark.parametrize("dtype,n,warps", [(torch.float32, 4096, 16), (torch.float32, 1024, 8),
-                                           (torch.bfloat16, 16384, 16), (torch.float32, 16384, 32)])
-def test_rows_warps(dtype, n, warps):
-    """One row per program takes ROW_WARPS_MEASURED's warps where measured, else tile elements / 16 per thread."""
-    x = torch.randn(4, n, device=DEV).to(dtype)
+@pytest.mark.parametrize("dtype,n,block_m,warps", [
+    (torch.float32, 4096, 1, 16), (torch.float32, 1024, 1, 4), (torch.bfloat16, 1024, 1, 2),
+    (torch.bfloat16, 16384, 1, 16), (torch.float32, 16384, 1, 32), (torch.float32, 512, 8, 8),
+])
+def test_rows_warps(dtype, n, block_m, warps):
+    """From ONE_ROW_MIN_N one row per program, ROW_BYTES_PER_WARP of it per warp (ROW_WARPS_MEASURED where
+    measured otherwise); shorter rows take tiles of ROW_TILE_ELEMS, 16 elements per thread."""
+    x = torch.randn(64, n, device=DEV).to(dtype)
     oss.softmax(x, backend="triton")
-    assert K.last_launch()["path"] == "rows" and K.last_launch()["num_warps"] == warps
+    info = K.last_launch()
+    assert (info["path"], info["block_m"], info["num_warps"]) == ("rows", block_m, warps), info
 
 
 @pytest.mark.parametrize("dtype,n,prefetch", [(torch.float32, 1024, False), (torch.float32, 4096, True),
@@ -424,9 +456,10 @@ def test_logsumexp_long_rows_chunk():
             assert rec["chunk"] != K.LSE_CHUNK
 
 
-@pytest.mark.parametrize("dtype,prefetch", [(torch.bfloat16, True), (torch.float32, False)])
-def test_prefetching_loop_only_for_short_rows(dtype, prefetch):
-    x = torch.randn(64, 1024, device=DEV).to(dtype)
+@pytest.mark.parametrize("dtype,n,prefetch", [(torch.bfloat16, 512, True), (torch.bfloat16, 1024, False),
+                                              (torch.float32, 1024, False)])
+def test_prefetching_loop_only_for_short_rows(dtype, n, prefetch):
+    x = torch.randn(64, n, device=DEV).to(dtype)
     oss.softmax(x, backend="triton")
     assert K.last_launch()["path"] == "rows" and K.last_launch()["prefetch"] is prefetch
     torch.testing.assert_close(oss.softmax(x, backend="triton").float(), torch.softmax(x.float(), -1),
@@ -458,9 +491,6 @@ def test_gpu_coop_repeated_calls_and_streams():
     for _ in range(20):
         for x in xs:
             torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
-    # every launch leaves the exchange as it found it: reader counts and published words back to 0
-    ws = K._workspace(xs[0].device, 1, 1, torch.float32)
-    assert not ws[0].any() and not ws[4].any()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         y = oss.softmax(xs[1])
@@ -579,6 +609,25 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n", [(300, 4096), (300, 12672), (300, 32768), (300, 20000)])
+def test_gpu_smem_rows(dtype, m, n):
+    """16-bit rows of SMEM_ROWS lengths: one program holds the whole row in shared memory (no barrier). Against
+    fp64: rows holding ±inf / NaN / all -inf, strided rows, dim 0; x off a 16-byte boundary falls back."""
+    base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
+    base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
+    base[m - 1, 3] = float("-inf")
+    cases = [(base[:, :n], -1, True), (base[:, 16:n + 16], -1, True), (base[:, :n].t(), 0, True),
+             (base[:, 1:n + 1], -1, False)]
+    for x, dim, smem in cases:
+        for name in ("softmax", "log_softmax"):
+            out = FNS[name][0](x, dim)
+            info = K.last_launch()
+            assert (info["path"] == "rows" and info.get("kernel") == "smem" and info["chunks"] == 1) is smem, info
+            assert_matches_low_precision_eager(name, out, x, dim)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 4096, 4), (9, 50256, 2048, 2), (20, 262144, 8192, 4)])
@@ -639,8 +688,8 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
-sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32", SLOT="*i64")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False, SLOTS=True)
+sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False)
 k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
 print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,

@@ -56,12 +56,20 @@ ROW_TILE_ELEMS = 4096        # a `rows` tile holds about this many elements (BLO
                              # 94.1 % vs 86.8 % with 8192, bf16 N = 4K 93.7 % vs 79.8 %, fp32 N = 4K 93.3 % vs 94.0 %
 ROW_ELEMS_PER_THREAD = 16    # num_warps = tile elements / (32 * this), clamped to [4, 32]; 32 warps at
                              # N = 16K fp32 gave 94.6 % against 80 % with 16
-ROW_WARPS_MEASURED = {       # (element bytes, N) -> num_warps where one row per program measured better with 16:
-    (4, 4096): 16,           # 1 GiB tensors, two runs: fp32 97.6 / 97.4 % against 96.3 / 96.2 % with 8, and
-    (2, 16384): 16,          # bf16 91.8 / 91.6 % against 90.7 / 90.7 % with 32 (tune-gib1.log, tune-gib2.log)
+ONE_ROW_MIN_N = 1024         # rows this long: one row per program, ROW_BYTES_PER_WARP bytes of it per warp (32 B per
+ROW_BYTES_PER_WARP = 1024    # thread). 1 GiB, N = 1K: fp32 99.2 % (4 warps) against 96.8 % for 4 rows x 1K with 8
+                             # warps; bf16 99.3 % (2 warps) against 90.9 % for the prefetching loop; 16 B per thread
+                             # lost (fp32 8 warps 89.9 %, bf16 4 warps 91.1 %); 16 warps at fp32 N = 4K was measured
+                             # before (97.6 / 97.4 % against 96.3 / 96.2 % with 8: tune-gib1.log, tune-gib2.log)
+ROW_WARPS_MEASURED = {       # (element bytes, N) -> num_warps where one row per program measured better otherwise:
+    (2, 16384): 16,          # bf16 91.8 / 91.6 % against 90.7 / 90.7 % with 32 (rows that SMEM_ROWS cannot take)
 }
-PREFETCH_MAX_ROW_BYTES = 2048    # rows this short (bf16 N = 1K) run the persistent, prefetching loop:
-PREFETCH_TILE_ELEMS = 8192       # 87.9 % against 82.3 % without; longer rows lost 2-70 points with it
+SMEM_ROWS = ((4096, 16384, 4), (16385, 32768, 16))   # 16-bit rows of N in [lo, hi]: one program per row holding it in
+                             # shared memory (softmax_coop_smem_kernel with C = 1, no barrier), this many warps.
+                             # 1 GiB, bf16: N = 4K 97.7 % against 96.7 (rows), 16K 96.6 against 94.1, 32K 97.3 (16
+                             # warps; 8: 96.4, 4: 95.5) against 83.6 (bf16x2) (tune-gib-slots-c1d6159.log)
+PREFETCH_MAX_ROW_BYTES = 2048    # shorter rows (bf16 N < 1K, fp32 N <= 512) run the persistent, prefetching loop;
+PREFETCH_TILE_ELEMS = 8192       # at bf16 N = 1K it gave 87.9 % against 82.3 % for 4 rows per program
 PERSISTENT_WAVES = 2             # ... on a grid of this many programs per SM
 COOP_CHUNK = 8192            # long rows: elements per program in the coop path (large batch), 8 warps
 BF16X2_ROW_MAX_N = 16384     # rows the bf16x2 kernel can take (see _bf16x2_ok) longer than this, for many rows,
@@ -98,7 +106,6 @@ BWD_DECODE_CHUNK = 2048      # backward, few rows
 DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
-ROW_SLOTS = True             # forward coop kernels exchange (m_c, d_c) as self-flagging 64-bit words (_publish)
 BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
 BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
 BWD_COOP_CHUNK = 8192        # backward long rows, BWD_ELEMS_PER_THREAD (8 warps): 1 GiB, fp32 99.7 / 95.5 / 91.7 %
@@ -190,39 +197,6 @@ def _row_barrier(ARRIVE, GEN, row, C):
             pass
 
 
-@triton.jit
-def _publish(SLOT, pid, m_c, d_c):
-    """Publish (m_c, d_c) as one 64-bit word: d_c's bits with the sign bit set, then m_c's bits. A published
-    word is negative (d_c >= 0 or NaN, its sign bit is free), an unpublished one is 0: the word is its own flag,
-    so no fence and no atomic stand between the store and a sibling seeing it."""
-    hi = d_c.to(tl.int32, bitcast=True) | -2147483648
-    lo = m_c.to(tl.int32, bitcast=True).to(tl.int64) & 4294967295
-    tl.store(SLOT + pid, (hi.to(tl.int64) << 32) | lo)
-
-
-@triton.jit
-def _await_row(SLOT, row, C, k):
-    """Spin until the C words of `row` are all published, then (m, d) = ⊕_c (m_c, d_c). k: arange(C_POW2)."""
-    ptrs = SLOT + row * C + k
-    w = tl.load(ptrs, mask=k < C, other=-1, volatile=True)
-    while tl.max(w, axis=0) >= 0:                          # a sibling has not published yet
-        w = tl.load(ptrs, mask=k < C, other=-1, volatile=True)
-    pm = tl.where(k < C, (w & 4294967295).to(tl.int32).to(tl.float32, bitcast=True), float("-inf"))
-    pd = tl.where(k < C, ((w >> 32) & 2147483647).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-    m = tl.max(pm, axis=0)
-    d = tl.sum(pd * tl.where(pm == m, 1.0, tl.exp(pm - m)), axis=0)
-    return m, d
-
-
-@triton.jit
-def _release_row(SLOT, CNT, row, C, k):
-    """Count this program as done reading its row's words; the last of the C clears them (and the count) for the
-    next launch. Called last, so the atomic's round trip does not delay y."""
-    if tl.atomic_add(CNT + row, 1, sem="relaxed") == C - 1:
-        tl.store(SLOT + row * C + k, k.to(tl.int64) * 0, mask=k < C)
-        tl.store(CNT + row, 0)
-
-
 # ---- forward: rows in registers ---------------------------------------------------------------------
 @triton.jit
 def _load_rows(X, tile, M, N, INNER, so, si, sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
@@ -266,9 +240,9 @@ def softmax_rows_kernel(
 # ---- forward: a row cut into C chunks ------------------------------------------------------------------
 @triton.jit
 def softmax_chunks_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, SLOT, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-    FAST: tl.constexpr, SLOTS: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Program (row, c) owns chunk c of its row.
 
@@ -288,12 +262,9 @@ def softmax_chunks_kernel(
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
         m_c, d_c, e = _state(x, 0, FAST)
-        if PHASE == 0 and SLOTS:
-            _publish(SLOT, pid, m_c, d_c)
-        else:
-            tl.store(PART_M + pid, m_c)
-            tl.store(PART_D + pid, d_c)
-            tl.debug_barrier()
+        tl.store(PART_M + pid, m_c)
+        tl.store(PART_D + pid, d_c)
+        tl.debug_barrier()
     if PHASE == 1:
         if MODE == 2:
             if tl.atomic_add(ARRIVE + row, 1, sem="acq_rel") == C - 1:
@@ -301,19 +272,14 @@ def softmax_chunks_kernel(
                 m, d = _merge_row(PART_M, PART_D, row, C, k)
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
-        if PHASE == 0 and SLOTS:
-            m, d = _await_row(SLOT, row, C, k)
-        else:
-            if PHASE == 0:
-                _row_barrier(ARRIVE, GEN, row, C)                           # 2. wait for the row's chunks
-            m, d = _merge_row(PART_M, PART_D, row, C, k)                     # 3. (m, d) = ⊕_c (m_c, d_c)
+        if PHASE == 0:
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
+        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0, FAST)
         y = _normalise(x, e, m_c, m, d, MODE)                                # 4. y from registers
         y_off = _row_offsets(row, INNER, syo, syi) + cols.to(tl.int64) * syn
         tl.store(Y + y_off, y.to(Y.dtype.element_ty), mask=mask)            # write y
-        if PHASE == 0 and SLOTS:
-            _release_row(SLOT, ARRIVE, row, C, k)
 
 
 @triton.jit
@@ -369,8 +335,8 @@ def _pack_bf16x2(lo, hi):
 
 @triton.jit
 def softmax_coop_bf16x2_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, SLOT, N, INNER, sxo, sxi, syo, syi, C,
-    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, SLOTS: tl.constexpr,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
+    CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr,
 ):
     """The coop path for bf16 rows of unit stride and even N: x is read and held as int32 words of two
     elements, one register per two elements where fp32 e^(x - m_c) needs one per element, so a program
@@ -387,16 +353,11 @@ def softmax_coop_bf16x2_kernel(
     s_c = _shift(m_c)
     lo, hi = _bf16_halves(w, 1)
     d_c = tl.sum(_exp(lo - s_c, True) + _exp(hi - s_c, True), axis=0)
-    k = tl.arange(0, C_POW2)
-    if SLOTS:
-        _publish(SLOT, pid, m_c, d_c)
-        m, d = _await_row(SLOT, row, C, k)
-    else:
-        tl.store(PART_M + pid, m_c)
-        tl.store(PART_D + pid, d_c)
-        tl.debug_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)                                    # 2. wait for the row's chunks
-        m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
+    tl.store(PART_M + pid, m_c)
+    tl.store(PART_D + pid, d_c)
+    tl.debug_barrier()
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
+    m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
         s = _shift(m)
@@ -408,8 +369,6 @@ def softmax_coop_bf16x2_kernel(
         y_lo = lo - b                                                 # the difference is far below bf16's ulp)
         y_hi = hi - b
     tl.store(_word_row(Y, row, INNER, syo, syi) + words, _pack_bf16x2(y_lo, y_hi), mask=mask)   # write y
-    if SLOTS:
-        _release_row(SLOT, ARRIVE, row, C, k)
 
 
 # ---- backward ---------------------------------------------------------------------------------------
@@ -560,8 +519,7 @@ def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
     """
     rows, parts = max(rows, 1024), max(parts, 1 << 16)
     return stream_scratch(("softmax", dtype), device,
-                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype),
-                           (parts, torch.int64)))
+                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype)))
 
 
 class _Plan:
@@ -682,19 +640,25 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     # bf16x2 for many rows only: at decode sizes the generic kernel was 0.1-1.1 µs faster on 5 of 6 shapes and
     # 1.8 µs slower on one (32 x 262144), tune-bf16x2-f0cf1a3.log
     words = eligible and not _few_rows(M, sms)
-    path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, words=words)
+    smem_rows = _smem_rows_warps(M, N, x.element_size(), mode, sms)
+    smem_rows = smem_rows if smem_rows and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) else None
+    path = cfg.pop("path", None) or ("rows" if smem_rows else choose_path(M, N, sms, interpret, words=words))
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
+    if path == "rows" and cfg.pop("smem", smem_rows is not None):
+        return _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], "rows")
     if path == "rows":
         block_n = _pow2(N)
         row_bytes = block_n * x.element_size()
         lse_loop = mode == LOGSUMEXP and LSE_PREFETCH_MIN_ROW_BYTES <= row_bytes <= LSE_PREFETCH_MAX_ROW_BYTES
-        prefetch = cfg.pop("prefetch", row_bytes <= PREFETCH_MAX_ROW_BYTES or lse_loop)
-        tile = cfg.pop("tile", PREFETCH_TILE_ELEMS if prefetch else ROW_TILE_ELEMS)
+        one_row = N >= ONE_ROW_MIN_N and not lse_loop
+        prefetch = cfg.pop("prefetch", (row_bytes <= PREFETCH_MAX_ROW_BYTES and not one_row) or lse_loop)
+        tile = cfg.pop("tile", PREFETCH_TILE_ELEMS if prefetch else block_n if one_row else ROW_TILE_ELEMS)
         block_m = min(_pow2(M), max(1, tile // block_n))
-        measured = ROW_WARPS_MEASURED.get((x.element_size(), block_n)) if block_m == 1 else None
-        warps = cfg.pop("num_warps", measured or _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
+        measured = ROW_WARPS_MEASURED.get((x.element_size(), block_n))
+        warps = cfg.pop("num_warps", (measured or max(1, min(32, row_bytes // ROW_BYTES_PER_WARP))) if block_m == 1
+                        else _warps(block_m * block_n, ROW_ELEMS_PER_THREAD))
         tiles = triton.cdiv(M, block_m)
         waves = cfg.pop("waves", LSE_WAVES if mode == LOGSUMEXP else PERSISTENT_WAVES)
         grid = min(tiles, waves * sms) if prefetch else tiles
@@ -722,18 +686,15 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     options = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
     record = dict(path=path, kernel="bf16x2" if bf16x2 else "chunks", chunk=chunk, chunks=C, num_warps=warps,
                   grid=M * C, **options)
-    slots = cfg.pop("slots", ROW_SLOTS)
-    record["slots"] = slots
-    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN, SLOT
-    workspace = (M, M * C, part_dtype, (2, 3, 0, 1, 4))
+    # workspace order in the kernels: PART_M, PART_D, ARRIVE, GEN
+    workspace = (M, M * C, part_dtype, (2, 3, 0, 1))
     if bf16x2:
-        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, SLOTS=slots, num_warps=warps, **options)
+        meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, num_warps=warps, **options)
         return _Plan(path, [BoundKernel(softmax_coop_bf16x2_kernel, (M * C,), meta)],
                      (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
     if mode == LOGSUMEXP:
         path = record["path"] = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, SLOTS=slots,
-                num_warps=warps, **options)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 
@@ -759,29 +720,38 @@ def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: b
     return SMEM_CONFIG.get(elem_bytes)
 
 
-def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int, warps: int) -> tuple[int, int, int, int]:
-    """(chunk, C, vec, warps) of a shared-memory coop plan: the chunk a whole number of sub-tiles (one 16-byte
-    copy per thread each); ``cfg`` may override chunk and warps."""
+def _smem_rows_warps(M: int, N: int, elem_bytes: int, mode: int, sms: int) -> int | None:
+    """Warps of the shared-memory kernel holding a whole 16-bit row (SMEM_ROWS), or None: other dtypes and lengths,
+    logsumexp, and decode sizes (the coop path's)."""
+    if elem_bytes != 2 or mode == LOGSUMEXP or (_few_rows(M, sms) and N > DECODE_MIN_N):
+        return None
+    return next((warps for lo, hi, warps in SMEM_ROWS if lo <= N <= hi), None)
+
+
+def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int | None, warps: int) -> tuple[int, int, int, int]:
+    """(chunk, C, vec, warps) of a shared-memory plan: the chunk a whole number of sub-tiles (one 16-byte copy per
+    thread each), the whole row when ``chunk`` is None; ``cfg`` may override chunk and warps."""
     warps = cfg.pop("num_warps", warps)
     vec = 16 // elem_bytes
     sub = vec * 32 * warps
-    chunk = max(sub, cfg.pop("chunk", chunk) // sub * sub)
+    chunk = cfg.pop("chunk", chunk)
+    chunk = triton.cdiv(N, sub) * sub if chunk is None else max(sub, chunk // sub * sub)
     return chunk, triton.cdiv(N, chunk), vec, warps
 
 
-def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps) -> _Plan | None:
-    """The forward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS."""
+def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop") -> _Plan | None:
+    """The forward's shared-memory plan (``rows``: one chunk per row, no barrier), or None where a row would need
+    more than COOP_MAX_CHUNKS."""
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
     if C > COOP_MAX_CHUNKS:
         return None
-    slots = cfg.pop("slots", ROW_SLOTS)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
-                SLOTS=slots, num_warps=warps)
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, slots=slots)
-    return _Plan("coop", [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
-                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1, 4)), record)
+                num_warps=warps)
+    record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
+                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:

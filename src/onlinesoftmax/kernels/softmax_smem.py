@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _await_row, _exp, _grad, _publish, _release_row, _row_barrier, _row_offsets, _shift
+from .softmax import _exp, _grad, _row_barrier, _row_offsets, _shift
 
 
 @gluon.jit
@@ -47,9 +47,9 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 
 @gluon.jit
 def softmax_coop_smem_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, SLOT, N, INNER, sxo, sxi, syo, syi, C,
+    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, SLOTS: gl.constexpr,
+    EVEN: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer)."""
@@ -79,19 +79,17 @@ def softmax_coop_smem_kernel(
     for s in range(S):
         dv += _exp(_sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN) - sh_c, True)
     d_c = gl.sum(dv, axis=0)
-    # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c)
-    k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c); a row of one chunk (the
+    #    `rows` path's 16-bit rows, SMEM_ROWS) has its state already
     if C_POW2 == 1:
         m = m_c
         d = d_c
-    elif SLOTS:
-        _publish(SLOT, pid, m_c, d_c)
-        m, d = _await_row(SLOT, row, C, k)
     else:
         gl.store(PART_M + pid, m_c)
         gl.store(PART_D + pid, d_c)
         gl.thread_barrier()
         _row_barrier(ARRIVE, GEN, row, C)
+        k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
         # kernels/softmax.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
         # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
         pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
@@ -115,8 +113,6 @@ def softmax_coop_smem_kernel(
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty))
         else:
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
-    if C_POW2 > 1 and SLOTS:
-        _release_row(SLOT, ARRIVE, row, C, k)
 
 
 @gluon.jit
