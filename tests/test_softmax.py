@@ -408,11 +408,11 @@ def test_op_runs_the_chosen_path(m, n, path):
 
 @pytest.mark.parametrize("dtype,n,block_m,warps", [
     (torch.float32, 4096, 1, 16), (torch.float32, 1024, 1, 4), (torch.bfloat16, 1024, 1, 2),
-    (torch.bfloat16, 16384, 1, 16), (torch.float32, 16384, 1, 32), (torch.float32, 512, 8, 8),
+    (torch.bfloat16, 16384, 1, 16), (torch.float32, 16384, 1, 32), (torch.float32, 512, 16, 16),
 ])
 def test_rows_warps(dtype, n, block_m, warps):
     """From ONE_ROW_MIN_N one row per program, ROW_BYTES_PER_WARP of it per warp (ROW_WARPS_MEASURED where
-    measured otherwise); shorter rows take tiles of ROW_TILE_ELEMS, 16 elements per thread."""
+    measured otherwise); rows of at most 2 KB below it take the prefetching loop's tiles of PREFETCH_TILE_ELEMS."""
     x = torch.randn(64, n, device=DEV).to(dtype)
     oss.softmax(x, backend="triton")
     info = K.last_launch()
