@@ -182,7 +182,7 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_barrier(ARRIVE, GEN, row, C):
+def _row_barrier(ARRIVE, GEN, row, C, SLEEP: tl.constexpr = 0):
     """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
     that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
     gen = tl.atomic_add(GEN + row, 0, sem="acquire")
@@ -194,7 +194,9 @@ def _row_barrier(ARRIVE, GEN, row, C):
         # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
         # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
         while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
-            pass
+            if SLEEP > 0:
+                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, $1;", "=r,r", [gen * 0 + SLEEP],
+                                          dtype=tl.int32, is_pure=False, pack=1)
 
 
 # ---- forward: rows in registers ---------------------------------------------------------------------
@@ -748,7 +750,7 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop
     if C > COOP_MAX_CHUNKS:
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
-                num_warps=warps)
+                SLEEP=cfg.pop("sleep", 0), num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
