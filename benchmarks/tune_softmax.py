@@ -382,7 +382,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         m = GIB // (1024 * 2)
         bsets, bref, nb3 = bwd_baseline(m, 1024, torch.bfloat16)
-        for name, cfg in (("tile=4096 w=8", {"tile": 4096, "num_warps": 8}), ("tile=4096 w=16", {"tile": 4096, "num_warps": 16}),
+        for name, cfg in (("tile=4096 w=8", {"tile": 4096, "num_warps": 8}),
+                          ("tile=4096 w=16", {"tile": 4096, "num_warps": 16}),
                           ("tile=8192 w=16", {"tile": 8192, "num_warps": 16}), ("waves=8", {"waves": 8}),
                           ("tile=2048 w=16", {"tile": 2048, "num_warps": 16})):
             record("bwd", m, 1024, torch.bfloat16, name, bwd_variant(cfg), bsets, nb3, bref)
