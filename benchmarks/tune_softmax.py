@@ -371,24 +371,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_rows2")
         return
-    if gib == "sleep":    # long rows: the barrier's pollers sleep between polls (nanosleep), fewer L2 atomics
-        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 65536),
-                         (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
-            size = torch.finfo(dtype).bits // 8
-            m = GIB // (n * size)
-            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            for ns in (100, 300, 1000):
-                record("fwd", m, n, dtype, f"sleep {ns} ns", fwd_variant({"path": "coop", "sleep": ns}), sets, nb, ref)
-            del sets
-        m = GIB // (1024 * 2)
-        bsets, bref, nb3 = bwd_baseline(m, 1024, torch.bfloat16)
-        for name, cfg in (("tile=4096 w=8", {"tile": 4096, "num_warps": 8}),
-                          ("tile=4096 w=16", {"tile": 4096, "num_warps": 16}),
-                          ("tile=8192 w=16", {"tile": 8192, "num_warps": 16}), ("waves=8", {"waves": 8}),
-                          ("tile=2048 w=16", {"tile": 2048, "num_warps": 16})):
-            record("bwd", m, 1024, torch.bfloat16, name, bwd_variant(cfg), bsets, nb3, bref)
-        save("tune_gib_sleep")
-        return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):
             size = torch.finfo(dtype).bits // 8

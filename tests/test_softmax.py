@@ -429,6 +429,19 @@ def test_logsumexp_prefetches_rows_of_16_to_64_kb(dtype, n, prefetch):
     torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1).to(dtype))
 
 
+@pytest.mark.parametrize("dtype,block_m,warps", [(torch.bfloat16, 8, 16), (torch.float32, 2, 8)])
+def test_backward_rows_tile(dtype, block_m, warps):
+    """Backward `rows` at N = 1K: 16-bit tiles of BWD_ROWS_MEASURED (8 rows, 16 warps), fp32 2 rows with 8 warps."""
+    x = torch.randn(64, 1024, device=DEV).to(dtype).requires_grad_()
+    g = torch.randn(64, 1024, device=DEV).to(dtype)
+    oss.softmax(x, backend="triton").backward(g)
+    rec = K.last_launch()
+    assert (rec["path"], rec["block_m"], rec["num_warps"]) == ("rows", block_m, warps), rec
+    x2 = x.detach().float().requires_grad_()
+    torch.softmax(x2, -1).backward(g.float())
+    torch.testing.assert_close(x.grad.float(), x2.grad, atol=1e-2 if dtype == torch.bfloat16 else 1e-6, rtol=1e-2)
+
+
 def test_backward_long_rows_chunk():
     """Many long rows: the backward holds BWD_COOP_CHUNK elements of y and dy per program, 8 warps."""
     m = K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1
@@ -689,7 +702,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False, SLEEP=0)
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False)
 k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
 print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,

@@ -107,7 +107,10 @@ DECODE_MAX_ROWS_PER_SM = 2   # "few rows": M <= this x SMs, and N > DECODE_MIN_N
 DECODE_MIN_N = 16384
 COOP_MAX_CHUNKS = 128        # chunks of one row that must be resident together
 BWD_WAVES = 4                # backward `rows`: grid-stride grid of at most this many programs per SM
-BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size
+BWD_CHUNK_SCALE = 2          # backward holds y and dy: `rows` tiles half the forward size, except
+BWD_ROWS_MEASURED = {        # (element bytes, BLOCK_N) -> (tile elements, warps) measured better: 1 GiB, bf16 N = 1K
+    (2, 1024): (8192, 16),   # 97.0 % against 89.5 % (2048, 8 warps); (4096, 8) 95.9, (4096, 16) 83.4; fp32 N = 1K
+}                            # lost with 4096 (89.4 against 97.5 %) (tune-gib-sleep-204a00a.log, tune-gib-bwd.log)
 BWD_COOP_CHUNK = 8192        # backward long rows, BWD_ELEMS_PER_THREAD (8 warps): 1 GiB, fp32 99.7 / 95.5 / 91.7 %
 BWD_ELEMS_PER_THREAD = 32    # at N = 32K / 128K / 256K against 95.0 / 91.2 / 85.9 % with 4096 (8 warps), bf16
                              # 82.8 / 80.4 / 76.9 against 73.3 / 72.4 / 69.0 %; 8192 with 16 warps lost 4-20
@@ -182,7 +185,7 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_barrier(ARRIVE, GEN, row, C, SLEEP: tl.constexpr = 0):
+def _row_barrier(ARRIVE, GEN, row, C):
     """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
     that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
     gen = tl.atomic_add(GEN + row, 0, sem="acquire")
@@ -194,9 +197,7 @@ def _row_barrier(ARRIVE, GEN, row, C, SLEEP: tl.constexpr = 0):
         # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
         # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
         while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
-            if SLEEP > 0:
-                tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, $1;", "=r,r", [gen * 0 + SLEEP],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+            pass
 
 
 # ---- forward: rows in registers ---------------------------------------------------------------------
@@ -750,7 +751,7 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop
     if C > COOP_MAX_CHUNKS:
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
-                SLEEP=cfg.pop("sleep", 0), num_warps=warps)
+                num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
@@ -810,8 +811,10 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, backward=True)
     if path == "rows":
         block_n = _pow2(N)
-        block_m = min(_pow2(M), max(1, cfg.pop("tile", ROW_TILE_ELEMS // BWD_CHUNK_SCALE) // block_n))
-        warps = cfg.pop("num_warps", min(16, _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE)))
+        tile, warps = BWD_ROWS_MEASURED.get((dtypes[0].itemsize, block_n), (ROW_TILE_ELEMS // BWD_CHUNK_SCALE, None))
+        block_m = min(_pow2(M), max(1, cfg.pop("tile", tile) // block_n))
+        warps = warps or min(16, _warps(block_m * block_n, ROW_ELEMS_PER_THREAD // BWD_CHUNK_SCALE))
+        warps = cfg.pop("num_warps", warps)
         grid = min(triton.cdiv(M, block_m), cfg.pop("waves", BWD_WAVES) * sms)
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **types)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)

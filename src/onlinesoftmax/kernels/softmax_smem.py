@@ -49,7 +49,7 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, SLEEP: gl.constexpr,
+    EVEN: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer)."""
@@ -88,7 +88,7 @@ def softmax_coop_smem_kernel(
         gl.store(PART_M + pid, m_c)
         gl.store(PART_D + pid, d_c)
         gl.thread_barrier()
-        _row_barrier(ARRIVE, GEN, row, C, SLEEP)
+        _row_barrier(ARRIVE, GEN, row, C)
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
         # kernels/softmax.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
         # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
