@@ -521,10 +521,10 @@ def test_gpu_coop_repeated_calls_and_streams():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,kernel", [(4096, None), (131072, "smem")])
+@pytest.mark.parametrize("n,kernel", [(1024, None), (4096, "smem"), (131072, "smem")])
 def test_gpu_more_than_2_31_elements(n, kernel):
-    """Offsets past 2^31: 2^31 + 3 rows of bf16 elements; check the rows beyond the 32-bit boundary (N = 4096:
-    rows path; N = 131072: the shared-memory coop kernel)."""
+    """Offsets past 2^31: 2^31 + 3 rows of bf16 elements; check the rows beyond the 32-bit boundary (N = 1024:
+    rows path in registers; N = 4096: a whole row in shared memory; N = 131072: the shared-memory coop kernel)."""
     m = (1 << 31) // n + 3
     x = torch.empty(m, n, device="cuda", dtype=torch.bfloat16).normal_()
     y = oss.softmax(x)
