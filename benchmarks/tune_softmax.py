@@ -371,30 +371,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_rows2")
         return
-    if gib == "hoist":    # the row barrier's generation read issued with the loads, ARRIVE reset after the release
-        old = {"hoist": False}
-        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 65536),
-                         (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
-            size = torch.finfo(dtype).bits // 8
-            m = GIB // (n * size)
-            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            record("fwd", m, n, dtype, "old barrier", fwd_variant({"path": "coop", **old}), sets, nb, ref)
-            record("fwd", m, n, dtype, "default again", fwd_variant(None), sets, nb, ref)
-            if size == 4:
-                record("fwd", m, n, dtype, "registers", fwd_variant({"path": "coop", "smem": False}), sets, nb, ref)
-                record("fwd", m, n, dtype, "registers old", fwd_variant({"path": "coop", "smem": False, **old}),
-                       sets, nb, ref)
-            del sets
-        for dtype in (torch.float32, torch.bfloat16):
-            for m in (1, 8, 32):
-                for n in (128256, 151936, 262144):
-                    x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
-                    for name, fn in (("hoisted", fwd_variant(None)), ("old barrier", fwd_variant(old))):
-                        torch.testing.assert_close(fn(x), torch.softmax(x, -1))
-                        graph_and_overhead(m, n, dtype, name, fn, x)
-        with open(f"{out_dir}/tune_gib_hoist.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows, "graph": GRAPH_ROWS}, f, indent=1)
-        return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):
             size = torch.finfo(dtype).bits // 8

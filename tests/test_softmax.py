@@ -704,7 +704,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False, HOIST=True)
+const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False)
 k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
 ptx = k.asm["ptx"]
 print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,

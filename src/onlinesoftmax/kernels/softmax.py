@@ -185,36 +185,17 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_generation(GEN, row):
-    """The row barrier's first step, issued right after the chunk's loads so that its round trip overlaps them:
-    the row's generation before this program arrives (only the row's last arrival in this launch moves it)."""
-    return tl.atomic_add(GEN + row, 0, sem="acquire")
-
-
-@triton.jit
-def _row_barrier(ARRIVE, GEN, row, C, gen):
+def _row_barrier(ARRIVE, GEN, row, C):
     """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
-    that persist across launches: the last to arrive bumps GEN (releasing the row) and then resets ARRIVE, which
-    only the next launch reads; the others spin on GEN until it leaves ``gen`` (_row_generation)."""
-    arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
-    if arrived == C - 1:
-        tl.atomic_add(GEN + row, 1, sem="release")
-        tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
-    else:
-        # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
-        # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
-        while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
-            pass
-
-
-@triton.jit
-def _row_barrier_old(ARRIVE, GEN, row, C):
+    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
     gen = tl.atomic_add(GEN + row, 0, sem="acquire")
     arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
     if arrived == C - 1:
         tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
         tl.atomic_add(GEN + row, 1, sem="release")
     else:
+        # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
+        # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
         while tl.atomic_add(GEN + row, 0, sem="acquire") == gen:
             pass
 
@@ -264,7 +245,7 @@ def softmax_rows_kernel(
 def softmax_chunks_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, sxn, syo, syi, syn, C,
     CHUNK: tl.constexpr, C_POW2: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr, ACC: tl.constexpr,
-    FAST: tl.constexpr, HOIST: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Program (row, c) owns chunk c of its row.
 
@@ -280,8 +261,6 @@ def softmax_chunks_kernel(
     mask = cols < N
     x_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
     x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)          # read x
-    if PHASE == 0 and HOIST:
-        gen = _row_generation(GEN, row)
     k = tl.arange(0, C_POW2)
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
@@ -297,10 +276,7 @@ def softmax_chunks_kernel(
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
         if PHASE == 0:
-            if HOIST:
-                _row_barrier(ARRIVE, GEN, row, C, gen)                      # 2. wait for the row's chunks
-            else:
-                _row_barrier_old(ARRIVE, GEN, row, C)
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0, FAST)
@@ -374,7 +350,6 @@ def softmax_coop_bf16x2_kernel(
     pid, row, words, mask = _chunk_words(N, C, CHUNK)
     # read x; padding 0xFF80FF80 = (-inf, -inf)
     w = tl.load(_word_row(X, row, INNER, sxo, sxi) + words, mask=mask, other=-8323200)
-    gen = _row_generation(GEN, row)
     # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
     lo, hi = _bf16_halves(w, 0)
     m_c = tl.max(tl.maximum(lo, hi), axis=0)
@@ -384,7 +359,7 @@ def softmax_coop_bf16x2_kernel(
     tl.store(PART_M + pid, m_c)
     tl.store(PART_D + pid, d_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C, gen)                                   # 2. wait for the row's chunks
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
     m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
@@ -463,14 +438,12 @@ def softmax_bwd_chunks_kernel(
     c64 = cols.to(tl.int64)
     y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(ACC)
     dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(ACC)
-    if PHASE == 0:
-        gen = _row_generation(GEN, row)
     if PHASE != 2:
         tl.store(PART + pid, _grad_sum(y, dy, 0, LOG, SUM))                 # 1. publish s_c
         tl.debug_barrier()
     if PHASE != 1:
         if PHASE == 0:
-            _row_barrier(ARRIVE, GEN, row, C, gen)                          # 2. wait for the row
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
         k = tl.arange(0, C_POW2)
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
@@ -489,7 +462,6 @@ def softmax_bwd_coop_bf16x2_kernel(
     # read y and dy; padding 0 = (+0.0, +0.0) adds nothing to either sum
     yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)
     dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
-    gen = _row_generation(GEN, row)
     dy_lo, dy_hi = _bf16_halves(dw, 0)                                       # 1. publish s_c
     if LOG:
         s_c = tl.sum(dy_lo + dy_hi, axis=0)
@@ -498,7 +470,7 @@ def softmax_bwd_coop_bf16x2_kernel(
         s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
     tl.store(PART + pid, s_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C, gen)                                   # 2. wait for the row
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row
     k = tl.arange(0, C_POW2)
     s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
     y_lo, y_hi = _bf16_halves(yw, 1)                                         # 4. dx, unpacking y and dy again
@@ -725,8 +697,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                      (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
     if mode == LOGSUMEXP:
         path = record["path"] = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, HOIST=cfg.pop("hoist", True),
-                num_warps=warps, **options)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 
@@ -780,7 +751,7 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop
     if C > COOP_MAX_CHUNKS:
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
-                HOIST=cfg.pop("hoist", True), num_warps=warps)
+                num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)

@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _exp, _grad, _row_barrier, _row_barrier_old, _row_generation, _row_offsets, _shift
+from .softmax import _exp, _grad, _row_barrier, _row_offsets, _shift
 
 
 @gluon.jit
@@ -49,7 +49,7 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, HOIST: gl.constexpr,
+    EVEN: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer)."""
@@ -68,8 +68,6 @@ def softmax_coop_smem_kernel(
         else:
             cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
         cp.commit_group()
-    if C_POW2 > 1 and HOIST:
-        gen = _row_generation(GEN, row)
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
     for s in gl.static_range(S):
@@ -90,10 +88,7 @@ def softmax_coop_smem_kernel(
         gl.store(PART_M + pid, m_c)
         gl.store(PART_D + pid, d_c)
         gl.thread_barrier()
-        if HOIST:
-            _row_barrier(ARRIVE, GEN, row, C, gen)
-        else:
-            _row_barrier_old(ARRIVE, GEN, row, C)
+        _row_barrier(ARRIVE, GEN, row, C)
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
         # kernels/softmax.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
         # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
@@ -147,7 +142,6 @@ def softmax_bwd_coop_smem_kernel(
             cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs, mask=start + s * SUB + offs < N)
             cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs, mask=start + s * SUB + offs < N)
         cp.commit_group()
-    gen = _row_generation(GEN, row)
     # 1. s_c, each sub-tile as soon as it has landed
     sv = gl.zeros([SUB], SUM, L)
     for s in gl.static_range(S):
@@ -160,7 +154,7 @@ def softmax_bwd_coop_smem_kernel(
     gl.store(PART + pid, gl.sum(sv, axis=0))
     gl.thread_barrier()
     # 2. s = sum_c s_c
-    _row_barrier(ARRIVE, GEN, row, C, gen)
+    _row_barrier(ARRIVE, GEN, row, C)
     k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
     # 3. dx = y·(dy - s)  or  dy - e^y·s
