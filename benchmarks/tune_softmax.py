@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (1, 2, lse, bwd, bwd16, smem)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (sets: GIB_SWEEPS and the `gib ==` ones)
 """
 
 from __future__ import annotations
@@ -273,32 +273,15 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del bsets, bref
         save("tune_gib_smem")
         return
-    if gib == "slots":    # the (m_c, d_c) exchange as self-flagging words (_publish) against the ARRIVE/GEN barrier
-        old = {"slots": False}
+    if gib == "rows1":    # rows held whole: one row per program at N = 1K, 16-bit rows in shared memory (C = 1). Run
+        # at c1d6159 as set "slots", which also timed a since-reverted exchange of (m_c, d_c) (tune-gib-slots-*.log)
         sweep = {
-            (torch.float32, 131072): {"old barrier": old, "smem 8192 w=4": {"chunk": 8192, "num_warps": 4},
-                                      "smem 16384 w=4": {"chunk": 16384, "num_warps": 4},
-                                      "smem 16384 w=8": {"chunk": 16384, "num_warps": 8},
-                                      "registers": {"smem": False}, "registers old": {"smem": False, **old}},
-            (torch.float32, 262144): {"old barrier": old, "smem 8192 w=4": {"chunk": 8192, "num_warps": 4},
-                                      "smem 16384 w=4": {"chunk": 16384, "num_warps": 4},
-                                      "registers": {"smem": False}},
-            (torch.bfloat16, 131072): {"old barrier": old, "smem 4096 w=2": {"chunk": 4096, "num_warps": 2},
-                                       "smem 16384 w=4": {"chunk": 16384, "num_warps": 4},
-                                       "smem 16384 w=2": {"chunk": 16384, "num_warps": 2},
-                                       "bf16x2": {"smem": False}, "bf16x2 old": {"smem": False, **old}},
-            (torch.bfloat16, 262144): {"old barrier": old, "smem 4096 w=2": {"chunk": 4096, "num_warps": 2},
-                                       "smem 16384 w=4": {"chunk": 16384, "num_warps": 4}},
-            (torch.bfloat16, 65536): {"old barrier": old, "smem 4096 w=2": {"chunk": 4096, "num_warps": 2}},
-            (torch.bfloat16, 32768): {"bf16x2 old": old, "bf16x2 maxnreg=32": {"maxnreg": 32},
-                                      "smem 8192 w=2": {"smem": True, "chunk": 8192, "num_warps": 2},
-                                      "smem C=1 w=4": {"smem": True, "chunk": 32768, "num_warps": 4},
+            (torch.bfloat16, 32768): {"smem C=1 w=4": {"smem": True, "chunk": 32768, "num_warps": 4},
                                       "smem C=1 w=8": {"smem": True, "chunk": 32768, "num_warps": 8},
                                       "smem C=1 w=16": {"smem": True, "chunk": 32768, "num_warps": 16}},
             (torch.bfloat16, 16384): {"smem C=1 w=4": {"path": "coop", "smem": True, "chunk": 16384, "num_warps": 4},
                                       "smem C=1 w=8": {"path": "coop", "smem": True, "chunk": 16384, "num_warps": 8},
-                                      "smem C=1 w=2": {"path": "coop", "smem": True, "chunk": 16384, "num_warps": 2},
-                                      "smem 8192 w=2": {"path": "coop", "smem": True, "chunk": 8192, "num_warps": 2}},
+                                      "smem C=1 w=2": {"path": "coop", "smem": True, "chunk": 16384, "num_warps": 2}},
             (torch.float32, 16384): {"smem C=1 w=8": {"path": "coop", "smem": True, "chunk": 16384, "num_warps": 8}},
             (torch.bfloat16, 4096): {"smem C=1 w=2": {"path": "coop", "smem": True, "chunk": 4096, "num_warps": 2},
                                      "smem C=1 w=4": {"path": "coop", "smem": True, "chunk": 4096, "num_warps": 4}},
@@ -316,19 +299,10 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             m = GIB // (n * size)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
             for name, cfg in variants.items():
-                cfg = cfg if "path" in cfg or n <= K.ROW_MAX_N and "smem" not in cfg else {"path": "coop", **cfg}
+                cfg = cfg if "path" in cfg or "smem" not in cfg else {"path": "coop", **cfg}
                 record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
             del sets
-        for dtype in (torch.float32, torch.bfloat16):       # decode: GPU time by graph replay, both exchanges
-            for m in (1, 8, 32):
-                for n in (128256, 151936, 262144):
-                    x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
-                    for name, fn in (("torch", lambda x: torch.softmax(x, -1)), ("slots", fwd_variant(None)),
-                                     ("old barrier", fwd_variant(old))):
-                        torch.testing.assert_close(fn(x), torch.softmax(x, -1))
-                        graph_and_overhead(m, n, dtype, name, fn, x)
-        with open(f"{out_dir}/tune_gib_slots.json", "w") as f:
-            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "rows": rows, "graph": GRAPH_ROWS}, f, indent=1)
+        save("tune_gib_rows1")
         return
     if gib == "rows2":    # after one row per program (ONE_ROW_MIN_N) and SMEM_ROWS: logsumexp and backward at N = 1K,
         # long rows with larger shared-memory chunks, log-softmax on the new paths
