@@ -6,7 +6,7 @@ against torch before timing. Prints a table and writes JSON to the folder given 
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT          # the whole sweep
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT long     # forward long rows only: coop chunk x warps
     PYTHONPATH=src python benchmarks/tune_softmax.py $OUT bf16x2   # bf16 coop: packed-word kernel vs generic
-    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors (sets: GIB_SWEEPS and the `gib ==` ones)
+    PYTHONPATH=src python benchmarks/tune_softmax.py $OUT gib 1    # 1 GiB tensors: GIB_SWEEPS and the `gib ==` sets
 """
 
 from __future__ import annotations
