@@ -11,9 +11,12 @@ views run without a copy. Offsets are 64-bit.
 Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice):
 
 ``rows``   N <= ROW_MAX_N. A tile of BLOCK_M rows x BLOCK_N columns sits in registers: one read of x, one
-           write of y (the seed's V3), several rows per program for small N. For the shortest rows a
-           persistent grid-stride loop over tiles (the seed's V4) that loads the next tile while the current
-           one is reduced and written; elsewhere one tile per program measured faster.
+           write of y (the seed's V3); from ONE_ROW_MIN_N one row per program, 32 bytes of it per thread. For
+           rows of at most 2 KB below that, a persistent grid-stride loop over tiles (the seed's V4) that loads
+           the next tile while the current one is reduced and written; elsewhere one tile per program measured
+           faster. 16-bit rows of SMEM_ROWS lengths (unit stride, 16-byte aligned) are held whole in shared memory
+           instead: ``softmax_coop_smem_kernel`` with one chunk per row, which skips the barrier (3 rows of 32K
+           per SM against 2 in registers).
 ``coop``   N > ROW_MAX_N, or few rows of large N (decode). Each row is cut into C chunks, one program per chunk
            holding it in registers. Every program publishes its chunk's (m_c, d_c), waits at a per-row barrier
            in global memory until its row's C siblings have published, merges the C partial states with ⊕ and

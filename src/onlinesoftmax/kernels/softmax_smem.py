@@ -12,6 +12,10 @@ Measured (H200, 1 GiB per tensor, one run each, benchmarks/results/softmax/tune-
 256K 92.5 / 89.9 % of the copy ceiling against 86.8 / 82.0 % for the register kernel; bf16 85.0 / 84.0 % against
 78.4 / 75.3 % for the bf16x2 kernel.
 
+The `rows` path runs the same kernel with one chunk per row (C = 1: step 2 is skipped, no barrier) for 16-bit
+rows of 4K-32K elements (kernels/softmax.py: SMEM_ROWS): bf16 96.4-97.8 % of the copy ceiling against 83.6-96.7 %
+for the register kernels (benchmarks/results/softmax/tune-gib-slots-c1d6159.log, bench-d1ae531.log).
+
 Steps, in the paper's notation, for chunk c of CHUNK = S x SUB elements:
     0. cp.async the S sub-tiles into shared memory, one commit group each;
     1. m_c = max_j x_j as the sub-tiles land, then d_c = sum_j e^(x_j - m_c) (a second pass over shared memory);
