@@ -653,7 +653,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
     if path == "rows" and cfg.pop("smem", smem_rows is not None):
-        return _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], "rows")
+        plan = _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], "rows")
+        if plan is not None:
+            return plan
     if path == "rows":
         block_n = _pow2(N)
         row_bytes = block_n * x.element_size()
@@ -756,8 +758,9 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
                 num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
-                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (M, M * C, torch.float32, (2, 3, 0, 1)), record)
+                 (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
