@@ -345,6 +345,27 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_rows2")
         return
+    if gib == "decode":   # not run yet: decode sizes through the shared-memory coop kernel (SMEM_CONFIG stops at
+        # few rows: never measured there). At M = 32 the whole problem fits the GPU's shared memory at once.
+        for dtype in (torch.float32, torch.bfloat16):
+            for m in (1, 8, 32):
+                for n in (128256, 151936, 262144):
+                    x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
+                    variants = {"torch": lambda x: torch.softmax(x, -1), "default": fwd_variant(None)}
+                    for c in (2048, 4096, 8192):
+                        for w in (2, 4):
+                            variants[f"smem chunk={c} w={w}"] = fwd_variant(
+                                {"path": "coop", "smem": True, "chunk": c, "num_warps": w})
+                    for name, fn in variants.items():
+                        try:
+                            torch.testing.assert_close(fn(x), torch.softmax(x, -1))
+                        except Exception as e:  # a variant that cannot run here is reported, not fatal
+                            print(f"grf  {m:>6}x{n:<7} {str(dtype)[6:]:9} {name:34} FAILED {type(e).__name__}")
+                            continue
+                        graph_and_overhead(m, n, dtype, name, fn, x)
+        with open(f"{out_dir}/tune_gib_decode.json", "w") as f:
+            json.dump({"env": env, "copy_ceiling_gbps": ceiling, "graph": GRAPH_ROWS}, f, indent=1)
+        return
     if gib == "lse":      # logsumexp (reads x, writes M values): the persistent prefetching loop, chunk sizes
         for dtype in (torch.float32, torch.bfloat16):
             size = torch.finfo(dtype).bits // 8
