@@ -35,7 +35,7 @@ COPY_GBPS = 4281          # measured copy ceiling (ANCHORS.md)
 REGS_PER_SM, MAX_WARPS_PER_SM, MAX_PROGRAMS_PER_SM = 65536, 64, 32
 GIB = 1 << 30
 PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64",
-       torch.int32: "*i32", torch.int64: "*i64"}
+       torch.int32: "*i32"}
 
 
 def compile_launch(fn, args: tuple, meta: dict):
