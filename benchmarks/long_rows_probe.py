@@ -1,7 +1,12 @@
-"""Probe: long rows on thread-block clusters (kernels/softmax_cluster.py) against the library's default path,
-torch.softmax and the copy ceiling, one run, 1 GiB per tensor. Each variant is checked against torch first.
+"""Probe: two designs for many long rows against the library's default path, torch.softmax and the copy
+ceiling, one run, 1 GiB per tensor. Each variant is checked against torch first.
 
-    PYTHONPATH=src python benchmarks/cluster_probe.py $OUT
+- ``cluster``: one thread-block cluster per row, chunks in registers, hardware cluster barrier
+  (kernels/softmax_cluster.py; run b753976: 55-85 % of copy, below the smem coop kernel: SHAPES_CLUSTER).
+- ``lag``: no waiting on the SM; program q reads chunk q (pass 1) and finishes chunk q - LAG from L2
+  (kernels/softmax_lag.py).
+
+    PYTHONPATH=src python benchmarks/long_rows_probe.py $OUT [cluster]
 """
 
 from __future__ import annotations
@@ -15,15 +20,42 @@ from triton.testing import do_bench
 import onlinesoftmax as oss
 from onlinesoftmax.bench.harness import copy_ceiling_gbps, environment
 from onlinesoftmax.kernels.softmax_cluster import cluster_regs_layouts, softmax_cluster_regs_kernel
+from onlinesoftmax.kernels.softmax_lag import softmax_lag_kernel
 
 GIB = 1 << 30
-SHAPES = {   # (dtype, N) -> [(C, CHUNK, warps)]
+SHAPES_CLUSTER = {   # (dtype, N) -> [(C, CHUNK, warps)]
     (torch.float32, 131072): [(16, 8192, 4), (16, 8192, 8), (16, 8192, 16), (8, 16384, 8), (8, 16384, 16)],
     (torch.float32, 262144): [(16, 16384, 8), (16, 16384, 16), (16, 16384, 32)],
     (torch.bfloat16, 131072): [(8, 16384, 4), (8, 16384, 8), (8, 16384, 16), (16, 8192, 4), (16, 8192, 8)],
     (torch.bfloat16, 262144): [(16, 16384, 8), (16, 16384, 16), (16, 16384, 4)],
     (torch.bfloat16, 32768): [(2, 16384, 8), (4, 8192, 4), (4, 8192, 8)],
 }
+
+W8 = [(8192, 4096, 8, 4, True), (4096, 4096, 8, 4, True), (16384, 4096, 8, 4, True), (8192, 2048, 4, 4, True),
+      (8192, 4096, 8, 8, True), (8192, 4096, 8, 4, False), (32768, 4096, 8, 2, True)]
+W16 = [(8192, 8192, 8, 4, True), (16384, 8192, 8, 4, True), (16384, 4096, 4, 4, True), (32768, 8192, 8, 4, True),
+       (16384, 8192, 8, 8, True), (16384, 8192, 8, 4, False), (8192, 4096, 4, 4, True)]
+SHAPES_LAG = {   # (dtype, N) -> [(CHUNK, SUB, warps, LAG in SMs, eviction hints)]
+    (torch.float32, 131072): W8, (torch.float32, 262144): W8,
+    (torch.bfloat16, 131072): W16, (torch.bfloat16, 262144): W16,
+}
+
+
+def lag_fn(chunk, sub, warps, lag_sms, hints, x):
+    M, N = x.shape
+    C = -(-N // chunk)
+    Q = M * C
+    lag = max(C, lag_sms * torch.cuda.get_device_properties(0).multi_processor_count)
+    part = torch.empty(2, Q, device=x.device)
+    arrive = torch.zeros(M, dtype=torch.int32, device=x.device)
+    info = {}
+
+    def run(x, y):
+        info["k"] = softmax_lag_kernel[(Q + lag,)](
+            x, y, part[0], part[1], arrive, N, 1, x.stride(0), 0, y.stride(0), 0, C, Q, lag, CHUNK=chunk, SUB=sub,
+            C_POW2=1 << (C - 1).bit_length(), MODE=0, EVEN=N % chunk == 0, HINTS=hints, FAST=True, num_warps=warps)
+        return y
+    return run, info
 
 
 def cluster_fn(C, chunk, warps, x):
@@ -41,12 +73,13 @@ def cluster_fn(C, chunk, warps, x):
     return run, info
 
 
-def main(out):
+def main(out, which="lag"):
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
     print(f"{env['device']}  copy ceiling {ceiling:.0f} GB/s", flush=True)
     rows = []
-    for (dtype, n), variants in SHAPES.items():
+    shapes = SHAPES_CLUSTER if which == "cluster" else SHAPES_LAG
+    for (dtype, n), variants in shapes.items():
         m = GIB // (n * torch.finfo(dtype).bits // 8)
         x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
         y = torch.full_like(x, float("nan"))
@@ -54,9 +87,14 @@ def main(out):
         gb = 2 * x.numel() * x.element_size() / 1e9
         cands = [("torch.softmax", lambda x, y: torch.softmax(x, -1)),
                  ("onlinesoftmax", lambda x, y: oss.softmax(x, -1))]
-        for C, chunk, w in variants:
-            fn, info = cluster_fn(C, chunk, w, x)
-            cands.append((f"cluster C={C} chunk={chunk} w={w}", fn, info))
+        for v in variants:
+            if which == "cluster":
+                fn, info = cluster_fn(*v, x)
+                cands.append((f"cluster C={v[0]} chunk={v[1]} w={v[2]}", fn, info))
+            else:
+                fn, info = lag_fn(*v, x)
+                cands.append((f"lag chunk={v[0]} sub={v[1]} w={v[2]} lag={v[3]}xSM{'' if v[4] else ' nohint'}",
+                              fn, info))
         for cand in cands:
             name, fn = cand[0], cand[1]
             try:
@@ -84,8 +122,8 @@ def main(out):
                 rows.append(dict(dtype=str(dtype), m=m, n=n, impl=name, failed=str(e)[:300]))
         del x, y, ref
         torch.cuda.empty_cache()
-    json.dump(dict(env=env, ceiling=ceiling, rows=rows), open(f"{out}/cluster_probe.json", "w"), indent=1)
+    json.dump(dict(env=env, ceiling=ceiling, rows=rows), open(f"{out}/probe-{which}.json", "w"), indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
