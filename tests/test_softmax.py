@@ -628,18 +628,19 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
 @pytest.mark.parametrize("m,n", [(300, 4096), (300, 12672), (300, 32768), (300, 20000)])
 def test_gpu_smem_rows(dtype, m, n):
     """16-bit rows of SMEM_ROWS lengths: one program holds the whole row in shared memory (no barrier). Against
-    fp64: rows holding ±inf / NaN / all -inf, strided rows, dim 0; x off a 16-byte boundary falls back."""
+    fp64: rows holding ±inf / NaN / all -inf, strided rows, dim 0, fp32 output (dtype=); x off a 16-byte
+    boundary falls back."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3] = float("-inf")
-    cases = [(base[:, :n], -1, True), (base[:, 16:n + 16], -1, True), (base[:, :n].t(), 0, True),
-             (base[:, 1:n + 1], -1, False)]
-    for x, dim, smem in cases:
+    cases = [(base[:, :n], -1, True, None), (base[:, 16:n + 16], -1, True, None), (base[:, :n].t(), 0, True, None),
+             (base[:, :n], -1, True, torch.float32), (base[:, 1:n + 1], -1, False, None)]
+    for x, dim, smem, out_dtype in cases:
         for name in ("softmax", "log_softmax"):
-            out = FNS[name][0](x, dim)
+            out = FNS[name][0](x, dim, **({"dtype": out_dtype} if out_dtype else {}))
             info = K.last_launch()
             assert (info["path"] == "rows" and info.get("kernel") == "smem" and info["chunks"] == 1) is smem, info
-            assert_matches_low_precision_eager(name, out, x, dim)
+            assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
 
 
 @pytest.mark.gpu
