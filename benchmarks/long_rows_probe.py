@@ -7,6 +7,8 @@ ceiling, one run, 1 GiB per tensor. Each variant is checked against torch first.
   (kernels/softmax_lag.py).
 
     PYTHONPATH=src python benchmarks/long_rows_probe.py $OUT [cluster]
+    ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,\
+        gpu__time_duration.sum python benchmarks/long_rows_probe.py $OUT ncu     # one launch of each, fp32 128K
 """
 
 from __future__ import annotations
@@ -73,7 +75,27 @@ def cluster_fn(C, chunk, warps, x):
     return run, info
 
 
+def profile_once():
+    """One launch each (after a warm-up) of the default plan and three lag variants, for Nsight Compute."""
+    x = (torch.randn(2048, 131072, device="cuda") * 3)
+    y = torch.empty_like(x)
+    fns = {"default": lambda x, y: oss.softmax(x, -1)}
+    for v in [(8192, 4096, 8, 4, True), (8192, 4096, 8, 4, False), (4096, 4096, 8, 4, True)]:
+        fns[f"lag {v}"] = lag_fn(*v, x)[0]
+    for fn in fns.values():
+        fn(x, y)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, fn in fns.items():
+        fn(x, y)
+        torch.cuda.synchronize()
+        print("profiled:", name, flush=True)
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def main(out, which="lag"):
+    if which == "ncu":
+        return profile_once()
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
     print(f"{env['device']}  copy ceiling {ceiling:.0f} GB/s", flush=True)
