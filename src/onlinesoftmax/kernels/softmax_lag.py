@@ -42,6 +42,11 @@ def softmax_lag_kernel(
     start1 = (q % C) * CHUNK
     row2 = (q - LAG) // C
     start2 = ((q - LAG) % C) * CHUNK
+    x1_row = X + _row_offsets(row1, INNER, sxo, sxi) + start1
+    x2_row = X + _row_offsets(row2, INNER, sxo, sxi) + start2
+    y2_row = Y + _row_offsets(row2, INNER, syo, syi) + start2
+    # pass 1's first sub-tile is in flight before pass 2 waits
+    x1 = _load(x1_row, offs, has1 & (start1 + offs < N) if not EVEN else has1, float("-inf"), HINTS, 1)
     # pass 2's row state: wait for its C chunks, (m, d) = ⊕_c (m_c, d_c), count this read
     m = float("-inf")
     d = 1.0
@@ -54,23 +59,16 @@ def softmax_lag_kernel(
     sh = _shift(m)
     scale = tl.where(m == float("inf"), float("nan"), 1.0 / d)
     log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
-    x1_row = X + _row_offsets(row1, INNER, sxo, sxi) + start1
-    x2_row = X + _row_offsets(row2, INNER, sxo, sxi) + start2
-    y2_row = Y + _row_offsets(row2, INNER, syo, syi) + start2
     m1 = float("-inf")
     d1 = tl.zeros([SUB], tl.float32)
     for s in tl.range(0, CHUNK // SUB):
         o = s * SUB + offs
-        mask1 = has1 & (start1 + o < N) if not EVEN else has1
         mask2 = has2 & (start2 + o < N) if not EVEN else has2
-        if HINTS:
-            x1 = tl.load(x1_row + o, mask=mask1, other=float("-inf"), eviction_policy="evict_last")
-            x2 = tl.load(x2_row + o, mask=mask2, other=0.0, eviction_policy="evict_first")
-        else:
-            x1 = tl.load(x1_row + o, mask=mask1, other=float("-inf"))
-            x2 = tl.load(x2_row + o, mask=mask2, other=0.0)
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
+        x2 = _load(x2_row, o, mask2, 0.0, HINTS, 2)
+        # the next pass-1 sub-tile in flight while this one is folded (past the chunk: masked, no traffic)
+        mask1n = has1 & (s + 1 < CHUNK // SUB) & (start1 + o + SUB < N) if not EVEN else \
+            has1 & (s + 1 < CHUNK // SUB)
+        x1n = _load(x1_row, o + SUB, mask1n, float("-inf"), HINTS, 1)
         # pass 2: y of chunk q - LAG
         if MODE == 0:
             y = _exp(x2 - sh, FAST) * scale
@@ -85,9 +83,22 @@ def softmax_lag_kernel(
         alpha = tl.where(m1 == m_t, 1.0, tl.exp(m1 - m_t))
         d1 = d1 * alpha + _exp(x1 - _shift(m_t), FAST)
         m1 = m_t
+        x1 = x1n
     if has1:
         tl.store(PART_M + q, m1)
         tl.store(PART_D + q, tl.sum(d1, axis=0))
         tl.debug_barrier()
         tl.atomic_add(ARRIVE + row1, 1, sem="release")
 
+
+@triton.jit
+def _load(row_ptr, o, mask, other, HINTS: tl.constexpr, PASS: tl.constexpr):
+    """fp32 sub-tile; pass 1 keeps x in L2 for pass 2 (evict_last), pass 2 lets it go (evict_first)."""
+    if HINTS:
+        if PASS == 1:
+            x = tl.load(row_ptr + o, mask=mask, other=other, eviction_policy="evict_last")
+        else:
+            x = tl.load(row_ptr + o, mask=mask, other=other, eviction_policy="evict_first")
+    else:
+        x = tl.load(row_ptr + o, mask=mask, other=other)
+    return x.to(tl.float32)
