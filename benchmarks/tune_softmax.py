@@ -273,6 +273,22 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del bsets, bref
         save("tune_gib_smem")
         return
+    if gib == "hybrid":   # long rows: the smem coop kernel with the chunk's last `reg` sub-tiles held in registers
+        # (REG), so an SM holds shared memory plus registers: 256-300 KB against 208-220 KB
+        hybrid = {4: ((11264, 4, 0), (15360, 4, 8), (14336, 4, 8), (16384, 4, 8), (16384, 8, 4), (16384, 8, 8)),
+                  2: ((8192, 2, 0), (16384, 2, 8), (16384, 2, 4), (20480, 2, 8), (12288, 2, 4))}
+        for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
+                         (torch.bfloat16, 262144)):
+            size = torch.finfo(dtype).bits // 8
+            m = GIB // (n * size)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            for c, w, r in hybrid[size]:
+                record("fwd", m, n, dtype, f"smem chunk={c} w={w} reg={r}",
+                       fwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w, "reg": r}), sets, nb,
+                       ref)
+            del sets
+        save("tune_gib_hybrid")
+
     if gib == "rows1":    # rows held whole: one row per program at N = 1K, 16-bit rows in shared memory (C = 1). Run
         # at c1d6159 as set "slots", which also timed a since-reverted exchange of (m_c, d_c) (tune-gib-slots-*.log)
         sweep = {

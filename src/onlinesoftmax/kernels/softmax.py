@@ -752,12 +752,13 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop
     more than COOP_MAX_CHUNKS."""
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
+    reg = cfg.pop("reg", 0)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
-    if C > COOP_MAX_CHUNKS:
+    if C > COOP_MAX_CHUNKS or chunk // (vec * 32 * warps) <= reg:
         return None
-    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0,
+    meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
                 num_warps=warps)
-    record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)

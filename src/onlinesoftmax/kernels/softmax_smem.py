@@ -53,35 +53,48 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr,
+    EVEN: gl.constexpr, REG: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
-    EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer)."""
+    EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer).
+    REG (0 or a power of two): the chunk's last REG sub-tiles are held in registers, the others in shared memory."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
-    S: gl.constexpr = CHUNK // SUB
+    S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    LR: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])   # [REG, SUB] in registers
     pid, row, start = _chunk_of_program(C, CHUNK)
     x_row = X + _row_offsets(row, INNER, sxo, sxi) + start
     offs = gl.arange(0, SUB, layout=L)
     smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-    # 0. the whole chunk in flight at once, one cp.async group per sub-tile
+    # 0. the whole chunk in flight at once, one cp.async group per sub-tile, then the register sub-tiles
     for s in gl.static_range(S):
         if EVEN:
             cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs)
         else:
             cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
         cp.commit_group()
+    if REG > 0:
+        cols_r = (S * SUB + gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
+                  + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
+        if EVEN:
+            xr = gl.load(x_row + cols_r)
+        else:
+            xr = gl.load(x_row + cols_r, mask=start + cols_r < N, other=float("-inf"))
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
     for s in gl.static_range(S):
         cp.wait_group(S - 1 - s)
         mv = gl.maximum(mv, _sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN))
+    if REG > 0:
+        mv = gl.maximum(mv, gl.convert_layout(gl.max(xr.to(gl.float32), axis=0), L))
     m_c = gl.max(mv, axis=0)
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)
     for s in range(S):
         dv += _exp(_sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN) - sh_c, True)
+    if REG > 0:
+        dv += gl.convert_layout(gl.sum(_exp(xr.to(gl.float32) - sh_c, True), axis=0), L)
     d_c = gl.sum(dv, axis=0)
     # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c); a row of one chunk (the
     #    `rows` path's 16-bit rows, SMEM_ROWS) has its state already
@@ -117,6 +130,16 @@ def softmax_coop_smem_kernel(
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty))
         else:
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
+    if REG > 0:
+        xf = xr.to(gl.float32)
+        if MODE == 0:
+            yr = _exp(xf - sh, True) * scale
+        else:
+            yr = (xf - m) - log_d
+        if EVEN:
+            gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty))
+        else:
+            gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty), mask=start + cols_r < N)
 
 
 @gluon.jit
