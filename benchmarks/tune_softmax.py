@@ -274,9 +274,13 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save("tune_gib_smem")
         return
     if gib == "hybrid":   # long rows: the smem coop kernel with the chunk's last `reg` sub-tiles held in registers
-        # (REG), so an SM holds shared memory plus registers: 256-300 KB against 208-220 KB
-        hybrid = {4: ((11264, 4, 0), (15360, 4, 8), (14336, 4, 8), (16384, 4, 8), (16384, 8, 4), (16384, 8, 8)),
-                  2: ((8192, 2, 0), (16384, 2, 8), (16384, 2, 4), (20480, 2, 8), (12288, 2, 4))}
+        # (REG; bf16: as int32 words, WORDS), so an SM holds shared memory plus registers. Run 1 at 68c50af
+        # (tune-gib-hybrid-68c50af.log): fp32 +1.9 / +2.4 points at N = 128K / 256K (16384 w=8 reg=4); bf16 lost
+        # 4-9 points (unpacked bf16: 64-162 registers). Run 2: around the fp32 best, bf16 as words.
+        hybrid = {4: ((11264, 4, 0), (16384, 8, 4), (15360, 4, 8), (14336, 8, 4), (13312, 4, 4), (20480, 8, 8),
+                      (18432, 8, 4), (12288, 8, 4)),
+                  2: ((8192, 2, 0), (16384, 2, 8), (16384, 2, 4), (12288, 2, 4), (10240, 2, 4), (20480, 2, 8),
+                      (16384, 4, 4), (24576, 4, 8))}
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 131072),
                          (torch.bfloat16, 262144)):
             size = torch.finfo(dtype).bits // 8
@@ -286,8 +290,14 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 record("fwd", m, n, dtype, f"smem chunk={c} w={w} reg={r}",
                        fwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w, "reg": r}), sets, nb,
                        ref)
+            lref = torch.log_softmax(sets[0][0], -1)
+            for c, w, r in hybrid[size][:3]:
+                record("log", m, n, dtype, f"smem chunk={c} w={w} reg={r}", fwd_variant(
+                    {"path": "coop", "smem": True, "chunk": c, "num_warps": w, "reg": r}, K.LOG_SOFTMAX), sets, nb,
+                    lref)
             del sets
         save("tune_gib_hybrid")
+        return
 
     if gib == "rows1":    # rows held whole: one row per program at N = 1K, 16-bit rows in shared memory (C = 1). Run
         # at c1d6159 as set "slots", which also timed a since-reverted exchange of (m_c, d_c) (tune-gib-slots-*.log)

@@ -653,7 +653,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
     if path == "rows" and cfg.pop("smem", smem_rows is not None):
-        plan = _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], "rows")
+        plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], "rows")
         if plan is not None:
             return plan
     if path == "rows":
@@ -681,7 +681,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                      None, record)
     smem = _smem_config(M, N, x.element_size(), mode, sms, eligible)
     if path == "coop" and cfg.pop("smem", smem is not None) and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret):
-        plan = _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, *(smem or SMEM_CONFIG[x.element_size()]))
+        plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, *(smem or SMEM_CONFIG[x.element_size()]))
         if plan is not None:
             return plan
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
@@ -747,7 +747,7 @@ def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int | None, warps: int) 
     return chunk, triton.cdiv(N, chunk), vec, warps
 
 
-def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop") -> _Plan | None:
+def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop") -> _Plan | None:
     """The forward's shared-memory plan (``rows``: one chunk per row, no barrier), or None where a row would need
     more than COOP_MAX_CHUNKS."""
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
@@ -756,8 +756,9 @@ def _smem_plan(cfg, x, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
     if C > COOP_MAX_CHUNKS or chunk // (vec * 32 * warps) <= reg:
         return None
+    words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                num_warps=warps)
+                WORDS=words, num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],

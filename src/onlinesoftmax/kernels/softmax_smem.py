@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _exp, _grad, _row_barrier, _row_offsets, _shift
+from .softmax import _bf16_halves, _exp, _grad, _pack_bf16x2, _row_barrier, _row_offsets, _shift
 
 
 @gluon.jit
@@ -53,11 +53,12 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, REG: gl.constexpr,
+    EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer).
-    REG (0 or a power of two): the chunk's last REG sub-tiles are held in registers, the others in shared memory."""
+    REG (0 or a power of two): the chunk's last REG sub-tiles are held in registers, the others in shared memory.
+    WORDS (bf16 in and out): those registers hold int32 words of two elements, unpacked at each use."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
@@ -75,27 +76,49 @@ def softmax_coop_smem_kernel(
             cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
         cp.commit_group()
     if REG > 0:
-        cols_r = (S * SUB + gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
-                  + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
-        if EVEN:
-            xr = gl.load(x_row + cols_r)
+        if WORDS:
+            HS: gl.constexpr = SUB // 2
+            LW: gl.constexpr = gl.BlockedLayout([1, VEC // 2], [1, 32], [1, WARPS], [1, 0])
+            cols_r = (S * HS + gl.arange(0, REG, layout=gl.SliceLayout(1, LW))[:, None] * HS
+                      + gl.arange(0, HS, layout=gl.SliceLayout(0, LW))[None, :])          # int32 words
+            xw_row = X.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, sxo, sxi) + start) // 2
+            if EVEN:
+                xr = gl.load(xw_row + cols_r)
+            else:       # 0xFF80FF80: two bf16 -inf
+                xr = gl.load(xw_row + cols_r, mask=start + 2 * cols_r < N, other=-8323200)
         else:
-            xr = gl.load(x_row + cols_r, mask=start + cols_r < N, other=float("-inf"))
+            cols_r = (S * SUB + gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
+                      + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
+            if EVEN:
+                xr = gl.load(x_row + cols_r)
+            else:
+                xr = gl.load(x_row + cols_r, mask=start + cols_r < N, other=float("-inf"))
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
     for s in gl.static_range(S):
         cp.wait_group(S - 1 - s)
         mv = gl.maximum(mv, _sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN))
+    # (the register sub-tiles fold within each thread first: axis 0 of [REG, SUB] is the thread's own)
     if REG > 0:
-        mv = gl.maximum(mv, gl.convert_layout(gl.max(xr.to(gl.float32), axis=0), L))
-    m_c = gl.max(mv, axis=0)
+        if WORDS:
+            lo, hi = _bf16_halves(xr, 1)
+            m_c = gl.maximum(gl.max(mv, axis=0), gl.max(gl.max(gl.maximum(lo, hi), axis=0), axis=0))
+        else:
+            m_c = gl.max(gl.maximum(mv, gl.convert_layout(gl.max(xr.to(gl.float32), axis=0), L)), axis=0)
+    else:
+        m_c = gl.max(mv, axis=0)
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)
     for s in range(S):
         dv += _exp(_sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN) - sh_c, True)
     if REG > 0:
-        dv += gl.convert_layout(gl.sum(_exp(xr.to(gl.float32) - sh_c, True), axis=0), L)
-    d_c = gl.sum(dv, axis=0)
+        if WORDS:
+            lo, hi = _bf16_halves(xr, 2)
+            d_c = gl.sum(dv, axis=0) + gl.sum(gl.sum(_exp(lo - sh_c, True) + _exp(hi - sh_c, True), axis=0), axis=0)
+        else:
+            d_c = gl.sum(dv + gl.convert_layout(gl.sum(_exp(xr.to(gl.float32) - sh_c, True), axis=0), L), axis=0)
+    else:
+        d_c = gl.sum(dv, axis=0)
     # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c); a row of one chunk (the
     #    `rows` path's 16-bit rows, SMEM_ROWS) has its state already
     if C_POW2 == 1:
@@ -131,15 +154,27 @@ def softmax_coop_smem_kernel(
         else:
             gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
     if REG > 0:
-        xf = xr.to(gl.float32)
-        if MODE == 0:
-            yr = _exp(xf - sh, True) * scale
+        if WORDS:
+            lo, hi = _bf16_halves(xr, 0)
+            if MODE == 0:
+                yw = _pack_bf16x2(_exp(lo - sh, True) * scale, _exp(hi - sh, True) * scale)
+            else:
+                yw = _pack_bf16x2((lo - m) - log_d, (hi - m) - log_d)
+            yw_row = Y.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, syo, syi) + start) // 2
+            if EVEN:
+                gl.store(yw_row + cols_r, yw)
+            else:
+                gl.store(yw_row + cols_r, yw, mask=start + 2 * cols_r < N)
         else:
-            yr = (xf - m) - log_d
-        if EVEN:
-            gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty))
-        else:
-            gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty), mask=start + cols_r < N)
+            xf = xr.to(gl.float32)
+            if MODE == 0:
+                yr = _exp(xf - sh, True) * scale
+            else:
+                yr = (xf - m) - log_d
+            if EVEN:
+                gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty))
+            else:
+                gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty), mask=start + cols_r < N)
 
 
 @gluon.jit
