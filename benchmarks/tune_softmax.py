@@ -300,6 +300,20 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save("tune_gib_hybrid")
         return
 
+    if gib == "masked":   # rows whose chunks do not divide N (LLM vocabularies): the hybrid default (REG) against
+        # the shared-memory-only chunks (SMEM_CONFIG_MASKED)
+        for dtype in (torch.float32, torch.bfloat16):
+            size = torch.finfo(dtype).bits // 8
+            for n in (128256, 151936):
+                m = GIB // (n * size)
+                sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+                c, w, r = K.SMEM_CONFIG_MASKED[size]
+                record("fwd", m, n, dtype, f"smem chunk={c} w={w} reg={r}",
+                       fwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w, "reg": r}), sets, nb,
+                       ref)
+                del sets
+        save("tune_gib_masked")
+        return
     if gib == "rows1":    # rows held whole: one row per program at N = 1K, 16-bit rows in shared memory (C = 1). Run
         # at c1d6159 as set "slots", which also timed a since-reverted exchange of (m_c, d_c) (tune-gib-slots-*.log)
         sweep = {

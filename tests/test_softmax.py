@@ -293,10 +293,14 @@ def test_bf16x2_path_and_chunk_on_h200(m, n, path, chunk):
     (4096, 131072, 2, K.LOG_SOFTMAX, True, K.SMEM_CONFIG[2]), (16384, 32768, 2, K.SOFTMAX, True, None),
     (8192, 65536, 2, K.SOFTMAX, True, K.SMEM_CONFIG[2]),
     (4096, 131072, 2, K.LOG_SOFTMAX, False, K.SMEM_CONFIG[2]), (32, 151936, 4, K.SOFTMAX, False, None),
+    (2048, 128256, 4, K.SOFTMAX, False, K.SMEM_CONFIG[4]), (4096, 100000, 2, K.SOFTMAX, True,
+                                                            K.SMEM_CONFIG_MASKED[2]),
+    (2048, 3 * 16384 + 4095, 4, K.SOFTMAX, False, K.SMEM_CONFIG_MASKED[4]),
+    (2048, 3 * 16384 + 4096, 4, K.SOFTMAX, False, K.SMEM_CONFIG[4]),
 ])
 def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
     """Many long rows take the shared-memory coop kernel, except bf16 rows under SMEM_BF16_MIN_N (bf16x2) and
-    decode sizes."""
+    decode sizes; registers hold part of each chunk (REG) only where every chunk of the row covers them."""
     assert K._smem_config(m, n, size, mode, H200_SMS, bf16x2) == expect
 
 
@@ -593,9 +597,9 @@ def test_gpu_bf16x2_backward_and_its_fallbacks(m, n):
             assert (info["path"], info["kernel"]) == ("coop", kern), (g.stride(), g.storage_offset(), info)
 
 
-def _forward_with(x, dim, mode, config):
+def _forward_with(x, dim, mode, config, out_dtype=None):
     """K.forward with an explicit plan config (not cached): (output, last_launch())."""
-    out = torch.empty_like(x)
+    out = torch.empty_like(x, dtype=out_dtype or x.dtype)
     m, n, inner, (gx, gy) = row_geometry([x, out], dim % x.dim())
     K.forward(x, out, gx, gy, m, n, inner, mode, config=dict(config))
     return out, K.last_launch()
@@ -603,24 +607,42 @@ def _forward_with(x, dim, mode, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 8192, 8), (9, 50256, 6144, 8), (5, 12672, 16384, 4),
-                                             (70, 262144, 11264, 4)])
-def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps):
+@pytest.mark.parametrize("m,n,chunk,warps,reg", [
+    (40, 131072, 8192, 8, 0), (9, 50256, 6144, 8, 0), (5, 12672, 16384, 4, 0), (70, 262144, 11264, 4, 0),
+    (40, 131072, 16384, 8, 4), (9, 50256, 6144, 4, 1), (5, 12672, 16384, 4, 4), (70, 262144, 16384, 4, 4),
+    (33, 128256, 16384, 8, 4),
+])
+def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
     """The shared-memory coop kernel against fp64: partial last chunks, one chunk per row, rows holding
-    ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory); x starting off a 16-byte
-    boundary takes the register kernels instead."""
+    ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory), `reg` sub-tiles in registers (bf16:
+    as int32 words; and with an fp32 output, unpacked); x starting off a 16-byte boundary takes the register kernels
+    instead."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
-    base[m - 1, 3] = float("-inf")
-    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps}
-    cases = [(base[:, :n], -1, "smem"), (base[:, 16:n + 16], -1, "smem"), (base[:, :n].t(), 0, "smem"),
-             (base[:, 1:n + 1], -1, None)]
-    for x, dim, kern in cases:
+    base[m - 1, 3], base[3, n - 2] = float("-inf"), float("inf")       # also a +inf in the register sub-tiles
+    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "reg": reg}
+    cases = [(base[:, :n], -1, "smem", None), (base[:, 16:n + 16], -1, "smem", None),
+             (base[:, :n].t(), 0, "smem", None), (base[:, 1:n + 1], -1, None, None)]
+    if reg and dtype == torch.bfloat16:
+        cases.append((base[:, :n], -1, "smem", torch.float32))
+    for x, dim, kern, out_dtype in cases:
         for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX)):
-            out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True})
+            out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True}, out_dtype)
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
-                (info["kernel"], info["chunk"]) == ("smem", chunk), info
-            assert_matches_low_precision_eager(name, out, x, dim)
+                (info["kernel"], info["chunk"], info["reg"]) == ("smem", chunk, reg), info
+            assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_smem_register_tiles_past_the_row_fall_back(dtype):
+    """A forced REG config whose register sub-tiles the row's last chunk does not cover (50256 = 8 x 6144 + 1104)
+    is refused: the register kernels run, and the result is right."""
+    x = (torch.randn(6, 50256, device="cuda") * 3).to(dtype)
+    out, info = _forward_with(x, -1, K.SOFTMAX, {"path": "coop", "smem": True, "chunk": 6144, "num_warps": 8,
+                                                  "reg": 2})
+    assert info["path"] == "coop" and info.get("kernel") != "smem", info
+    assert_matches_low_precision_eager("softmax", out, x, -1)
 
 
 @pytest.mark.gpu
@@ -705,17 +727,22 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_coop_smem_kernel as fn
 sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
-const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False)
-k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-ptx = k.asm["ptx"]
-print(json.dumps({"shared": k.metadata.shared, "local": "ld.local" in ptx,
-                  "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))}))
+out = []
+for reg in (0, 4):      # the chunk's last `reg` sub-tiles in registers (REG)
+    const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False, REG=reg, WORDS=False)
+    k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    ptx = k.asm["ptx"]
+    out.append({"shared": k.metadata.shared, "local": "ld.local" in ptx,
+                "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx))})
+print(json.dumps(out))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got["shared"] >= 8192 * 4 and got["cp_async"] >= 8 and not got["local"], got
+    full, hybrid = json.loads(res.stdout.strip().splitlines()[-1])
+    assert full["shared"] >= 8192 * 4 and full["cp_async"] >= 8 and not full["local"], full
+    # 8 sub-tiles of 1024 elements: 4 in shared memory, 4 in registers, no spills
+    assert 4096 * 4 <= hybrid["shared"] < 8192 * 4 and hybrid["cp_async"] >= 4 and not hybrid["local"], hybrid
 
 
 def test_launch_plan_cached_per_problem():

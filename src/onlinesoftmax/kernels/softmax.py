@@ -80,10 +80,14 @@ BF16X2_ROW_MAX_N = 16384     # rows the bf16x2 kernel can take (see _bf16x2_ok) 
 BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warps) up to this N, 77.5 / 75.1 %
 BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
-SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps) of the coop kernel that holds its
-    4: (11264, 4),           # chunk in shared memory (kernels/softmax_smem.py). 1 GiB, N = 128K / 256K: fp32 92.5 /
-    2: (8192, 2),            # 89.9 % against 86.8 / 82.0 % (registers); bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2);
-}                            # fp16 87.3 at 128K against 67.4 (tune-gib-smem-2b9adac.log)
+SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps, reg) of the coop kernel that holds its
+    4: (16384, 8, 4),        # chunk in shared memory (kernels/softmax_smem.py), its last `reg` sub-tiles in registers
+    2: (16384, 4, 4),        # (REG): 1 GiB, N = 128K / 256K, fp32 94.4 / 92.3 % against 92.4 / 89.8 for the chunk in
+}                            # shared memory alone; bf16 85.6 / 85.1 against 84.0 / 83.7 (tune-gib-hybrid-*.log)
+SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its register sub-tiles (_reg_fits): the
+    4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
+    2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
+}
 SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps) of the coop
     (4, True): (4096, 4),    # kernel with y and dy in shared memory. 1 GiB, N = 128K / 256K: fp32 log-softmax 90.0 /
     (2, False): (8192, 4),   # 87.4 % against 83.9 / 78.8 (registers), bf16 softmax 92.8 / 91.2 against 86.8 / 83.9
@@ -653,7 +657,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
     if path == "rows" and cfg.pop("smem", smem_rows is not None):
-        plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], "rows")
+        plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], 0,
+                          "rows")
         if plan is not None:
             return plan
     if path == "rows":
@@ -681,7 +686,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                      None, record)
     smem = _smem_config(M, N, x.element_size(), mode, sms, eligible)
     if path == "coop" and cfg.pop("smem", smem is not None) and _smem_ok(x, out, geo_x, geo_y, N, mode, interpret):
-        plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, *(smem or SMEM_CONFIG[x.element_size()]))
+        plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode,
+                          *(smem or SMEM_CONFIG_MASKED[x.element_size()]))
         if plan is not None:
             return plan
     bf16x2 = path == "coop" and eligible and cfg.pop("bf16x2", words)
@@ -720,12 +726,20 @@ def _smem_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
             and not (x.data_ptr() | out.data_ptr()) & 15)
 
 
-def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: bool) -> tuple[int, int] | None:
-    """(chunk, warps) of softmax_coop_smem_kernel for a coop problem of many rows, or None where the register
-    kernels stay: decode sizes (not measured with it) and bf16 rows under SMEM_BF16_MIN_N (bf16x2)."""
-    if _few_rows(M, sms) or (bf16x2 and N < SMEM_BF16_MIN_N):
+def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: bool) -> tuple[int, int, int] | None:
+    """(chunk, warps, reg) of softmax_coop_smem_kernel for a coop problem of many rows, or None where the register
+    kernels stay: decode sizes (measured no better with it) and bf16 rows under SMEM_BF16_MIN_N (bf16x2)."""
+    if _few_rows(M, sms) or (bf16x2 and N < SMEM_BF16_MIN_N) or elem_bytes not in SMEM_CONFIG:
         return None
-    return SMEM_CONFIG.get(elem_bytes)
+    chunk, warps, reg = SMEM_CONFIG[elem_bytes]
+    return (chunk, warps, reg) if _reg_fits(N, chunk, reg * (16 // elem_bytes) * 32 * warps) else \
+        SMEM_CONFIG_MASKED[elem_bytes]
+
+
+def _reg_fits(N: int, chunk: int, reg_elems: int) -> bool:
+    """Every chunk of a row holds the first ``reg_elems`` elements that REG keeps in registers, unmasked: the
+    chunk divides N, or the row's last chunk is at least that long."""
+    return N % chunk == 0 or N % chunk >= reg_elems
 
 
 def _smem_rows_warps(M: int, N: int, elem_bytes: int, mode: int, sms: int) -> int | None:
@@ -747,14 +761,16 @@ def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int | None, warps: int) 
     return chunk, triton.cdiv(N, chunk), vec, warps
 
 
-def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, path="coop") -> _Plan | None:
+def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, path="coop") -> _Plan | None:
     """The forward's shared-memory plan (``rows``: one chunk per row, no barrier), or None where a row would need
-    more than COOP_MAX_CHUNKS."""
+    more than COOP_MAX_CHUNKS or ``reg`` leaves no sub-tile in shared memory. ``reg``: sub-tiles held in registers
+    (a power of two; bf16 in and out holds them as int32 words)."""
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
-    reg = cfg.pop("reg", 0)
+    reg = cfg.pop("reg", reg)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
-    if C > COOP_MAX_CHUNKS or chunk // (vec * 32 * warps) <= reg:
+    sub = vec * 32 * warps
+    if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,

@@ -57,14 +57,15 @@ def softmax_coop_smem_kernel(
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer).
-    REG (0 or a power of two): the chunk's last REG sub-tiles are held in registers, the others in shared memory.
-    WORDS (bf16 in and out): those registers hold int32 words of two elements, unpacked at each use."""
+    REG (0 or a power of two): the chunk's first REG sub-tiles are held in registers, never masked (the plan keeps
+    every chunk at least that long), the others in shared memory. WORDS (bf16 in and out): those registers hold
+    int32 words of two elements, unpacked at each use."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    LR: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])   # [REG, SUB] in registers
     pid, row, start = _chunk_of_program(C, CHUNK)
-    x_row = X + _row_offsets(row, INNER, sxo, sxi) + start
+    x_row = X + _row_offsets(row, INNER, sxo, sxi) + start + REG * SUB      # the shared-memory sub-tiles
+    sm0 = start + REG * SUB
     offs = gl.arange(0, SUB, layout=L)
     smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -73,31 +74,15 @@ def softmax_coop_smem_kernel(
         if EVEN:
             cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs)
         else:
-            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=start + s * SUB + offs < N)
+            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
         cp.commit_group()
     if REG > 0:
-        if WORDS:
-            HS: gl.constexpr = SUB // 2
-            LW: gl.constexpr = gl.BlockedLayout([1, VEC // 2], [1, 32], [1, WARPS], [1, 0])
-            cols_r = (S * HS + gl.arange(0, REG, layout=gl.SliceLayout(1, LW))[:, None] * HS
-                      + gl.arange(0, HS, layout=gl.SliceLayout(0, LW))[None, :])          # int32 words
-            xw_row = X.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, sxo, sxi) + start) // 2
-            if EVEN:
-                xr = gl.load(xw_row + cols_r)
-            else:       # 0xFF80FF80: two bf16 -inf
-                xr = gl.load(xw_row + cols_r, mask=start + 2 * cols_r < N, other=-8323200)
-        else:
-            cols_r = (S * SUB + gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
-                      + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
-            if EVEN:
-                xr = gl.load(x_row + cols_r)
-            else:
-                xr = gl.load(x_row + cols_r, mask=start + cols_r < N, other=float("-inf"))
+        xr, cols_r = _reg_tiles(X, _row_offsets(row, INNER, sxo, sxi) + start, REG, SUB, VEC, WARPS, WORDS)
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
     for s in gl.static_range(S):
         cp.wait_group(S - 1 - s)
-        mv = gl.maximum(mv, _sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN))
+        mv = gl.maximum(mv, _sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN))
     # (the register sub-tiles fold within each thread first: axis 0 of [REG, SUB] is the thread's own)
     if REG > 0:
         if WORDS:
@@ -110,7 +95,7 @@ def softmax_coop_smem_kernel(
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)
     for s in range(S):
-        dv += _exp(_sub_tile(smem, s, start + s * SUB + offs, N, L, EVEN) - sh_c, True)
+        dv += _exp(_sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN) - sh_c, True)
     if REG > 0:
         if WORDS:
             lo, hi = _bf16_halves(xr, 2)
@@ -136,8 +121,8 @@ def softmax_coop_smem_kernel(
         pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
         m = gl.max(pm, axis=0)
         d = gl.sum(pd * gl.where(pm == m, 1.0, gl.exp(pm - m)), axis=0)
-    # 3. y from shared memory; a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
-    y_row = Y + _row_offsets(row, INNER, syo, syi) + start
+    # 3. y from shared memory (and registers); a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
+    y_base = Y + _row_offsets(row, INNER, syo, syi) + start
     sh = _shift(m)
     if MODE == 0:
         scale = gl.where(m == float("inf"), float("nan"), 1.0 / d)
@@ -150,9 +135,9 @@ def softmax_coop_smem_kernel(
         else:
             y = (x - m) - log_d
         if EVEN:
-            gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty))
+            gl.store(y_base + REG * SUB + s * SUB + offs, y.to(Y.dtype.element_ty))
         else:
-            gl.store(y_row + s * SUB + offs, y.to(Y.dtype.element_ty), mask=start + s * SUB + offs < N)
+            gl.store(y_base + REG * SUB + s * SUB + offs, y.to(Y.dtype.element_ty), mask=sm0 + s * SUB + offs < N)
     if REG > 0:
         if WORDS:
             lo, hi = _bf16_halves(xr, 0)
@@ -160,21 +145,33 @@ def softmax_coop_smem_kernel(
                 yw = _pack_bf16x2(_exp(lo - sh, True) * scale, _exp(hi - sh, True) * scale)
             else:
                 yw = _pack_bf16x2((lo - m) - log_d, (hi - m) - log_d)
-            yw_row = Y.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, syo, syi) + start) // 2
-            if EVEN:
-                gl.store(yw_row + cols_r, yw)
-            else:
-                gl.store(yw_row + cols_r, yw, mask=start + 2 * cols_r < N)
+            gl.store(Y.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, syo, syi) + start) // 2 + cols_r,
+                     yw)
         else:
             xf = xr.to(gl.float32)
             if MODE == 0:
                 yr = _exp(xf - sh, True) * scale
             else:
                 yr = (xf - m) - log_d
-            if EVEN:
-                gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty))
-            else:
-                gl.store(y_row + cols_r, yr.to(Y.dtype.element_ty), mask=start + cols_r < N)
+            gl.store(y_base + cols_r, yr.to(Y.dtype.element_ty))
+
+
+@gluon.jit
+def _reg_tiles(P, base, REG: gl.constexpr, SUB: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+               WORDS: gl.constexpr):
+    """The first REG sub-tiles of the chunk at element offset `base` of P, as a [REG, SUB] tensor (each thread
+    holding VEC consecutive elements of each), or with WORDS as [REG, SUB / 2] int32 words of two bf16 (`base`
+    is even); returns (tiles, their offsets: elements, or words with WORDS)."""
+    if WORDS:
+        LW: gl.constexpr = gl.BlockedLayout([1, VEC // 2], [1, 32], [1, WARPS], [1, 0])
+        cols = (gl.arange(0, REG, layout=gl.SliceLayout(1, LW))[:, None] * (SUB // 2)
+                + gl.arange(0, SUB // 2, layout=gl.SliceLayout(0, LW))[None, :])
+        return gl.load(P.to(gl.pointer_type(gl.int32)) + base // 2 + cols), cols
+    else:
+        LR: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
+        cols = (gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
+                + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
+        return gl.load(P + base + cols), cols
 
 
 @gluon.jit
