@@ -139,12 +139,27 @@ def _exp(z, FAST: tl.constexpr):
     """e^z. FAST (the GPU, fp32): 2^(z·log2 e) by ex2.approx.ftz.f32, results below 2^-126 flushed to 0 (no
     term that small moves d, which is >= 1, and torch's y there is below 1.2e-38). tl.exp's non-ftz ex2 costs a
     compare and two predicated multiplies more per element, 3 of the about 20 SASS instructions per element of
-    the bf16 logsumexp rows kernel (benchmarks/softmax_ptxas.py). The interpreter, and fp64, take tl.exp."""
+    the bf16 logsumexp rows kernel (benchmarks/softmax_ptxas.py). The interpreter, and fp64, take tl.exp.
+
+    FAST == 2 (fp32 outputs of softmax, EXP_OUT): t = z·log2 e rounded to fp32 is off by up to half an ulp of t,
+    a relative error of |t|·2^-24·ln 2 in e^z (1.3e-6 at z = -40, several fp32 ulps of y) where torch's expf is
+    within an ulp; the rounding r = fma(z, log2 e, -t) is exact, so e^z = 2^t·(1 + r·ln 2) to second order: one
+    FMA, one multiply and one FMA more per element."""
     if FAST and z.dtype == tl.float32:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [z * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        t = z * 1.4426950408889634
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+        if FAST == 2:
+            return tl.fma(e, tl.fma(z, 1.4426950408889634, -t) * 0.6931471805599453, e)
+        return e
     else:
         return tl.exp(z)
+
+
+def _exp_level(fast: bool, mode: int, out_dtype: torch.dtype) -> int:
+    """FAST for a softmax-family kernel: 0 (tl.exp), 1 (ex2.approx.ftz) or 2 (ex2.approx.ftz with the product's
+    rounding compensated) where softmax writes fp32 e^(x - m) as its output (see _exp)."""
+    return (2 if mode == SOFTMAX and out_dtype == torch.float32 else 1) if fast else 0
 
 
 @triton.jit
@@ -678,8 +693,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         # the fast exp everywhere but softmax in the prefetching loop (bf16 N = 1K: 84.7 against 90.0 % with
         # tl.exp, though 48 fewer instructions per tile; logsumexp in the same loop gained 5 points)
         fast = not interpret and not (mode == SOFTMAX and prefetch)
-        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch, FAST=fast,
-                    num_warps=warps)
+        meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch,
+                    FAST=_exp_level(fast, mode, out.dtype), num_warps=warps)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch,
                       fast_exp=fast)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
@@ -708,7 +723,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
                      (N, INNER, *geo_x[:2], *geo_y[:2], C), workspace, record)
     if mode == LOGSUMEXP:
         path = record["path"] = "chunks"
-    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=not interpret, num_warps=warps, **options)
+    meta = dict(CHUNK=chunk, C_POW2=_pow2(C), MODE=mode, ACC=acc, FAST=_exp_level(not interpret, mode, out.dtype),
+                num_warps=warps, **options)
     launches = _chunk_launches(softmax_chunks_kernel, path, (M * C,), meta)
     return _Plan(path, launches, (N, INNER, *geo_x, *geo_y, C), workspace, record)
 

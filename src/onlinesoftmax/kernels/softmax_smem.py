@@ -131,7 +131,7 @@ def softmax_coop_smem_kernel(
     for s in range(S):
         x = smem.index(s).load(L).to(gl.float32)
         if MODE == 0:
-            y = _exp(x - sh, True) * scale
+            y = _exp(x - sh, 2 if Y.dtype.element_ty == gl.float32 else 1) * scale     # see _exp: FAST == 2
         else:
             y = (x - m) - log_d
         if EVEN:
@@ -150,7 +150,7 @@ def softmax_coop_smem_kernel(
         else:
             xf = xr.to(gl.float32)
             if MODE == 0:
-                yr = _exp(xf - sh, True) * scale
+                yr = _exp(xf - sh, 2 if Y.dtype.element_ty == gl.float32 else 1) * scale
             else:
                 yr = (xf - m) - log_d
             gl.store(y_base + cols_r, yr.to(Y.dtype.element_ty))
