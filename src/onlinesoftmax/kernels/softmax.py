@@ -144,13 +144,14 @@ def _exp(z, FAST: tl.constexpr):
     FAST == 2 (fp32 outputs of softmax, EXP_OUT): t = z·log2 e rounded to fp32 is off by up to half an ulp of t,
     a relative error of |t|·2^-24·ln 2 in e^z (1.3e-6 at z = -40, several fp32 ulps of y) where torch's expf is
     within an ulp; the rounding r = fma(z, log2 e, -t) is exact, so e^z = 2^t·(1 + r·ln 2) to second order: one
-    FMA, one multiply and one FMA more per element."""
+    FMA, one multiply, one FMA and a select (for z = ±inf, where the correction is NaN) more per element."""
     if FAST and z.dtype == tl.float32:
         t = z * 1.4426950408889634
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
                                       pack=1)
         if FAST == 2:
-            return tl.fma(e, tl.fma(z, 1.4426950408889634, -t) * 0.6931471805599453, e)
+            y = tl.fma(e, tl.fma(z, 1.4426950408889634, -t) * 0.6931471805599453, e)
+            return tl.where(y == y, y, e)       # z = ±inf (or e overflowing): the correction is inf·0, keep e
         return e
     else:
         return tl.exp(z)
