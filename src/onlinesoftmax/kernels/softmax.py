@@ -141,16 +141,21 @@ def _exp(z, FAST: tl.constexpr):
     compare and two predicated multiplies more per element, 3 of the about 20 SASS instructions per element of
     the bf16 logsumexp rows kernel (benchmarks/softmax_ptxas.py). The interpreter, and fp64, take tl.exp.
 
-    FAST == 2 (fp32 outputs of softmax, EXP_OUT): t = z·log2 e rounded to fp32 is off by up to half an ulp of t,
-    a relative error of |t|·2^-24·ln 2 in e^z (1.3e-6 at z = -40, several fp32 ulps of y) where torch's expf is
-    within an ulp; the rounding r = fma(z, log2 e, -t) is exact, so e^z = 2^t·(1 + r·ln 2) to second order: one
-    FMA, one multiply, one FMA and a select (for z = ±inf, where the correction is NaN) more per element."""
+    FAST == 2 (fp32 outputs of softmax: _exp_level): t = z·L, L = log2 e rounded to fp32, is off from z·log2 e
+    by the rounding of the product (up to half an ulp of t) and by z·(log2 e - L); e^z then has a relative error
+    of up to 3.8e-6 for z in [-87, 0] (several fp32 ulps of y; a bf16 -> fp32 softmax measured 1.6e-6 against
+    torch's 1.9e-7 on the H200), where torch's expf is within an ulp. Both parts are recovered: r = fma(z, L_lo,
+    fma(z, L, -t)) (the inner fma is exact, L_lo = log2 e - L) and e^z = 2^t·(1 + r·ln 2) to second order. An
+    emulation with an exact 2^t (numpy, 1.1M z in [-87, 88]) gives at most 1.19e-7 (one fp32 eps) against 3.8e-6;
+    the hardware ex2.approx adds its own ~2 ulp. Cost: three FMAs, one multiply and a select (z = ±inf, where
+    the correction is inf·0) per element."""
     if FAST and z.dtype == tl.float32:
         t = z * 1.4426950408889634
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
                                       pack=1)
         if FAST == 2:
-            y = tl.fma(e, tl.fma(z, 1.4426950408889634, -t) * 0.6931471805599453, e)
+            r = tl.fma(z, 1.925963033500011e-08, tl.fma(z, 1.4426950408889634, -t))
+            y = tl.fma(e, r * 0.6931471805599453, e)
             return tl.where(y == y, y, e)       # z = ±inf (or e overflowing): the correction is inf·0, keep e
         return e
     else:
