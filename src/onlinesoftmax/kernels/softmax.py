@@ -28,7 +28,8 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
            (on-chip bytes in flight per SM set the speed of this path).
            Many long rows of unit stride (16-byte aligned, N a multiple of 16) take the same scheme with the
            chunk in shared memory instead (``softmax_coop_smem_kernel``, kernels/softmax_smem.py, Gluon;
-           SMEM_CONFIG): up to 220 KB per SM held through the barrier against about 128 KB in registers.
+           SMEM_CONFIG), its first few sub-tiles in registers (REG): 256-288 KB per SM held through the
+           barrier against about 128 KB in registers alone.
 ``split``  The same cut, in two launches with no waiting: the first publishes partial states, the second merges
            them and re-reads its chunk. Used under TRITON_INTERPRET=1 (the CPU interpreter runs programs one
            after another, so a barrier would hang there) and when a row needs more than COOP_MAX_CHUNKS chunks.

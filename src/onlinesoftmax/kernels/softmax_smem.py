@@ -10,14 +10,16 @@ Here the chunk is copied global → shared by ``cp.async`` (no registers held wh
 while the program waits), so an SM holds up to its 227 KB of shared memory, and a program needs few registers.
 Measured (H200, 1 GiB per tensor, one run each, benchmarks/results/softmax/tune-gib-smem-*.log): fp32 N = 128K /
 256K 92.5 / 89.9 % of the copy ceiling against 86.8 / 82.0 % for the register kernel; bf16 85.0 / 84.0 % against
-78.4 / 75.3 % for the bf16x2 kernel.
+78.4 / 75.3 % for the bf16x2 kernel. The forward also keeps the chunk's first REG sub-tiles in registers, which
+shared memory leaves idle (bf16 as int32 words of two elements, WORDS): fp32 94.4-94.6 / 92.3-92.6 %, bf16 86.0 /
+85.8 % (tune-gib-hybrid-*.log).
 
 The `rows` path runs the same kernel with one chunk per row (C = 1: step 2 is skipped, no barrier) for 16-bit
 rows of 4K-32K elements (kernels/softmax.py: SMEM_ROWS): bf16 96.4-97.8 % of the copy ceiling against 83.6-96.7 %
 for the register kernels (benchmarks/results/softmax/tune-gib-slots-c1d6159.log, bench-d1ae531.log).
 
-Steps, in the paper's notation, for chunk c of CHUNK = S x SUB elements:
-    0. cp.async the S sub-tiles into shared memory, one commit group each;
+Steps, in the paper's notation, for chunk c of CHUNK = (REG + S) x SUB elements:
+    0. cp.async the S sub-tiles into shared memory, one commit group each (and load the REG ones into registers);
     1. m_c = max_j x_j as the sub-tiles land, then d_c = sum_j e^(x_j - m_c) (a second pass over shared memory);
     2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c);
     3. y_j = e^(x_j - m) / d  (softmax) or (x_j - m) - log d  (log-softmax), read from shared memory again.
