@@ -397,6 +397,43 @@ def test_fast_exp_choice_on_h200(monkeypatch, mode, dtype, n, fast):
         assert record["path"] == "rows" and record["fast_exp"] is expect
 
 
+@pytest.mark.parametrize("fast,mode,out_dtype,level", [
+    (True, K.SOFTMAX, torch.float32, 2), (True, K.SOFTMAX, torch.bfloat16, 1), (True, K.SOFTMAX, torch.float16, 1),
+    (True, K.LOG_SOFTMAX, torch.float32, 1), (True, K.LOGSUMEXP, torch.float32, 1),
+    (False, K.SOFTMAX, torch.float32, 0), (False, K.LOG_SOFTMAX, torch.bfloat16, 0),
+])
+def test_exp_level(fast, mode, out_dtype, level):
+    """The compensated exponential (FAST == 2) only where softmax writes e^(x - m) to an fp32 output."""
+    assert K._exp_level(fast, mode, out_dtype) == level
+
+
+def test_compensated_exp_constants():
+    """_exp's FAST == 2 in numpy with an exact 2^t (the hardware's ex2.approx adds its own ~2 ulp): L_LO is the part
+    of log2 e beyond fp32 L, and the compensated e^z is within 1.5 fp32 eps of fp64 where the plain 2^(fp32 z·L)
+    is off by more than 10 eps for large |z|."""
+    L, L_LO, LN2 = (np.float32(c.value) for c in (K.LOG2E, K.LOG2E_LO, K.LN2))
+    assert L_LO == np.float32(1 / math.log(2) - float(L)) and L == np.float32(1 / math.log(2))
+    z = np.concatenate([np.linspace(-87, 0, 200_001), np.linspace(0, 88, 20_001)]).astype(np.float32)
+    t = z * L                                                                   # fp32 product
+    e = np.exp2(t.astype(np.float64)).astype(np.float32)
+    r = (z.astype(np.float64) * float(L) - t).astype(np.float32)               # fma(z, L, -t): exact
+    r = (z.astype(np.float64) * float(L_LO) + r).astype(np.float32)            # fma(z, L_LO, r)
+    y = (e.astype(np.float64) * (r * LN2).astype(np.float64) + e).astype(np.float32)   # fma(e, r·ln 2, e)
+    exact = np.exp(z.astype(np.float64))
+    eps = float(np.finfo(np.float32).eps)
+    assert (np.abs(y - exact) / exact).max() <= 1.5 * eps
+    assert (np.abs(e - exact) / exact).max() > 10 * eps
+
+
+@pytest.mark.parametrize("n,chunk,reg_elems,fits", [
+    (131072, 16384, 4096, True), (128256, 16384, 4096, True), (3 * 16384 + 4095, 16384, 4096, False),
+    (3 * 16384 + 4096, 16384, 4096, True), (12672, 16384, 2048, True), (1000, 16384, 2048, False),
+])
+def test_register_sub_tiles_fit_every_chunk(n, chunk, reg_elems, fits):
+    """REG keeps the first elements of every chunk in registers unmasked: the row's last chunk must cover them."""
+    assert K._reg_fits(n, chunk, reg_elems) is fits
+
+
 def test_interpreter_uses_split_for_long_rows():
     assert K.choose_path(512, 131072, H200_SMS, interpret=True) == "split"
 

@@ -127,6 +127,11 @@ BWD_ELEMS_PER_THREAD = 32    # at N = 32K / 128K / 256K against 95.0 / 91.2 / 85
 # MODE of the forward kernels
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
+# _exp: log2 e as fp32 (L), the rest of log2 e beyond it (L_LO = log2 e - L, as fp32), and ln 2
+LOG2E = tl.constexpr(1.4426950408889634)
+LOG2E_LO = tl.constexpr(1.925963033500011e-08)
+LN2 = tl.constexpr(0.6931471805599453)
+
 
 # ---- building blocks, in the paper's notation ------------------------------------------------------
 @triton.jit
@@ -151,12 +156,12 @@ def _exp(z, FAST: tl.constexpr):
     the hardware ex2.approx adds its own ~2 ulp. Cost: three FMAs, one multiply and a select (z = ±inf, where
     the correction is inf·0) per element."""
     if FAST and z.dtype == tl.float32:
-        t = z * 1.4426950408889634
+        t = z * LOG2E
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
                                       pack=1)
         if FAST == 2:
-            r = tl.fma(z, 1.925963033500011e-08, tl.fma(z, 1.4426950408889634, -t))
-            y = tl.fma(e, r * 0.6931471805599453, e)
+            r = tl.fma(z, LOG2E_LO, tl.fma(z, LOG2E, -t))
+            y = tl.fma(e, r * LN2, e)
             return tl.where(y == y, y, e)       # z = ±inf (or e overflowing): the correction is inf·0, keep e
         return e
     else:
