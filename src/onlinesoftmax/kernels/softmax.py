@@ -82,9 +82,9 @@ BF16X2_SHORT_N = 65536       # bf16x2 chunk: BF16X2_SHORT_CHUNK elements (4 warp
 BF16X2_SHORT_CHUNK = 4096    # at N = 32K / 64K against 72.4 / 71.5 % with 16384; COOP_BF16X2_CHUNK (8 warps)
 COOP_BF16X2_CHUNK = 16384    # beyond: 69.9 / 66.0 % at N = 128K / 256K against 69.4 / 63.2 % with 4096
 SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps, reg) of the coop kernel that holds its
-    4: (16384, 8, 4),        # chunk in shared memory (kernels/softmax_smem.py), its last `reg` sub-tiles in registers
-    2: (16384, 4, 4),        # (REG): 1 GiB, N = 128K / 256K, fp32 94.4 / 92.3 % against 92.4 / 89.8 for the chunk in
-}                            # shared memory alone; bf16 85.6 / 85.1 against 84.0 / 83.7 (tune-gib-hybrid-*.log)
+    4: (16384, 8, 4),        # chunk in shared memory (kernels/softmax_smem.py), its first `reg` sub-tiles in registers
+    2: (16384, 4, 4),        # (REG): 1 GiB, N = 128K / 256K, fp32 94.6 / 92.6 % against 92.0 / 90.3 for the chunk in
+}                            # shared memory alone, bf16 86.0 / 85.8 against 84.5 / 83.7 (tune-gib-hybrid-ea3cf0f.log)
 SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its register sub-tiles (_reg_fits): the
     4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
