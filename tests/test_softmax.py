@@ -766,7 +766,7 @@ sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
 sig.update(X="*fp32", Y="*fp32", PART_M="*fp32", PART_D="*fp32", ARRIVE="*i32", GEN="*i32")
 out = []
 for reg in (0, 4):      # the chunk's last `reg` sub-tiles in registers (REG)
-    const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False, REG=reg, WORDS=False)
+    const = dict(CHUNK=8192, VEC=4, WARPS=8, C_POW2=16, MODE=0, EVEN=False, REG=reg, WORDS=False, FAST=2)
     k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
     ptx = k.asm["ptx"]
     out.append({"shared": k.metadata.shared, "local": "ld.local" in ptx,

@@ -802,7 +802,7 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                WORDS=words, num_warps=warps)
+                WORDS=words, FAST=_exp_level(True, mode, out.dtype), num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],

@@ -55,13 +55,13 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr,
+    EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr, FAST: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer).
     REG (0 or a power of two): the chunk's first REG sub-tiles are held in registers, never masked (the plan keeps
     every chunk at least that long), the others in shared memory. WORDS (bf16 in and out): those registers hold
-    int32 words of two elements, unpacked at each use."""
+    int32 words of two elements, unpacked at each use. FAST: the output's exponential (_exp_level)."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
@@ -127,15 +127,11 @@ def softmax_coop_smem_kernel(
     y_base = Y + _row_offsets(row, INNER, syo, syi) + start
     sh = _shift(m)
     if MODE == 0:
-        scale = gl.where(m == float("inf"), float("nan"), 1.0 / d)
+        c = gl.where(m == float("inf"), float("nan"), 1.0 / d)
     else:
-        log_d = gl.where(m == float("inf"), float("nan"), gl.log(d))
+        c = gl.where(m == float("inf"), float("nan"), gl.log(d))
     for s in range(S):
-        x = smem.index(s).load(L).to(gl.float32)
-        if MODE == 0:
-            y = _exp(x - sh, 2 if Y.dtype.element_ty == gl.float32 else 1) * scale     # see _exp: FAST == 2
-        else:
-            y = (x - m) - log_d
+        y = _out(smem.index(s).load(L).to(gl.float32), m, sh, c, MODE, FAST)
         if EVEN:
             gl.store(y_base + REG * SUB + s * SUB + offs, y.to(Y.dtype.element_ty))
         else:
@@ -143,19 +139,21 @@ def softmax_coop_smem_kernel(
     if REG > 0:
         if WORDS:
             lo, hi = _bf16_halves(xr, 0)
-            if MODE == 0:
-                yw = _pack_bf16x2(_exp(lo - sh, True) * scale, _exp(hi - sh, True) * scale)
-            else:
-                yw = _pack_bf16x2((lo - m) - log_d, (hi - m) - log_d)
+            yw = _pack_bf16x2(_out(lo, m, sh, c, MODE, FAST), _out(hi, m, sh, c, MODE, FAST))
             gl.store(Y.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, syo, syi) + start) // 2 + cols_r,
                      yw)
         else:
-            xf = xr.to(gl.float32)
-            if MODE == 0:
-                yr = _exp(xf - sh, 2 if Y.dtype.element_ty == gl.float32 else 1) * scale
-            else:
-                yr = (xf - m) - log_d
-            gl.store(y_base + cols_r, yr.to(Y.dtype.element_ty))
+            gl.store(y_base + cols_r, _out(xr.to(gl.float32), m, sh, c, MODE, FAST).to(Y.dtype.element_ty))
+
+
+@gluon.jit
+def _out(x, m, sh, c, MODE: gl.constexpr, FAST: gl.constexpr):
+    """3. y = e^(x - m) / d with c = 1/d (softmax; e^ relative to sh = _shift(m)), or (x - m) - log d with
+    c = log d (log-softmax)."""
+    if MODE == 0:
+        return _exp(x - sh, FAST) * c
+    else:
+        return (x - m) - c
 
 
 @gluon.jit
