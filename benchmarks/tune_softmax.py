@@ -300,6 +300,35 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         save("tune_gib_hybrid")
         return
 
+    if gib == "pipe":     # whole rows with the next row in flight into shared memory (softmax_rows_pipe_kernel)
+        # against the default: (dtype, N) -> modes, (warps, programs per SM) variants
+        sweep = {(torch.float32, 32768): ("fwd log lse", ((32, 1), (16, 1))),
+                 (torch.float32, 16384): ("fwd log lse", ((16, 2), (8, 2), (32, 1), (16, 1))),
+                 (torch.float32, 4096): ("fwd lse", ((4, 8), (8, 4), (2, 12), (4, 4))),
+                 (torch.float32, 12672): ("fwd", ((16, 2), (8, 2))),
+                 (torch.bfloat16, 32768): ("fwd log lse", ((32, 1), (16, 1), (16, 2), (8, 2))),
+                 (torch.bfloat16, 16384): ("fwd log lse", ((16, 2), (8, 2), (8, 3), (16, 1), (4, 4))),
+                 (torch.bfloat16, 4096): ("fwd lse", ((4, 8), (2, 8), (2, 16), (4, 4))),
+                 (torch.bfloat16, 1024): ("lse", ((1, 16), (1, 32), (2, 16), (1, 8)))}
+        fns = {"fwd": (K.SOFTMAX, torch.softmax), "log": (K.LOG_SOFTMAX, torch.log_softmax),
+               "lse": (K.LOGSUMEXP, torch.logsumexp)}
+        for (dtype, n), (kinds, variants) in sweep.items():
+            size = torch.finfo(dtype).bits // 8
+            m = GIB // (n * size)
+            sets = inputs(m, n, dtype)
+            for kind in kinds.split():
+                mode, fn = fns[kind]
+                ref = fn(sets[0][0], -1)
+                nb = (1 if mode == K.LOGSUMEXP else 2) * m * n * size
+                record(kind, m, n, dtype, "torch", lambda x, fn=fn: fn(x, -1), sets, nb, ref)
+                record(kind, m, n, dtype, "default", fwd_variant(None, mode), sets, nb, ref)
+                for w, c in variants:
+                    record(kind, m, n, dtype, f"pipe w={w} ctas={c}",
+                           fwd_variant({"path": "rows", "pipe": True, "num_warps": w, "ctas": c}, mode), sets, nb,
+                           ref)
+            del sets
+        save("tune_gib_pipe")
+        return
     if gib == "masked":   # rows whose chunks do not divide N (LLM vocabularies): the hybrid default (REG) against
         # the shared-memory-only chunks (SMEM_CONFIG_MASKED)
         for dtype in (torch.float32, torch.bfloat16):

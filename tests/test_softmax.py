@@ -671,6 +671,40 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,warps,ctas", [(700, 32768, 32, 1), (1000, 16384, 16, 2), (1000, 12672, 8, 2),
+                                            (3000, 4096, 4, 8), (5000, 1024, 1, 16), (7, 2048, 2, 8)])
+def test_gpu_pipe_rows_kernel(dtype, m, n, warps, ctas):
+    """The pipelined `rows` kernel (softmax_rows_pipe_kernel) against fp64, all three ops: many rows per program
+    (the next row in flight while this one is written), fewer rows than programs, a partial block (N below the
+    power of two), rows holding ±inf / NaN / all -inf, strided rows and dim 0, an fp32 output from 16-bit x; x off a
+    16-byte boundary takes another kernel."""
+    base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
+    base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
+    base[m - 1, 3], base[3, n - 1] = float("-inf"), float("inf")
+    cfg = {"path": "rows", "pipe": True, "num_warps": warps, "ctas": ctas}
+    cases = [(base[:, :n], -1, True, None), (base[:, 16:n + 16], -1, True, None), (base[:, :n].t(), 0, True, None),
+             (base[:, 1:n + 1], -1, False, None)]
+    if dtype != torch.float32:
+        cases.append((base[:, :n], -1, True, torch.float32))
+    for x, dim, pipe, out_dtype in cases:
+        for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX), ("logsumexp", K.LOGSUMEXP)):
+            if mode == K.LOGSUMEXP:
+                if out_dtype is not None:
+                    continue
+                out = torch.empty(x.shape[:dim % 2] + x.shape[dim % 2 + 1:], dtype=x.dtype, device="cuda")
+                M, N, inner, (gx, _) = row_geometry([x, x], dim % 2)
+                K.forward(x, out, gx, (0, 0, 0), M, N, inner, mode, config=dict(cfg))
+                info = K.last_launch()
+            else:
+                out, info = _forward_with(x, dim, mode, cfg, out_dtype)
+            assert (info["path"] == "rows" and info.get("kernel") == "pipe") is pipe, info
+            if pipe:
+                assert info["grid"] == min(m, ctas * K.sm_count(x.device)), info
+            assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_smem_register_tiles_past_the_row_fall_back(dtype):
     """A forced REG config whose register sub-tiles the row's last chunk does not cover (50256 = 8 x 6144 + 1104)

@@ -97,6 +97,12 @@ SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-sof
                              # (tune-gib-smem-ce06dbe.log). Plan config smem=True forces it with SMEM_BWD_FALLBACK.
 SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 4)}
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
+PIPE_MAX_ROW_BYTES = 131072  # rows the pipelined `rows` kernel holds (softmax_smem.py: softmax_rows_pipe_kernel):
+PIPE_SMEM_PER_SM = 229376    # a row of shared memory per program, programs per SM as shared memory (224 KB) and
+PIPE_WARPS_PER_SM = 64       # warps and registers (about PIPE_OVERHEAD_REGS per thread beyond the row) allow
+PIPE_PROGRAMS_PER_SM = 32
+PIPE_OVERHEAD_REGS = 24
+PIPE_ELEMS_PER_THREAD = 32   # num_warps = row / (32 x this), clamped to [1, 32]
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -683,6 +689,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
+    if path == "rows" and cfg.pop("pipe", False) and _pipe_ok(x, out, geo_x, geo_y, N, mode, interpret):
+        return _pipe_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode)
     if path == "rows" and cfg.pop("smem", smem_rows is not None):
         plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], 0,
                           "rows")
@@ -807,6 +815,36 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)
+
+
+def _pipe_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
+    """softmax_rows_pipe_kernel applies (not in the interpreter): x (and y, but for logsumexp) _smem_rows and
+    16-byte aligned, the whole row in at most PIPE_MAX_ROW_BYTES of shared memory."""
+    geos = (geo_x,) if mode == LOGSUMEXP else (geo_x, geo_y)
+    ptrs = x.data_ptr() | (0 if mode == LOGSUMEXP else out.data_ptr())
+    return (not interpret and _smem_rows(geos, N, x.element_size()) and not ptrs & 15
+            and _pow2(N) * x.element_size() <= PIPE_MAX_ROW_BYTES)
+
+
+def _pipe_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
+    """The `rows` path's pipelined kernel: whole rows in registers, the next one in flight into shared memory."""
+    from .softmax_smem import softmax_rows_pipe_kernel  # it imports this module's building blocks
+
+    sms = sm_count(x.device)
+    vec = 16 // x.element_size()
+    block = _pow2(N)
+    row_bytes = block * x.element_size()
+    warps = cfg.pop("num_warps", max(1, min(32, block // (32 * PIPE_ELEMS_PER_THREAD))))
+    warps = min(warps, block // (vec * 32))
+    regs = block // (32 * warps) + PIPE_OVERHEAD_REGS                  # the row as fp32, per thread, and the rest
+    ctas = cfg.pop("ctas", max(1, min(PIPE_SMEM_PER_SM // row_bytes, PIPE_WARPS_PER_SM // warps,
+                                      PIPE_PROGRAMS_PER_SM, 65536 // (-(-regs // 8) * 8 * 32 * warps))))
+    grid = min(M, ctas * sms)
+    meta = dict(BLOCK=block, VEC=vec, WARPS=warps, MODE=mode, EVEN=N == block,
+                FAST=_exp_level(True, mode, out.dtype), num_warps=warps)
+    record = dict(path="rows", kernel="pipe", block_n=block, num_warps=warps, grid=grid, ctas=ctas)
+    return _Plan("rows", [BoundKernel(softmax_rows_pipe_kernel, (grid,), meta)],
+                 (M, N, INNER, *geo_x[:2], *geo_y[:2], grid), None, record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:

@@ -224,3 +224,62 @@ def softmax_bwd_coop_smem_kernel(
             gl.store(dx_row + s * SUB + offs, dx.to(DX.dtype.element_ty))
         else:
             gl.store(dx_row + s * SUB + offs, dx.to(DX.dtype.element_ty), mask=start + s * SUB + offs < N)
+
+
+@gluon.jit
+def _copy_row(smem, X, row, M, N, INNER, sxo, sxi, cols, EVEN: gl.constexpr):
+    """0. cp.async row `row` of X into smem ([S, SUB], this thread's own 16-byte pieces), one commit group; rows
+    past M and columns past N are copied as zeros."""
+    src = X + _row_offsets(row, INNER, sxo, sxi) + cols
+    if EVEN:
+        cp.async_copy_global_to_shared(smem, src, mask=(cols >= 0) & (row < M))
+    else:
+        cp.async_copy_global_to_shared(smem, src, mask=(cols < N) & (row < M))
+    cp.commit_group()
+
+
+@gluon.jit
+def softmax_rows_pipe_kernel(
+    X, Y, M, N, INNER, sxo, sxi, syo, syi, GRID,
+    BLOCK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, MODE: gl.constexpr, EVEN: gl.constexpr,
+    FAST: gl.constexpr,
+):
+    """Whole rows, one read and one write, with the next row's read in flight: a persistent program takes rows
+    pid, pid + GRID, ... Row i waits in shared memory; the program moves it to registers, at once puts row
+    i + GRID in flight into the same shared memory (each thread overwrites only the bytes it has just read, so no
+    barrier), and reduces and writes row i from registers while that copy lands. The register `rows` kernel
+    leaves an SM's loads idle while it reduces and writes (one 32-warp program per SM at fp32 N = 32K).
+    BLOCK = S x SUB elements (a power of two, >= N); EVEN: BLOCK == N. MODE: softmax, log-softmax or logsumexp
+    (Y then holds one value per row)."""
+    SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
+    S: gl.constexpr = BLOCK // SUB
+    L: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
+    cols = (gl.arange(0, S, layout=gl.SliceLayout(1, L))[:, None] * SUB
+            + gl.arange(0, SUB, layout=gl.SliceLayout(0, L))[None, :])
+    smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
+                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    pid = gl.program_id(0)
+    _copy_row(smem, X, pid, M, N, INNER, sxo, sxi, cols, EVEN)
+    for row in range(pid, M, GRID):
+        cp.wait_group(0)
+        x = smem.load(L).to(gl.float32)
+        _copy_row(smem, X, row + GRID, M, N, INNER, sxo, sxi, cols, EVEN)     # 0. the next row, in flight
+        if not EVEN:
+            x = gl.where(cols < N, x, float("-inf"))
+        # (axis 0 of [S, SUB] is each thread's own: fold it first)
+        m = gl.max(gl.max(x, axis=0), axis=0)                                    # 1. m = max_j x_j
+        sh = _shift(m)
+        e = _exp(x - sh, FAST)
+        d = gl.sum(gl.sum(e, axis=0), axis=0)                                    # 2. d = sum_j e^(x_j - m)
+        if MODE == 2:
+            gl.store(Y + row, (sh + gl.log(d)).to(Y.dtype.element_ty))          # logsumexp = m + log d
+        else:
+            if MODE == 0:                                                         # 3. y = e^(x_j - m) / d
+                y = e * gl.where(m == float("inf"), float("nan"), 1.0 / d)
+            else:                                                                 # 3. y = (x_j - m) - log d
+                y = (x - m) - gl.where(m == float("inf"), float("nan"), gl.log(d))
+            dst = Y + _row_offsets(row, INNER, syo, syi) + cols
+            if EVEN:
+                gl.store(dst, y.to(Y.dtype.element_ty))
+            else:
+                gl.store(dst, y.to(Y.dtype.element_ty), mask=cols < N)
