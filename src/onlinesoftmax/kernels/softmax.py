@@ -89,6 +89,7 @@ SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its 
     4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
 }
+KEEP_E = False               # (under test) 16-bit softmax in the shared-memory kernel: keep e_j in x's place
 SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps) of the coop
     (4, True): (4096, 4),    # kernel with y and dy in shared memory. 1 GiB, N = 128K / 256K: fp32 log-softmax 90.0 /
     (2, False): (8192, 4),   # 87.4 % against 83.9 / 78.8 (registers), bf16 softmax 92.8 / 91.2 against 86.8 / 83.9
@@ -97,12 +98,17 @@ SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-sof
                              # (tune-gib-smem-ce06dbe.log). Plan config smem=True forces it with SMEM_BWD_FALLBACK.
 SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 4)}
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
-PIPE_MAX_ROW_BYTES = 131072  # rows the pipelined `rows` kernel holds (softmax_smem.py: softmax_rows_pipe_kernel):
-PIPE_SMEM_PER_SM = 229376    # a row of shared memory per program, programs per SM as shared memory (224 KB) and
-PIPE_WARPS_PER_SM = 64       # warps and registers (about PIPE_OVERHEAD_REGS per thread beyond the row) allow
-PIPE_PROGRAMS_PER_SM = 32
-PIPE_OVERHEAD_REGS = 24
-PIPE_ELEMS_PER_THREAD = 32   # num_warps = row / (32 x this), clamped to [1, 32]
+LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up to a power of two) -> (warps, programs
+    (2, 1024): (1, 32),      # per SM) of logsumexp_rows_pipe_kernel (kernels/softmax_smem.py: the next row in flight
+    (2, 4096): (4, 8),       # while this one is reduced). 1 GiB, % of the copy ceiling against the register kernels
+    (2, 16384): (8, 3),      # in the same run (tune-gib-pipe-77f31cb.log): bf16 N = 1K 96.5 / 78.4, 4K 100.5 / 83.0,
+    (2, 32768): (16, 1),     # 16K 99.6 / 94.5, 32K 79.0 / 75.0; fp32 N = 4K 102.7 / 101.1, 16K 102.6 / 101.2,
+    (4, 4096): (4, 8),       # 32K 101.0 / 95.0 (reads only: a read runs faster than a copy's read + write)
+    (4, 16384): (8, 2),
+    (4, 32768): (16, 1),
+}
+LSE_PIPE_FALLBACK = (4, 4)   # a forced pipe=True (tests, tuning) at lengths the table does not list
+PIPE_MAX_ROW_BYTES = 131072  # ... rows of at most this many bytes (in shared memory, one per program)
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -689,8 +695,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
-    if path == "rows" and cfg.pop("pipe", False) and _pipe_ok(x, out, geo_x, geo_y, N, mode, interpret):
-        return _pipe_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode)
+    pipe = LSE_PIPE.get((x.element_size(), _pow2(N))) if mode == LOGSUMEXP else None
+    if path == "rows" and cfg.pop("pipe", pipe is not None) and _pipe_ok(x, geo_x, N, mode, interpret):
+        return _pipe_plan(cfg, x, M, N, INNER, geo_x, *(pipe or LSE_PIPE_FALLBACK))
     if path == "rows" and cfg.pop("smem", smem_rows is not None):
         plan = _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, None, smem_rows or SMEM_ROWS[-1][2], 0,
                           "rows")
@@ -809,42 +816,36 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
+    keep_e = cfg.pop("keep_e", KEEP_E) and mode == SOFTMAX and x.dtype == out.dtype and x.element_size() == 2
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                WORDS=words, FAST=_exp_level(True, mode, out.dtype), num_warps=warps)
-    record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg)
+                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
+    record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
+                  keep_e=keep_e)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)
 
 
-def _pipe_ok(x, out, geo_x, geo_y, N, mode, interpret) -> bool:
-    """softmax_rows_pipe_kernel applies (not in the interpreter): x (and y, but for logsumexp) _smem_rows and
-    16-byte aligned, the whole row in at most PIPE_MAX_ROW_BYTES of shared memory."""
-    geos = (geo_x,) if mode == LOGSUMEXP else (geo_x, geo_y)
-    ptrs = x.data_ptr() | (0 if mode == LOGSUMEXP else out.data_ptr())
-    return (not interpret and _smem_rows(geos, N, x.element_size()) and not ptrs & 15
-            and _pow2(N) * x.element_size() <= PIPE_MAX_ROW_BYTES)
+def _pipe_ok(x, geo_x, N, mode, interpret) -> bool:
+    """logsumexp_rows_pipe_kernel applies (not in the interpreter): logsumexp, x _smem_rows and 16-byte aligned,
+    the whole row in at most PIPE_MAX_ROW_BYTES of shared memory."""
+    return (not interpret and mode == LOGSUMEXP and _smem_rows((geo_x,), N, x.element_size())
+            and not x.data_ptr() & 15 and _pow2(N) * x.element_size() <= PIPE_MAX_ROW_BYTES)
 
 
-def _pipe_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode) -> _Plan:
-    """The `rows` path's pipelined kernel: whole rows in registers, the next one in flight into shared memory."""
-    from .softmax_smem import softmax_rows_pipe_kernel  # it imports this module's building blocks
+def _pipe_plan(cfg, x, M, N, INNER, geo_x, warps, ctas) -> _Plan:
+    """logsumexp's pipelined `rows` plan: a persistent grid of ``ctas`` programs per SM, ``warps`` each (capped
+    so that each thread holds at least one 16-byte piece of the row)."""
+    from .softmax_smem import logsumexp_rows_pipe_kernel  # it imports this module's building blocks
 
-    sms = sm_count(x.device)
     vec = 16 // x.element_size()
-    block = _pow2(N)
-    row_bytes = block * x.element_size()
-    warps = cfg.pop("num_warps", max(1, min(32, block // (32 * PIPE_ELEMS_PER_THREAD))))
-    warps = min(warps, block // (vec * 32))
-    regs = block // (32 * warps) + PIPE_OVERHEAD_REGS                  # the row as fp32, per thread, and the rest
-    ctas = cfg.pop("ctas", max(1, min(PIPE_SMEM_PER_SM // row_bytes, PIPE_WARPS_PER_SM // warps,
-                                      PIPE_PROGRAMS_PER_SM, 65536 // (-(-regs // 8) * 8 * 32 * warps))))
-    grid = min(M, ctas * sms)
-    meta = dict(BLOCK=block, VEC=vec, WARPS=warps, MODE=mode, EVEN=N == block,
-                FAST=_exp_level(True, mode, out.dtype), num_warps=warps)
-    record = dict(path="rows", kernel="pipe", block_n=block, num_warps=warps, grid=grid, ctas=ctas)
-    return _Plan("rows", [BoundKernel(softmax_rows_pipe_kernel, (grid,), meta)],
-                 (M, N, INNER, *geo_x[:2], *geo_y[:2], grid), None, record)
+    block = max(_pow2(N), vec * 32)
+    warps = min(cfg.pop("num_warps", warps), block // (vec * 32))
+    grid = min(M, cfg.pop("ctas", ctas) * sm_count(x.device))
+    meta = dict(BLOCK=block, VEC=vec, WARPS=warps, EVEN=N == block, num_warps=warps)
+    record = dict(path="rows", kernel="pipe", block_n=block, num_warps=warps, grid=grid)
+    return _Plan("rows", [BoundKernel(logsumexp_rows_pipe_kernel, (grid,), meta)],
+                 (M, N, INNER, *geo_x[:2], grid), None, record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:

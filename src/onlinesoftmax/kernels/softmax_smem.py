@@ -55,13 +55,15 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr, FAST: gl.constexpr,
+    EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr, FAST: gl.constexpr, KEEP_E: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer).
     REG (0 or a power of two): the chunk's first REG sub-tiles are held in registers, never masked (the plan keeps
     every chunk at least that long), the others in shared memory. WORDS (bf16 in and out): those registers hold
-    int32 words of two elements, unpacked at each use. FAST: the output's exponential (_exp_level)."""
+    int32 words of two elements, unpacked at each use. FAST: the output's exponential (_exp_level). KEEP_E
+    (softmax, 16-bit x and y of one dtype): step 1 overwrites each x_j with e_j = e^(x_j - m_c) rounded to that
+    dtype, and step 3 scales it, y_j = e_j·e^(m_c - m)/d, without a second exponential."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
@@ -97,13 +99,23 @@ def softmax_coop_smem_kernel(
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)
     for s in range(S):
-        dv += _exp(_sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN) - sh_c, True)
+        e = _exp(_sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN) - sh_c, True)
+        dv += e
+        if KEEP_E:                              # the thread's own elements: no barrier
+            smem.index(s).store(e.to(X.dtype.element_ty))
     if REG > 0:
         if WORDS:
             lo, hi = _bf16_halves(xr, 2)
-            d_c = gl.sum(dv, axis=0) + gl.sum(gl.sum(_exp(lo - sh_c, True) + _exp(hi - sh_c, True), axis=0), axis=0)
+            e_lo = _exp(lo - sh_c, True)
+            e_hi = _exp(hi - sh_c, True)
+            d_c = gl.sum(dv, axis=0) + gl.sum(gl.sum(e_lo + e_hi, axis=0), axis=0)
+            if KEEP_E:
+                xr = _pack_bf16x2(e_lo, e_hi)
         else:
-            d_c = gl.sum(dv + gl.convert_layout(gl.sum(_exp(xr.to(gl.float32) - sh_c, True), axis=0), L), axis=0)
+            e = _exp(xr.to(gl.float32) - sh_c, True)
+            d_c = gl.sum(dv + gl.convert_layout(gl.sum(e, axis=0), L), axis=0)
+            if KEEP_E:
+                xr = e.to(X.dtype.element_ty)
     else:
         d_c = gl.sum(dv, axis=0)
     # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c); a row of one chunk (the
@@ -126,12 +138,14 @@ def softmax_coop_smem_kernel(
     # 3. y from shared memory (and registers); a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
     y_base = Y + _row_offsets(row, INNER, syo, syi) + start
     sh = _shift(m)
-    if MODE == 0:
+    if KEEP_E:                                  # y_j = e_j · c, c = e^(m_c - m) / d
+        c = gl.where(m == float("inf"), float("nan"), gl.where(m_c == m, 1.0, gl.exp(m_c - m)) / d)
+    elif MODE == 0:
         c = gl.where(m == float("inf"), float("nan"), 1.0 / d)
     else:
         c = gl.where(m == float("inf"), float("nan"), gl.log(d))
     for s in range(S):
-        y = _out(smem.index(s).load(L).to(gl.float32), m, sh, c, MODE, FAST)
+        y = _out(smem.index(s).load(L).to(gl.float32), m, sh, c, MODE, FAST, KEEP_E)
         if EVEN:
             gl.store(y_base + REG * SUB + s * SUB + offs, y.to(Y.dtype.element_ty))
         else:
@@ -139,18 +153,21 @@ def softmax_coop_smem_kernel(
     if REG > 0:
         if WORDS:
             lo, hi = _bf16_halves(xr, 0)
-            yw = _pack_bf16x2(_out(lo, m, sh, c, MODE, FAST), _out(hi, m, sh, c, MODE, FAST))
+            yw = _pack_bf16x2(_out(lo, m, sh, c, MODE, FAST, KEEP_E), _out(hi, m, sh, c, MODE, FAST, KEEP_E))
             gl.store(Y.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, syo, syi) + start) // 2 + cols_r,
                      yw)
         else:
-            gl.store(y_base + cols_r, _out(xr.to(gl.float32), m, sh, c, MODE, FAST).to(Y.dtype.element_ty))
+            y = _out(xr.to(gl.float32), m, sh, c, MODE, FAST, KEEP_E)
+            gl.store(y_base + cols_r, y.to(Y.dtype.element_ty))
 
 
 @gluon.jit
-def _out(x, m, sh, c, MODE: gl.constexpr, FAST: gl.constexpr):
+def _out(x, m, sh, c, MODE: gl.constexpr, FAST: gl.constexpr, KEEP_E: gl.constexpr):
     """3. y = e^(x - m) / d with c = 1/d (softmax; e^ relative to sh = _shift(m)), or (x - m) - log d with
-    c = log d (log-softmax)."""
-    if MODE == 0:
+    c = log d (log-softmax); with KEEP_E x holds e_j already and y = e_j · c."""
+    if KEEP_E:
+        return x * c
+    elif MODE == 0:
         return _exp(x - sh, FAST) * c
     else:
         return (x - m) - c
@@ -239,18 +256,17 @@ def _copy_row(smem, X, row, M, N, INNER, sxo, sxi, cols, EVEN: gl.constexpr):
 
 
 @gluon.jit
-def softmax_rows_pipe_kernel(
-    X, Y, M, N, INNER, sxo, sxi, syo, syi, GRID,
-    BLOCK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, MODE: gl.constexpr, EVEN: gl.constexpr,
-    FAST: gl.constexpr,
+def logsumexp_rows_pipe_kernel(
+    X, Y, M, N, INNER, sxo, sxi, GRID,
+    BLOCK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, EVEN: gl.constexpr,
 ):
-    """Whole rows, one read and one write, with the next row's read in flight: a persistent program takes rows
-    pid, pid + GRID, ... Row i waits in shared memory; the program moves it to registers, at once puts row
-    i + GRID in flight into the same shared memory (each thread overwrites only the bytes it has just read, so no
-    barrier), and reduces and writes row i from registers while that copy lands. The register `rows` kernel
-    leaves an SM's loads idle while it reduces and writes (one 32-warp program per SM at fp32 N = 32K).
-    BLOCK = S x SUB elements (a power of two, >= N); EVEN: BLOCK == N. MODE: softmax, log-softmax or logsumexp
-    (Y then holds one value per row)."""
+    """logsumexp of whole rows with the next row's read in flight: a persistent program takes rows pid,
+    pid + GRID, ... Row i waits in shared memory; the program moves it to registers, at once puts row i + GRID in
+    flight into the same shared memory (each thread overwrites only the bytes it has just read, so no barrier),
+    and reduces row i while that copy lands, so an SM's reads never pause for the reduction (the register `rows`
+    kernel's do). BLOCK = S x SUB elements (a power of two, >= N); EVEN: BLOCK == N. Y: one fp value per row.
+    (Softmax and log-softmax through the same pipeline measured 90-91 % of the copy ceiling against 96.6-98.1 %
+    for their kernels: benchmarks/results/softmax/tune-gib-pipe-77f31cb.log.)"""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = BLOCK // SUB
     L: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
@@ -269,17 +285,5 @@ def softmax_rows_pipe_kernel(
         # (axis 0 of [S, SUB] is each thread's own: fold it first)
         m = gl.max(gl.max(x, axis=0), axis=0)                                    # 1. m = max_j x_j
         sh = _shift(m)
-        e = _exp(x - sh, FAST)
-        d = gl.sum(gl.sum(e, axis=0), axis=0)                                    # 2. d = sum_j e^(x_j - m)
-        if MODE == 2:
-            gl.store(Y + row, (sh + gl.log(d)).to(Y.dtype.element_ty))          # logsumexp = m + log d
-        else:
-            if MODE == 0:                                                         # 3. y = e^(x_j - m) / d
-                y = e * gl.where(m == float("inf"), float("nan"), 1.0 / d)
-            else:                                                                 # 3. y = (x_j - m) - log d
-                y = (x - m) - gl.where(m == float("inf"), float("nan"), gl.log(d))
-            dst = Y + _row_offsets(row, INNER, syo, syi) + cols
-            if EVEN:
-                gl.store(dst, y.to(Y.dtype.element_ty))
-            else:
-                gl.store(dst, y.to(Y.dtype.element_ty), mask=cols < N)
+        d = gl.sum(gl.sum(_exp(x - sh, True), axis=0), axis=0)                   # 2. d = sum_j e^(x_j - m)
+        gl.store(Y + row, (sh + gl.log(d)).to(Y.dtype.element_ty))              # 3. logsumexp = m + log d
