@@ -325,7 +325,7 @@ def test_smem_backward_choice_on_h200(m, size, log, expect):
     (torch.bfloat16, 16384, 32762, K.SOFTMAX, ("coop", "bf16x2", 4)),         # N not a multiple of 16
     (torch.float32, 16384, 16384, K.SOFTMAX, ("rows", None, 32)),             # fp32 keeps registers
     (torch.bfloat16, 524288, 1024, K.SOFTMAX, ("rows", None, 2)),
-    (torch.bfloat16, 32768, 16384, K.LOGSUMEXP, ("rows", None, 16)),
+    (torch.bfloat16, 32768, 16384, K.LOGSUMEXP, ("rows", "pipe", 8)),       # logsumexp: LSE_PIPE
 ])
 def test_smem_rows_choice_on_h200(monkeypatch, dtype, m, n, mode, expect):
     """16-bit rows of SMEM_ROWS lengths (unit stride, N a multiple of 16) run the shared-memory kernel with the
@@ -462,14 +462,67 @@ def test_rows_warps(dtype, n, block_m, warps):
     assert (info["path"], info["block_m"], info["num_warps"]) == ("rows", block_m, warps), info
 
 
-@pytest.mark.parametrize("dtype,n,prefetch", [(torch.float32, 1024, False), (torch.float32, 4096, True),
-                                              (torch.bfloat16, 16384, True), (torch.float32, 32768, False)])
-def test_logsumexp_prefetches_rows_of_16_to_64_kb(dtype, n, prefetch):
+@pytest.mark.parametrize("dtype,n,prefetch,pipe", [(torch.float32, 1024, False, False),
+                                                   (torch.float32, 4096, True, True),
+                                                   (torch.bfloat16, 16384, True, True),
+                                                   (torch.float32, 32768, False, True)])
+def test_logsumexp_rows_kernels(dtype, n, prefetch, pipe):
+    """logsumexp `rows`: LSE_PIPE lengths run the pipelined kernel on the GPU; the others, and every length in the
+    interpreter, the register kernel, which prefetches rows of 16-64 KB."""
     m = 2 * K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1      # not "few rows"
     x = torch.randn(m, n, device=DEV).to(dtype)
     lse = oss.logsumexp(x, backend="triton")
-    assert K.last_launch()["path"] == "rows" and K.last_launch()["prefetch"] is prefetch
+    info = K.last_launch()
+    if HAS_CUDA and pipe:
+        assert (info["path"], info["kernel"]) == ("rows", "pipe"), info
+    else:
+        assert info["path"] == "rows" and info.get("kernel") is None and info["prefetch"] is prefetch, info
     torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1).to(dtype))
+
+
+@pytest.mark.parametrize("dtype,m,n,offset,expect", [
+    (torch.bfloat16, 524288, 1024, 0, ("pipe", 1, 132 * 32)),
+    (torch.bfloat16, 65536, 8192, 0, ("pipe", 4, 132 * 4)),
+    (torch.bfloat16, 16384, 32768, 0, ("pipe", 16, 132)),
+    (torch.bfloat16, 16384, 20000, 0, ("pipe", 16, 132)),          # 20000 = 16 x 1250: a partial block
+    (torch.float32, 32768, 8192, 0, ("pipe", 8, 132 * 2)),
+    (torch.float32, 100, 16384, 0, ("pipe", 8, 100)),              # fewer rows than programs
+    (torch.float32, 262144, 1024, 0, (None, 4, None)),            # fp32 1K / 2K: the register kernel
+    (torch.bfloat16, 65536, 8200, 0, (None, 16, None)),           # N past 8192 and not a multiple of 16
+    (torch.bfloat16, 65536, 8192, 8, (None, 16, None)),           # x off a 16-byte boundary
+    (torch.bfloat16, 32, 32768, 0, ("chunks", 4, None)),          # decode sizes: chunks
+])
+def test_logsumexp_pipe_choice_on_h200(monkeypatch, dtype, m, n, offset, expect):
+    """LSE_PIPE: (kernel, warps, grid) of the logsumexp plan; plans on meta tensors."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    x = torch.empty((m, n + offset), dtype=dtype, device="meta")[:, offset:]
+    out = torch.empty((m,), dtype=dtype, device="meta")
+    if offset:
+        monkeypatch.setattr(torch.Tensor, "data_ptr", lambda t: 2 * offset if t.shape == x.shape else 0)
+    M, N, inner, (gx, _) = row_geometry([x, x], 1)
+    rec = K._forward_plan({}, x, out, gx, gx, M, N, inner, K.LOGSUMEXP, False).record
+    grid = rec["grid"] if rec.get("kernel") == "pipe" else None
+    assert (rec.get("kernel"), rec["num_warps"], grid) == expect, rec
+
+
+@pytest.mark.parametrize("dtype,out_dtype,m,n,mode,keep", [
+    (torch.bfloat16, torch.bfloat16, 4096, 131072, K.SOFTMAX, True),
+    (torch.float16, torch.float16, 4185, 128256, K.SOFTMAX, True),
+    (torch.bfloat16, torch.bfloat16, 4096, 131072, K.LOG_SOFTMAX, False),   # log-softmax has no second exp
+    (torch.bfloat16, torch.float32, 4096, 131072, K.SOFTMAX, False),        # fp32 y: e must not be rounded
+    (torch.float32, torch.float32, 2048, 131072, K.SOFTMAX, False),
+    (torch.bfloat16, torch.bfloat16, 32768, 16384, K.SOFTMAX, False),       # whole rows (SMEM_ROWS)
+])
+def test_smem_keep_e_choice_on_h200(monkeypatch, dtype, out_dtype, m, n, mode, keep):
+    """KEEP_E in the shared-memory kernel: 16-bit softmax with y of x's dtype, in coop chunks only."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    x = torch.empty((m, n), dtype=dtype, device="meta")
+    out = torch.empty((m, n), dtype=out_dtype, device="meta")
+    M, N, inner, (gx, gy) = row_geometry([x, out], 1)
+    rec = K._forward_plan({}, x, out, gx, gy, M, N, inner, mode, dtype == out_dtype == torch.bfloat16).record
+    assert rec["kernel"] == "smem" and rec["keep_e"] is keep, rec
 
 
 @pytest.mark.parametrize("dtype,block_m,warps", [(torch.bfloat16, 8, 16), (torch.float32, 2, 8)])
@@ -665,43 +718,35 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
     for x, dim, kern, out_dtype in cases:
         for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX)):
             out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True}, out_dtype)
+            keep_e = mode == K.SOFTMAX and dtype != torch.float32 and out_dtype is None     # e_j kept (KEEP_E)
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
-                (info["kernel"], info["chunk"], info["reg"]) == ("smem", chunk, reg), info
+                (info["kernel"], info["chunk"], info["reg"], info["keep_e"]) == ("smem", chunk, reg, keep_e), info
             assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,warps,ctas", [(700, 32768, 32, 1), (1000, 16384, 16, 2), (1000, 12672, 8, 2),
-                                            (3000, 4096, 4, 8), (5000, 1024, 1, 16), (7, 2048, 2, 8)])
-def test_gpu_pipe_rows_kernel(dtype, m, n, warps, ctas):
-    """The pipelined `rows` kernel (softmax_rows_pipe_kernel) against fp64, all three ops: many rows per program
-    (the next row in flight while this one is written), fewer rows than programs, a partial block (N below the
-    power of two), rows holding ±inf / NaN / all -inf, strided rows and dim 0, an fp32 output from 16-bit x; x off a
-    16-byte boundary takes another kernel."""
+@pytest.mark.parametrize("m,n,warps,ctas", [(300, 32768, 16, 1), (600, 16384, 8, 2), (600, 12672, 8, 2),
+                                            (3000, 4096, 4, 8), (9000, 1024, 1, 32), (7, 2048, 2, 16)])
+def test_gpu_logsumexp_pipe_kernel(dtype, m, n, warps, ctas):
+    """logsumexp_rows_pipe_kernel against fp64: several rows per program (the next row in flight while this one is
+    reduced), fewer rows than programs, a partial block (12672 below 16384), rows holding ±inf / NaN / all -inf,
+    strided rows and dim 0; x off a 16-byte boundary takes the register kernel."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3], base[3, n - 1] = float("-inf"), float("inf")
     cfg = {"path": "rows", "pipe": True, "num_warps": warps, "ctas": ctas}
-    cases = [(base[:, :n], -1, True, None), (base[:, 16:n + 16], -1, True, None), (base[:, :n].t(), 0, True, None),
-             (base[:, 1:n + 1], -1, False, None)]
-    if dtype != torch.float32:
-        cases.append((base[:, :n], -1, True, torch.float32))
-    for x, dim, pipe, out_dtype in cases:
-        for name, mode in (("softmax", K.SOFTMAX), ("log_softmax", K.LOG_SOFTMAX), ("logsumexp", K.LOGSUMEXP)):
-            if mode == K.LOGSUMEXP:
-                if out_dtype is not None:
-                    continue
-                out = torch.empty(x.shape[:dim % 2] + x.shape[dim % 2 + 1:], dtype=x.dtype, device="cuda")
-                M, N, inner, (gx, _) = row_geometry([x, x], dim % 2)
-                K.forward(x, out, gx, (0, 0, 0), M, N, inner, mode, config=dict(cfg))
-                info = K.last_launch()
-            else:
-                out, info = _forward_with(x, dim, mode, cfg, out_dtype)
-            assert (info["path"] == "rows" and info.get("kernel") == "pipe") is pipe, info
-            if pipe:
-                assert info["grid"] == min(m, ctas * K.sm_count(x.device)), info
-            assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
+    cases = [(base[:, :n], -1, True), (base[:, 16:n + 16], -1, True), (base[:, :n].t(), 0, True),
+             (base[:, 1:n + 1], -1, False)]
+    for x, dim, pipe in cases:
+        out = torch.empty(m, dtype=dtype, device="cuda")
+        M, N, inner, (gx, _) = row_geometry([x, x], dim % 2)
+        K.forward(x, out, gx, (0, 0, 0), M, N, inner, K.LOGSUMEXP, config=dict(cfg))
+        info = K.last_launch()
+        assert (info["path"] == "rows" and info.get("kernel") == "pipe") is pipe, info
+        if pipe:
+            assert info["grid"] == min(m, ctas * K.sm_count(x.device)), info
+        assert_matches_low_precision_eager("logsumexp", out, x, dim)
 
 
 @pytest.mark.gpu

@@ -89,7 +89,6 @@ SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its 
     4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
 }
-KEEP_E = False               # (under test) 16-bit softmax in the shared-memory kernel: keep e_j in x's place
 SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps) of the coop
     (4, True): (4096, 4),    # kernel with y and dy in shared memory. 1 GiB, N = 128K / 256K: fp32 log-softmax 90.0 /
     (2, False): (8192, 4),   # 87.4 % against 83.9 / 78.8 (registers), bf16 softmax 92.8 / 91.2 against 86.8 / 83.9
@@ -100,10 +99,13 @@ SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 4)}
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up to a power of two) -> (warps, programs
     (2, 1024): (1, 32),      # per SM) of logsumexp_rows_pipe_kernel (kernels/softmax_smem.py: the next row in flight
-    (2, 4096): (4, 8),       # while this one is reduced). 1 GiB, % of the copy ceiling against the register kernels
-    (2, 16384): (8, 3),      # in the same run (tune-gib-pipe-77f31cb.log): bf16 N = 1K 96.5 / 78.4, 4K 100.5 / 83.0,
-    (2, 32768): (16, 1),     # 16K 99.6 / 94.5, 32K 79.0 / 75.0; fp32 N = 4K 102.7 / 101.1, 16K 102.6 / 101.2,
-    (4, 4096): (4, 8),       # 32K 101.0 / 95.0 (reads only: a read runs faster than a copy's read + write)
+    (2, 2048): (2, 16),      # while this one is reduced). 1 GiB, % of the copy ceiling against the register kernels
+    (2, 4096): (4, 8),       # in the same run (tune-gib-pipe-77f31cb.log, tune-gib-pipe-217fc5e.log): bf16 N = 1K
+    (2, 8192): (4, 4),       # 96.5 / 78.4, 2K 94.6 / 86.8, 4K 100.5 / 83.0, 8K 97.3 / 76.0, 16K 99.6 / 94.5, 32K
+    (2, 16384): (8, 3),      # 79.0 / 74.9; fp32 N = 4K 102.7 / 101.1, 8K 98.9 / 97.7, 16K 102.6 / 101.2, 32K 101.0 /
+    (2, 32768): (16, 1),     # 95.0 (a read alone runs faster than a copy's read + write). fp32 N = 1K / 2K stay in
+    (4, 4096): (4, 8),       # registers: 102.0 / 99.7 % against 95.6 / 96.6 at best
+    (4, 8192): (8, 2),
     (4, 16384): (8, 2),
     (4, 32768): (16, 1),
 }
@@ -816,7 +818,12 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
-    keep_e = cfg.pop("keep_e", KEEP_E) and mode == SOFTMAX and x.dtype == out.dtype and x.element_size() == 2
+    # KEEP_E: 16-bit softmax (x, y of one dtype) in coop chunks keeps e_j in x's place (rounded to the dtype: y
+    # within 1 ulp, not 0.5) and scales it in step 3 instead of a second exponential. 1 GiB (tune-gib-keep-217fc5e
+    # .log): bf16 N = 128K / 256K / 128256 93.4 / 91.7 / 93.9 % against 87.9 / 88.4 / 82.5, fp16 128K 89.9 / 86.5.
+    # Whole rows (`rows`, SMEM_ROWS) lost 0.4-1.2 points with it (bf16 N = 4K / 16K / 32K): not there
+    keep_e = (cfg.pop("keep_e", path == "coop") and mode == SOFTMAX and x.dtype == out.dtype
+              and x.element_size() == 2)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
                 WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
