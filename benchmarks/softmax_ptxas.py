@@ -133,7 +133,7 @@ def main():
                         seen[key] = compile_launch(bound.fn, args, bound.meta)
                     (regs, stack, shared), sass = seen[key]
                     warps = bound.meta["num_warps"]
-                    elems = rec.get("chunk") or rec["block_m"] * rec["block_n"]
+                    elems = rec.get("chunk") or rec.get("block_m", 1) * rec["block_n"]   # pipe: one row
                     e_thread = elems / (32 * warps)
                     occ = programs_per_sm(regs, warps, shared)
                     esz = torch.finfo(dtype).bits // 8
