@@ -29,7 +29,8 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
            Many long rows of unit stride (16-byte aligned, N a multiple of 16) take the same scheme with the
            chunk in shared memory instead (``softmax_coop_smem_kernel``, kernels/softmax_smem.py, Gluon;
            SMEM_CONFIG), its first few sub-tiles in registers (REG): 256-288 KB per SM held through the
-           barrier against about 128 KB in registers alone.
+           barrier against about 128 KB in registers alone. 16-bit softmax there keeps e^(x - m_c) in place of x
+           after the sum (KEEP_E): one exponential per element instead of two.
 ``split``  The same cut, in two launches with no waiting: the first publishes partial states, the second merges
            them and re-reads its chunk. Used under TRITON_INTERPRET=1 (the CPU interpreter runs programs one
            after another, so a barrier would hang there) and when a row needs more than COOP_MAX_CHUNKS chunks.
@@ -37,7 +38,9 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
 Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 times and writes y (16 B);
 ``rows`` and ``coop`` read x once and write y once (8 B); ``split`` reads x twice (12 B).
 logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive);
-rows of 16-64 KB run the prefetching loop for it, many long rows LSE_CHUNK-element chunks.
+rows of LSE_PIPE lengths (1K-32K) run ``logsumexp_rows_pipe_kernel`` (kernels/softmax_smem.py: persistent, the
+next row in flight into shared memory while this one is reduced), other rows of 16-64 KB the prefetching loop,
+many long rows LSE_CHUNK-element chunks.
 
 Exponentials: ``_exp`` (ex2.approx.ftz, one MUFU.EX2 per element) on the GPU, except softmax's output in the
 bf16x2 kernel and in the prefetching ``rows`` loop, where it measured slower (a ``rows`` plan records ``fast_exp``).

@@ -1,5 +1,6 @@
-"""The long-row softmax kernels, forward and backward, that hold their chunk in shared memory (Gluon, sm_80+;
-the GPU only; kernels/softmax.py chooses them: SMEM_CONFIG, SMEM_BWD_CONFIG).
+"""The softmax kernels that hold their data in shared memory (Gluon, sm_80+; the GPU only; kernels/softmax.py
+chooses them: SMEM_CONFIG, SMEM_ROWS, SMEM_BWD_CONFIG, LSE_PIPE): the long-row coop kernels, forward and backward,
+and logsumexp's pipelined rows kernel (at the end of this file).
 
 Same scheme as ``softmax_chunks_kernel``'s coop phase (kernels/softmax.py): program (row, c) owns chunk c of its
 row, publishes (m_c, d_c), waits at the row barrier until its C siblings have published, merges with ⊕ and
@@ -23,6 +24,9 @@ Steps, in the paper's notation, for chunk c of CHUNK = (REG + S) x SUB elements:
     1. m_c = max_j x_j as the sub-tiles land, then d_c = sum_j e^(x_j - m_c) (a second pass over shared memory);
     2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c);
     3. y_j = e^(x_j - m) / d  (softmax) or (x_j - m) - log d  (log-softmax), read from shared memory again.
+With KEEP_E (16-bit softmax in coop chunks) step 1 writes e_j = e^(x_j - m_c) over x_j and step 3 is
+y_j = e_j · e^(m_c - m) / d: one exponential per element (bf16 N = 128K / 256K 93.4 / 91.7 % against 87.9 / 88.4 %,
+tune-gib-keep-217fc5e.log).
 """
 
 from __future__ import annotations
