@@ -253,7 +253,7 @@ def _copy_row(smem, X, row, M, N, INNER, sxo, sxi, cols, EVEN: gl.constexpr):
     past M and columns past N are copied as zeros."""
     src = X + _row_offsets(row, INNER, sxo, sxi) + cols
     if EVEN:
-        cp.async_copy_global_to_shared(smem, src, mask=(cols >= 0) & (row < M))
+        cp.async_copy_global_to_shared(smem, src, mask=(cols >= 0) & (row < M))    # (row < M as a tensor)
     else:
         cp.async_copy_global_to_shared(smem, src, mask=(cols < N) & (row < M))
     cp.commit_group()
@@ -269,7 +269,7 @@ def logsumexp_rows_pipe_kernel(
     flight into the same shared memory (each thread overwrites only the bytes it has just read, so no barrier),
     and reduces row i while that copy lands, so an SM's reads never pause for the reduction (the register `rows`
     kernel's do). BLOCK = S x SUB elements (a power of two, >= N); EVEN: BLOCK == N. Y: one fp value per row.
-    (Softmax and log-softmax through the same pipeline measured 90-91 % of the copy ceiling against 96.6-98.1 %
+    (Softmax and log-softmax through the same pipeline measured 82-92 % of the copy ceiling against 94.7-98.1 %
     for their kernels: benchmarks/results/softmax/tune-gib-pipe-77f31cb.log.)"""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
     S: gl.constexpr = BLOCK // SUB
