@@ -302,7 +302,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
 
     if gib == "pipe":     # logsumexp: whole rows with the next row in flight (logsumexp_rows_pipe_kernel) against the
         # register kernels. Run 1 at 77f31cb (tune-gib-pipe-77f31cb.log) also timed softmax and log-softmax through
-        # the same pipeline (90-91 % everywhere, against 96.6-98.1 %) and chose LSE_PIPE; run 2: the lengths between
+        # the same pipeline (82-92 %, against 94.7-98.1 %) and chose LSE_PIPE; run 2: the lengths between
         sweep = {(torch.float32, 1024): ((1, 32), (2, 16)),
                  (torch.float32, 2048): ((2, 16), (1, 32), (4, 8)),
                  (torch.float32, 8192): ((4, 4), (8, 3), (8, 2), (4, 6)),
