@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _bf16_halves, _exp, _grad, _pack_bf16x2, _row_barrier, _row_offsets, _shift
+from .softmax import _bf16_halves, _exp, _grad, _lse, _pack_bf16x2, _row_barrier, _row_offsets, _shift
 
 
 @gluon.jit
@@ -292,4 +292,4 @@ def logsumexp_rows_pipe_kernel(
         m = gl.max(gl.max(x, axis=0), axis=0)                                    # 1. m = max_j x_j
         sh = _shift(m)
         d = gl.sum(gl.sum(_exp(x - sh, True), axis=0), axis=0)                   # 2. d = sum_j e^(x_j - m)
-        gl.store(Y + row, (sh + gl.log(d)).to(Y.dtype.element_ty))              # 3. logsumexp = m + log d
+        gl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))                    # 3. logsumexp = m + log d
