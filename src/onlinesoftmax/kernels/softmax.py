@@ -148,6 +148,9 @@ SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 LOG2E = tl.constexpr(1.4426950408889634)
 LOG2E_LO = tl.constexpr(1.925963033500011e-08)
 LN2 = tl.constexpr(0.6931471805599453)
+LN2_HI = tl.constexpr(0.6931471824645996)       # ln 2 rounded to fp32
+LN2_LO = tl.constexpr(-1.9046542121259336e-09)  # ln 2 - LN2_HI, as fp32
+CLAMP_Z = tl.constexpr(-104.0)                  # e^-104 = 2^-150: below the smallest ftz result
 
 
 # ---- building blocks, in the paper's notation ------------------------------------------------------
@@ -173,13 +176,15 @@ def _exp(z, FAST: tl.constexpr):
     the hardware ex2.approx adds its own ~2 ulp. Cost: three FMAs, one multiply and a select (z = ±inf, where
     the correction is inf·0) per element."""
     if FAST and z.dtype == tl.float32:
+        if FAST == 2:
+            # (experiment) u = z - t·ln 2 by Cody-Waite (LN2_HI·t exact in the fma) is z·log2 e - t in units of e,
+            # and e^z = 2^t·e^u ≈ 2^t·(1 + u). z is clamped first (NaN kept): z = -inf gives 2^-150 -> 0, not inf·0
+            z = tl.maximum(z, CLAMP_Z, propagate_nan=tl.PropagateNan.ALL)
         t = z * LOG2E
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
                                       pack=1)
         if FAST == 2:
-            r = tl.fma(z, LOG2E_LO, tl.fma(z, LOG2E, -t))
-            y = tl.fma(e, r * LN2, e)
-            return tl.where(y == y, y, e)       # z = ±inf (or e overflowing): the correction is inf·0, keep e
+            return tl.fma(e, tl.fma(-t, LN2_LO, tl.fma(-t, LN2_HI, z)), e)
         return e
     else:
         return tl.exp(z)
