@@ -325,6 +325,25 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_pipe")
         return
+    if gib == "stream":   # (experiment, branch exp/lse-stream) logsumexp through logsumexp_stream_kernel: rows
+        # streamed through a ring of shared-memory tiles with a running (m, d) per thread, against the default
+        variants = ((4, 8, 2, 4), (4, 16, 2, 4), (8, 8, 2, 2), (4, 8, 1, 8), (4, 4, 2, 8), (8, 16, 1, 4))
+        for dtype in (torch.bfloat16, torch.float32):
+            size = torch.finfo(dtype).bits // 8
+            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+                m = GIB // (n * size)
+                sets = inputs(m, n, dtype)
+                ref = torch.logsumexp(sets[0][0], -1)
+                nb = m * n * size
+                record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
+                record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
+                for w, st, cp_, c in variants:
+                    record("lse", m, n, dtype, f"stream w={w} stages={st} copies={cp_} ctas={c}",
+                           fwd_variant({"stream": True, "num_warps": w, "stages": st, "copies": cp_, "ctas": c},
+                                       K.LOGSUMEXP), sets, nb, ref)
+                del sets
+        save("tune_gib_stream")
+        return
     if gib == "keep":     # 16-bit softmax in the shared-memory kernel: e_j kept in x's place (KEEP_E) against the
         # second exponential
         for dtype, n in ((torch.bfloat16, 131072), (torch.bfloat16, 262144), (torch.bfloat16, 128256),

@@ -754,6 +754,26 @@ def test_gpu_logsumexp_pipe_kernel(dtype, m, n, warps, ctas):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,cfg", [(300, 131072, (4, 8, 2, 4)), (40, 50256, (4, 4, 1, 2)), (600, 1024, (8, 8, 2, 4)),
+                                     (5, 20000, (4, 16, 2, 8)), (2000, 4096, (4, 8, 2, 2))])
+def test_gpu_logsumexp_stream_kernel(dtype, m, n, cfg):
+    """(Experiment) logsumexp_stream_kernel against fp64: rows longer and shorter than a tile, partial tiles,
+    fewer rows than programs, rows holding ±inf / NaN / all -inf, strided rows and dim 0."""
+    base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
+    base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
+    base[m - 1, 3], base[3, n - 1] = float("-inf"), float("inf")
+    w, st, copies, ctas = cfg
+    config = {"stream": True, "num_warps": w, "stages": st, "copies": copies, "ctas": ctas}
+    for x, dim in ((base[:, :n], -1), (base[:, 16:n + 16], -1), (base[:, :n].t(), 0)):
+        out = torch.empty(m, dtype=dtype, device="cuda")
+        M, N, inner, (gx, _) = row_geometry([x, x], dim % 2)
+        K.forward(x, out, gx, (0, 0, 0), M, N, inner, K.LOGSUMEXP, config=dict(config))
+        assert K.last_launch()["kernel"] == "stream", K.last_launch()
+        assert_matches_low_precision_eager("logsumexp", out, x, dim)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_smem_register_tiles_past_the_row_fall_back(dtype):
     """A forced REG config whose register sub-tiles the row's last chunk does not cover (50256 = 8 x 6144 + 1104)

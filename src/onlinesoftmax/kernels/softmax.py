@@ -705,6 +705,8 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
+    if mode == LOGSUMEXP and cfg.pop("stream", False) and _stream_ok(x, geo_x, N, interpret):
+        return _stream_plan(cfg, x, M, N, INNER, geo_x)
     pipe = LSE_PIPE.get((x.element_size(), _pow2(N))) if mode == LOGSUMEXP else None
     if path == "rows" and cfg.pop("pipe", pipe is not None) and _pipe_ok(x, geo_x, N, mode, interpret):
         return _pipe_plan(cfg, x, M, N, INNER, geo_x, *(pipe or LSE_PIPE_FALLBACK))
@@ -861,6 +863,27 @@ def _pipe_plan(cfg, x, M, N, INNER, geo_x, warps, ctas) -> _Plan:
     record = dict(path="rows", kernel="pipe", block_n=block, num_warps=warps, grid=grid)
     return _Plan("rows", [BoundKernel(logsumexp_rows_pipe_kernel, (grid,), meta)],
                  (M, N, INNER, *geo_x[:2], grid), None, record)
+
+
+def _stream_ok(x, geo_x, N, interpret) -> bool:
+    """(Experiment) logsumexp_stream_kernel applies: x _smem_rows and 16-byte aligned, not in the interpreter."""
+    return not interpret and _smem_rows((geo_x,), N, x.element_size()) and not x.data_ptr() & 15
+
+
+def _stream_plan(cfg, x, M, N, INNER, geo_x) -> _Plan:
+    """(Experiment, opt-in with config stream=True) logsumexp rows streamed through a ring of shared-memory tiles:
+    ``num_warps``, ``stages``, ``copies`` (16-byte copies per thread per tile) and ``ctas`` (programs per SM)
+    from the config."""
+    from .softmax_smem import logsumexp_stream_kernel  # it imports this module's building blocks
+
+    vec = 16 // x.element_size()
+    warps, stages, per = cfg.pop("num_warps", 4), cfg.pop("stages", 8), vec * cfg.pop("copies", 2)
+    tile = per * 32 * warps
+    grid = min(M, cfg.pop("ctas", 4) * sm_count(x.device))
+    meta = dict(VEC=vec, PER=per, WARPS=warps, STAGES=stages, EVEN=N % tile == 0, num_warps=warps)
+    record = dict(path="rows", kernel="stream", tile=tile, stages=stages, num_warps=warps, grid=grid)
+    return _Plan("rows", [BoundKernel(logsumexp_stream_kernel, (grid,), meta)],
+                 (M, N, INNER, *geo_x[:2], grid, triton.cdiv(N, tile)), None, record)
 
 
 def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, INNER, log: bool, config: dict | None = None) -> str:
