@@ -328,9 +328,10 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
     if gib == "stream":   # (experiment, branch exp/lse-stream) logsumexp through logsumexp_stream_kernel: rows
         # streamed through a ring of shared-memory tiles with a running (m, d) per thread, against the default
         variants = ((4, 8, 2, 4), (4, 16, 2, 4), (8, 8, 2, 2), (4, 8, 1, 8), (4, 4, 2, 8), (8, 16, 1, 4))
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype, n in ((torch.bfloat16, 32768), (torch.bfloat16, 131072), (torch.bfloat16, 262144),
+                         (torch.bfloat16, 16384), (torch.float32, 262144)):
             size = torch.finfo(dtype).bits // 8
-            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+            if True:
                 m = GIB // (n * size)
                 sets = inputs(m, n, dtype)
                 ref = torch.logsumexp(sets[0][0], -1)
@@ -343,6 +344,15 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                                        K.LOGSUMEXP), sets, nb, ref)
                 del sets
         save("tune_gib_stream")
+        return
+    if gib == "exp":      # (A/B) fp32 softmax outputs: exponential levels 1 (ex2.approx), 2 (Cody-Waite), 3 (ecc04f6)
+        for n in (1024, 4096, 16384, 32768, 131072, 262144):
+            m = GIB // (n * 4)
+            sets, ref, nb = fwd_baseline("fwd", m, n, torch.float32)
+            for level in (1, 2, 3):
+                record("fwd", m, n, torch.float32, f"exp={level}", fwd_variant({"exp": level}), sets, nb, ref)
+            del sets
+        save("tune_gib_exp")
         return
     if gib == "keep":     # 16-bit softmax in the shared-memory kernel: e_j kept in x's place (KEEP_E) against the
         # second exponential

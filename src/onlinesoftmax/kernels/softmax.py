@@ -185,6 +185,10 @@ def _exp(z, FAST: tl.constexpr):
                                       pack=1)
         if FAST == 2:
             return tl.fma(e, tl.fma(-t, LN2_LO, tl.fma(-t, LN2_HI, z)), e)
+        if FAST == 3:   # (A/B only) the compensation of ecc04f6
+            r = tl.fma(z, LOG2E_LO, tl.fma(z, LOG2E, -t))
+            y = tl.fma(e, r * LN2, e)
+            return tl.where(y == y, y, e)
         return e
     else:
         return tl.exp(z)
@@ -733,7 +737,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         # tl.exp, though 48 fewer instructions per tile; logsumexp in the same loop gained 5 points)
         fast = not interpret and not (mode == SOFTMAX and prefetch)
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch,
-                    FAST=_exp_level(fast, mode, out.dtype), num_warps=warps)
+                    FAST=cfg.pop("exp", _exp_level(fast, mode, out.dtype)), num_warps=warps)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch,
                       fast_exp=fast)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
@@ -835,7 +839,7 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     keep_e = (cfg.pop("keep_e", path == "coop") and mode == SOFTMAX and x.dtype == out.dtype
               and x.element_size() == 2)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
+                WORDS=words, FAST=cfg.pop("exp", _exp_level(True, mode, out.dtype)), KEEP_E=keep_e, num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
                   keep_e=keep_e)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
