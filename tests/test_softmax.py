@@ -756,12 +756,16 @@ def test_gpu_logsumexp_pipe_kernel(dtype, m, n, warps, ctas):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,cfg", [(300, 131072, (4, 8, 2, 4)), (40, 50256, (4, 4, 1, 2)), (600, 1024, (8, 8, 2, 4)),
-                                     (5, 20000, (4, 16, 2, 8)), (2000, 4096, (4, 8, 2, 2))])
+                                     (5, 20000, (4, 16, 2, 8)), (2000, 4096, (4, 8, 2, 2)),
+                                     (300, 131072, (4, 0, 2, 8)), (40, 50256, (4, 0, 4, 2)), (600, 1024, (8, 0, 2, 4)),
+                                     (5, 20000, (2, 0, 2, 8))])
 def test_gpu_logsumexp_stream_kernel(dtype, m, n, cfg):
-    """(Experiment) logsumexp_stream_kernel against fp64: rows longer and shorter than a tile, partial tiles,
-    fewer rows than programs, rows holding ±inf / NaN / all -inf, strided rows and dim 0."""
+    """(Experiment) logsumexp_stream_kernel (stages > 0) and its registers variant (stages = 0) against fp64: rows
+    longer and shorter than a tile, partial tiles, fewer rows than programs, rows holding ±inf / NaN / all -inf, a
+    row far below 0 (its first state (-inf, 0) rescaled by e^(-inf - m') = 0, not 0·inf), strided rows and dim 0."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
+    base[4] -= 200
     base[m - 1, 3], base[3, n - 1] = float("-inf"), float("inf")
     w, st, copies, ctas = cfg
     config = {"stream": True, "num_warps": w, "stages": st, "copies": copies, "ctas": ctas}

@@ -878,15 +878,20 @@ def _stream_plan(cfg, x, M, N, INNER, geo_x) -> _Plan:
     """(Experiment, opt-in with config stream=True) logsumexp rows streamed through a ring of shared-memory tiles:
     ``num_warps``, ``stages``, ``copies`` (16-byte copies per thread per tile) and ``ctas`` (programs per SM)
     from the config."""
-    from .softmax_smem import logsumexp_stream_kernel  # it imports this module's building blocks
+    from .softmax_smem import logsumexp_stream_kernel, logsumexp_stream_regs_kernel
 
     vec = 16 // x.element_size()
     warps, stages, per = cfg.pop("num_warps", 4), cfg.pop("stages", 8), vec * cfg.pop("copies", 2)
     tile = per * 32 * warps
     grid = min(M, cfg.pop("ctas", 4) * sm_count(x.device))
-    meta = dict(VEC=vec, PER=per, WARPS=warps, STAGES=stages, EVEN=N % tile == 0, num_warps=warps)
+    if stages == 0:     # registers: the next tile in flight in registers
+        meta = dict(PER=per, WARPS=warps, num_warps=warps)
+        kernel = logsumexp_stream_regs_kernel
+    else:
+        meta = dict(VEC=vec, PER=per, WARPS=warps, STAGES=stages, EVEN=N % tile == 0, num_warps=warps)
+        kernel = logsumexp_stream_kernel
     record = dict(path="rows", kernel="stream", tile=tile, stages=stages, num_warps=warps, grid=grid)
-    return _Plan("rows", [BoundKernel(logsumexp_stream_kernel, (grid,), meta)],
+    return _Plan("rows", [BoundKernel(kernel, (grid,), meta)],
                  (M, N, INNER, *geo_x[:2], grid, triton.cdiv(N, tile)), None, record)
 
 

@@ -347,10 +347,53 @@ def logsumexp_stream_kernel(
                 x = gl.where(t * TILE + offs < N, x, float("-inf"))
             m_new = gl.maximum(m, gl.max(x, axis=1))                               # 1. m' = max(m_t, x_v)
             sh = _shift(m_new)
-            alpha = gl.where(m == m_new, 1.0, gl.exp(_shift(m) - sh))
+            alpha = gl.where(m == m_new, 1.0, gl.exp(m - m_new))                  # (m = -inf: 0, d_t = 0)
             d = d * alpha + gl.sum(_exp(x - sh[:, None], True), axis=1)          # 2. d_t, relative to m'
             m = m_new
         m_row = gl.max(m, axis=0)                                                  # 3. ⊕ over the threads
         d_row = gl.sum(d * gl.where(m == m_row, 1.0, gl.exp(m - m_row)), axis=0)
-        gl.store(Y + row, (_shift(m_row) + gl.log(d_row)).to(Y.dtype.element_ty))
+        gl.store(Y + row, _lse(m_row, d_row).to(Y.dtype.element_ty))
     cp.wait_group(0)
+
+
+@gluon.jit
+def _load_tile(X, row, t, M, N, INNER, sxo, sxi, offs, TILE: gl.constexpr):
+    """0. Tile t of row `row` into registers (as stored); rows past M and columns past N read as -inf."""
+    col = t * TILE + offs
+    return gl.load(X + _row_offsets(row, INNER, sxo, sxi) + col, mask=(col < N) & (row < M), other=float("-inf"))
+
+
+@gluon.jit
+def logsumexp_stream_regs_kernel(
+    X, Y, M, N, INNER, sxo, sxi, GRID, T,
+    PER: gl.constexpr, WARPS: gl.constexpr,
+):
+    """(Experiment) logsumexp_stream_kernel with the next tile in flight in registers instead of a shared-memory
+    ring: tile i + 1 is loaded before tile i is folded in, so no barrier and no shared memory; each thread holds
+    2·PER elements."""
+    R: gl.constexpr = 32 * WARPS
+    TILE: gl.constexpr = R * PER
+    L: gl.constexpr = gl.BlockedLayout([1, PER], [32, 1], [WARPS, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(1, L)
+    offs = gl.arange(0, R, layout=LS)[:, None] * PER + gl.arange(0, PER, layout=gl.SliceLayout(0, L))[None, :]
+    pid = gl.program_id(0)
+    nxt = _load_tile(X, pid, 0, M, N, INNER, sxo, sxi, offs, TILE)
+    pr = pid + (1 // T) * GRID                            # the next tile to load: tile pt of row pr
+    pt = 1 % T
+    for row in range(pid, M, GRID):
+        m = gl.full([R], float("-inf"), gl.float32, LS)
+        d = gl.zeros([R], gl.float32, LS)
+        for _t in range(T):
+            x = nxt.to(gl.float32)
+            nxt = _load_tile(X, pr, pt, M, N, INNER, sxo, sxi, offs, TILE)      # 0. the next tile, in flight
+            pt += 1
+            if pt == T:
+                pt = 0
+                pr += GRID
+            m_new = gl.maximum(m, gl.max(x, axis=1))                               # 1. m' = max(m_t, x_v)
+            alpha = gl.where(m == m_new, 1.0, gl.exp(m - m_new))
+            d = d * alpha + gl.sum(_exp(x - _shift(m_new)[:, None], True), axis=1)  # 2. d_t, relative to m'
+            m = m_new
+        m_row = gl.max(m, axis=0)                                                  # 3. ⊕ over the threads
+        d_row = gl.sum(d * gl.where(m == m_row, 1.0, gl.exp(m - m_row)), axis=0)
+        gl.store(Y + row, _lse(m_row, d_row).to(Y.dtype.element_ty))
