@@ -325,28 +325,29 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_pipe")
         return
-    if gib == "stream":   # (experiment, branch exp/lse-stream) logsumexp through logsumexp_stream_kernel: rows
-        # streamed through a ring of shared-memory tiles with a running (m, d) per thread, against the default
-        # (warps, stages, copies, ctas); stages = 0: the registers variant. First sweep (tune-gib-stream-66b5de2
-        # .log): (4, 4, 2, 8) best of six ring configs, bf16 32K / 128K / 256K 93.2 / 93.0 / 93.4 %
-        variants = ((4, 4, 2, 8), (4, 3, 2, 12), (4, 2, 2, 16), (4, 4, 4, 6), (2, 4, 2, 16), (8, 4, 2, 4),
-                    (4, 0, 2, 8), (4, 0, 2, 16), (4, 0, 4, 8), (4, 0, 4, 12), (8, 0, 2, 8), (2, 0, 4, 16),
-                    (4, 0, 1, 16), (8, 0, 4, 4))
-        for dtype, n in ((torch.bfloat16, 32768), (torch.bfloat16, 131072), (torch.bfloat16, 262144),
-                         (torch.float32, 262144)):
+    if gib == "stream":   # logsumexp_stream_kernel (LSE_STREAM) at other lengths and configs (warps, 16-byte
+        # loads per thread per tile, programs per SM), against the default plan (stream=False: the pipe kernel)
+        cases = ((torch.bfloat16, 1024, ((2, 2, 16), (1, 4, 32), (4, 1, 16))),
+                 (torch.bfloat16, 4096, ((4, 4, 8), (4, 2, 8), (2, 4, 16), (8, 2, 4))),
+                 (torch.bfloat16, 16384, ((8, 4, 4), (4, 4, 8), (8, 2, 8))),
+                 (torch.bfloat16, 20000, ((8, 4, 4), (4, 4, 8))),
+                 (torch.bfloat16, 32768, ((8, 4, 4), (4, 4, 8), (8, 4, 6))),
+                 (torch.float16, 131072, ((8, 4, 4),)),
+                 (torch.bfloat16, 262144, ((8, 4, 4), (8, 4, 6), (16, 4, 2), (8, 8, 2))))
+        for dtype, n, variants in cases:
             size = torch.finfo(dtype).bits // 8
-            if True:
-                m = GIB // (n * size)
-                sets = inputs(m, n, dtype)
-                ref = torch.logsumexp(sets[0][0], -1)
-                nb = m * n * size
-                record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
-                record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
-                for w, st, cp_, c in variants:
-                    record("lse", m, n, dtype, f"stream w={w} stages={st} copies={cp_} ctas={c}",
-                           fwd_variant({"stream": True, "num_warps": w, "stages": st, "copies": cp_, "ctas": c},
-                                       K.LOGSUMEXP), sets, nb, ref)
-                del sets
+            m = GIB // (n * size)
+            sets = inputs(m, n, dtype)
+            ref = torch.logsumexp(sets[0][0], -1)
+            nb = m * n * size
+            record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
+            record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
+            record("lse", m, n, dtype, "stream=False", fwd_variant({"stream": False}, K.LOGSUMEXP), sets, nb, ref)
+            for w, loads, c in variants:
+                record("lse", m, n, dtype, f"stream w={w} loads={loads} ctas={c}",
+                       fwd_variant({"stream": True, "num_warps": w, "loads": loads, "ctas": c}, K.LOGSUMEXP),
+                       sets, nb, ref)
+            del sets
         save("tune_gib_stream")
         return
     if gib == "exp":      # (A/B) fp32 softmax outputs: exponential levels 1 (ex2.approx), 2 (Cody-Waite), 3 (ecc04f6)

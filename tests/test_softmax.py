@@ -463,19 +463,21 @@ def test_rows_warps(dtype, n, block_m, warps):
     assert (info["path"], info["block_m"], info["num_warps"]) == ("rows", block_m, warps), info
 
 
-@pytest.mark.parametrize("dtype,n,prefetch,pipe", [(torch.float32, 1024, False, False),
-                                                   (torch.float32, 4096, True, True),
-                                                   (torch.bfloat16, 16384, True, True),
-                                                   (torch.float32, 32768, False, True)])
-def test_logsumexp_rows_kernels(dtype, n, prefetch, pipe):
-    """logsumexp `rows`: LSE_PIPE lengths run the pipelined kernel on the GPU; the others, and every length in the
-    interpreter, the register kernel, which prefetches rows of 16-64 KB."""
+@pytest.mark.parametrize("dtype,n,prefetch,kernel", [(torch.float32, 1024, False, None),
+                                                     (torch.float32, 4096, True, "pipe"),
+                                                     (torch.bfloat16, 16384, True, "pipe"),
+                                                     (torch.float32, 32768, False, "pipe"),
+                                                     (torch.bfloat16, 32768, True, "stream")])
+def test_logsumexp_rows_kernels(dtype, n, prefetch, kernel):
+    """logsumexp of many rows: LSE_PIPE lengths run the pipelined kernel on the GPU, 16-bit rows from
+    LSE_STREAM_MIN_N the streaming kernel; the others, and every length in the interpreter, the register kernel,
+    which prefetches rows of 16-64 KB."""
     m = 2 * K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1      # not "few rows"
     x = torch.randn(m, n, device=DEV).to(dtype)
     lse = oss.logsumexp(x, backend="triton")
     info = K.last_launch()
-    if HAS_CUDA and pipe:
-        assert (info["path"], info["kernel"]) == ("rows", "pipe"), info
+    if HAS_CUDA and kernel:
+        assert (info["path"], info["kernel"]) == ("rows", kernel), info
     else:
         assert info["path"] == "rows" and info.get("kernel") is None and info["prefetch"] is prefetch, info
     # against fp64: torch.logsumexp on fp32 CPU tensors is off by up to 3.3e-5 here in about one process in ten
@@ -486,8 +488,14 @@ def test_logsumexp_rows_kernels(dtype, n, prefetch, pipe):
 @pytest.mark.parametrize("dtype,m,n,ptr,expect", [
     (torch.bfloat16, 524288, 1024, 0, ("pipe", 1, 132 * 32)),
     (torch.bfloat16, 65536, 8192, 0, ("pipe", 4, 132 * 4)),
-    (torch.bfloat16, 16384, 32768, 0, ("pipe", 16, 132)),
-    (torch.bfloat16, 16384, 20000, 0, ("pipe", 16, 132)),          # 20000 = 16 x 1250: a partial block
+    (torch.bfloat16, 32768, 16384, 0, ("pipe", 8, 132 * 3)),
+    (torch.bfloat16, 16384, 32768, 0, ("stream", 8, 132 * 4)),     # LSE_STREAM_MIN_N: the streaming kernel
+    (torch.bfloat16, 16384, 20000, 0, ("stream", 8, 132 * 4)),     # 20000 = 16 x 1250: a partial tile
+    (torch.float16, 4096, 131072, 0, ("stream", 8, 132 * 4)),
+    (torch.bfloat16, 300, 262144, 0, ("stream", 8, 300)),           # fewer rows than programs
+    (torch.float32, 1024, 262144, 0, ("chunks", 8, None)),         # fp32 long rows: chunks
+    (torch.bfloat16, 4096, 131080, 0, ("chunks", 8, None)),        # N not a multiple of 16
+    (torch.bfloat16, 4096, 131072, 8, ("chunks", 8, None)),        # x 8 bytes off a 16-byte boundary
     (torch.float32, 32768, 8192, 0, ("pipe", 8, 132 * 2)),
     (torch.float32, 100, 16384, 0, ("pipe", 8, 100)),              # fewer rows than programs
     (torch.float32, 262144, 1024, 0, (None, 4, None)),            # fp32 1K / 2K: the register kernel
@@ -496,7 +504,8 @@ def test_logsumexp_rows_kernels(dtype, n, prefetch, pipe):
     (torch.bfloat16, 32, 32768, 0, ("chunks", 4, None)),          # decode sizes: chunks
 ])
 def test_logsumexp_pipe_choice_on_h200(monkeypatch, dtype, m, n, ptr, expect):
-    """LSE_PIPE: (kernel, warps, grid) of the logsumexp plan; plans on meta tensors (x at address ``ptr``)."""
+    """LSE_PIPE and LSE_STREAM_MIN_N: (kernel, warps, grid) of the logsumexp plan; plans on meta tensors (x at
+    address ``ptr``)."""
     monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(K, "interpret_mode", lambda: False)
     x = torch.empty((m, n), dtype=dtype, device="meta")
@@ -504,7 +513,7 @@ def test_logsumexp_pipe_choice_on_h200(monkeypatch, dtype, m, n, ptr, expect):
     monkeypatch.setattr(torch.Tensor, "data_ptr", lambda t: ptr if t.shape == x.shape else 0)
     M, N, inner, (gx, _) = row_geometry([x, x], 1)
     rec = K._forward_plan({}, x, out, gx, gx, M, N, inner, K.LOGSUMEXP, False).record
-    grid = rec["grid"] if rec.get("kernel") == "pipe" else None
+    grid = rec["grid"] if rec.get("kernel") in ("pipe", "stream") else None
     assert (rec.get("kernel"), rec["num_warps"], grid) == expect, rec
 
 
@@ -755,20 +764,18 @@ def test_gpu_logsumexp_pipe_kernel(dtype, m, n, warps, ctas):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,cfg", [(300, 131072, (4, 8, 2, 4)), (40, 50256, (4, 4, 1, 2)), (600, 1024, (8, 8, 2, 4)),
-                                     (5, 20000, (4, 16, 2, 8)), (2000, 4096, (4, 8, 2, 2)),
-                                     (300, 131072, (4, 0, 2, 8)), (40, 50256, (4, 0, 4, 2)), (600, 1024, (8, 0, 2, 4)),
-                                     (5, 20000, (2, 0, 2, 8))])
+@pytest.mark.parametrize("m,n,cfg", [(300, 131072, None), (600, 20000, None), (40, 50256, (4, 4, 2)),
+                                     (600, 1024, (8, 2, 4)), (5, 20000, (2, 4, 8)), (2000, 4096, (4, 1, 16))])
 def test_gpu_logsumexp_stream_kernel(dtype, m, n, cfg):
-    """(Experiment) logsumexp_stream_kernel (stages > 0) and its registers variant (stages = 0) against fp64: rows
-    longer and shorter than a tile, partial tiles, fewer rows than programs, rows holding ±inf / NaN / all -inf, a
-    row far below 0 (its first state (-inf, 0) rescaled by e^(-inf - m') = 0, not 0·inf), strided rows and dim 0."""
+    """logsumexp_stream_kernel (its default, and forced with other warps / loads / programs per SM) against fp64:
+    rows longer and shorter than a tile, partial tiles, fewer rows than programs, rows holding ±inf / NaN / all
+    -inf, a row far below 0 (its first state (-inf, 0) rescaled by e^(-inf - m') = 0, not 0·inf), strided rows and
+    dim 0."""
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[4] -= 200
     base[m - 1, 3], base[3, n - 1] = float("-inf"), float("inf")
-    w, st, copies, ctas = cfg
-    config = {"stream": True, "num_warps": w, "stages": st, "copies": copies, "ctas": ctas}
+    config = {"stream": True} | (dict(zip(("num_warps", "loads", "ctas"), cfg)) if cfg else {})
     for x, dim in ((base[:, :n], -1), (base[:, 16:n + 16], -1), (base[:, :n].t(), 0)):
         out = torch.empty(m, dtype=dtype, device="cuda")
         M, N, inner, (gx, _) = row_geometry([x, x], dim % 2)

@@ -38,9 +38,11 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
 Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 times and writes y (16 B);
 ``rows`` and ``coop`` read x once and write y once (8 B); ``split`` reads x twice (12 B).
 logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive);
-rows of LSE_PIPE lengths (1K-32K) run ``logsumexp_rows_pipe_kernel`` (kernels/softmax_smem.py: persistent, the
-next row in flight into shared memory while this one is reduced), other rows of 16-64 KB the prefetching loop,
-many long rows LSE_CHUNK-element chunks.
+many 16-bit rows of at least LSE_STREAM_MIN_N elements stream through ``logsumexp_stream_kernel``
+(kernels/softmax_smem.py: persistent, a running (m, d) per thread, the next tile in flight in registers); other
+rows of LSE_PIPE lengths (1K-32K) run ``logsumexp_rows_pipe_kernel`` (persistent, the next row in flight into
+shared memory while this one is reduced), other rows of 16-64 KB the prefetching loop, many long rows
+LSE_CHUNK-element chunks.
 
 Exponentials: ``_exp`` (ex2.approx.ftz, one MUFU.EX2 per element) on the GPU, except softmax's output in the
 bf16x2 kernel and in the prefetching ``rows`` loop, where it measured slower (a ``rows`` plan records ``fast_exp``).
@@ -106,13 +108,19 @@ LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up 
     (2, 4096): (4, 8),       # in the same run (tune-gib-pipe-77f31cb.log, tune-gib-pipe-217fc5e.log): bf16 N = 1K
     (2, 8192): (4, 4),       # 96.5 / 78.4, 2K 94.6 / 86.8, 4K 100.5 / 83.0, 8K 97.3 / 76.0, 16K 99.6 / 94.5, 32K
     (2, 16384): (8, 3),      # 79.0 / 74.9; fp32 N = 4K 102.7 / 101.1, 8K 98.9 / 97.7, 16K 102.6 / 101.2, 32K 101.0 /
-    (2, 32768): (16, 1),     # 95.0 (a read alone runs faster than a copy's read + write). fp32 N = 1K / 2K stay in
-    (4, 4096): (4, 8),       # registers: 102.0 / 99.7 % against 95.6 / 96.6 at best
+    (4, 4096): (4, 8),       # 95.0 (a read alone runs faster than a copy's read + write). fp32 N = 1K / 2K stay in
+                             # registers: 102.0 / 99.7 % against 95.6 / 96.6 at best. 16-bit rows past 16K stream
+                             # (LSE_STREAM_MIN_N)
     (4, 8192): (8, 2),
     (4, 16384): (8, 2),
     (4, 32768): (16, 1),
 }
 LSE_PIPE_FALLBACK = (4, 4)   # a forced pipe=True (tests, tuning) at lengths the table does not list
+LSE_STREAM_MIN_N = {2: 16385}   # logsumexp, many 16-bit rows this long: logsumexp_stream_kernel (kernels/softmax_smem
+LSE_STREAM = (8, 4, 4)          # .py: the row streamed, next tile in flight in registers), (warps, 16-byte loads per
+                                # thread per tile, programs per SM). 1 GiB, bytes read over the copy ceiling, same run
+                                # (tune-gib-stream-22abb0b.log): bf16 N = 32K / 128K / 256K 98.1 / 98.7 / 98.8 %
+                                # against 79.1 (pipe) / 83.0 / 85.8 (chunks); fp32 256K 100.9 against 101.4 (chunks)
 PIPE_MAX_ROW_BYTES = 131072  # ... rows of at most this many bytes (in shared memory, one per program)
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
@@ -709,8 +717,9 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
-    if mode == LOGSUMEXP and cfg.pop("stream", False) and _stream_ok(x, geo_x, N, interpret):
-        return _stream_plan(cfg, x, M, N, INNER, geo_x)
+    stream = mode == LOGSUMEXP and N >= LSE_STREAM_MIN_N.get(x.element_size(), N + 1) and not _few_rows(M, sms)
+    if cfg.pop("stream", stream) and _stream_ok(x, geo_x, N, mode, interpret):
+        return _stream_plan(cfg, x, M, N, INNER, geo_x, *LSE_STREAM)
     pipe = LSE_PIPE.get((x.element_size(), _pow2(N))) if mode == LOGSUMEXP else None
     if path == "rows" and cfg.pop("pipe", pipe is not None) and _pipe_ok(x, geo_x, N, mode, interpret):
         return _pipe_plan(cfg, x, M, N, INNER, geo_x, *(pipe or LSE_PIPE_FALLBACK))
@@ -869,29 +878,23 @@ def _pipe_plan(cfg, x, M, N, INNER, geo_x, warps, ctas) -> _Plan:
                  (M, N, INNER, *geo_x[:2], grid), None, record)
 
 
-def _stream_ok(x, geo_x, N, interpret) -> bool:
-    """(Experiment) logsumexp_stream_kernel applies: x _smem_rows and 16-byte aligned, not in the interpreter."""
-    return not interpret and _smem_rows((geo_x,), N, x.element_size()) and not x.data_ptr() & 15
+def _stream_ok(x, geo_x, N, mode, interpret) -> bool:
+    """logsumexp_stream_kernel applies (not in the interpreter): logsumexp, x _smem_rows (16-byte loads) and
+    16-byte aligned."""
+    return (not interpret and mode == LOGSUMEXP and _smem_rows((geo_x,), N, x.element_size())
+            and not x.data_ptr() & 15)
 
 
-def _stream_plan(cfg, x, M, N, INNER, geo_x) -> _Plan:
-    """(Experiment, opt-in with config stream=True) logsumexp rows streamed through a ring of shared-memory tiles:
-    ``num_warps``, ``stages``, ``copies`` (16-byte copies per thread per tile) and ``ctas`` (programs per SM)
-    from the config."""
-    from .softmax_smem import logsumexp_stream_kernel, logsumexp_stream_regs_kernel
+def _stream_plan(cfg, x, M, N, INNER, geo_x, warps, loads, ctas) -> _Plan:
+    """logsumexp's streaming plan: a persistent grid of ``ctas`` programs per SM of ``warps`` warps, each thread
+    taking ``loads`` 16-byte pieces per tile (config keys num_warps, loads, ctas override them)."""
+    from .softmax_smem import logsumexp_stream_kernel  # it imports this module's building blocks
 
-    vec = 16 // x.element_size()
-    warps, stages, per = cfg.pop("num_warps", 4), cfg.pop("stages", 8), vec * cfg.pop("copies", 2)
+    warps, per = cfg.pop("num_warps", warps), 16 // x.element_size() * cfg.pop("loads", loads)
     tile = per * 32 * warps
-    grid = min(M, cfg.pop("ctas", 4) * sm_count(x.device))
-    if stages == 0:     # registers: the next tile in flight in registers
-        meta = dict(PER=per, WARPS=warps, num_warps=warps)
-        kernel = logsumexp_stream_regs_kernel
-    else:
-        meta = dict(VEC=vec, PER=per, WARPS=warps, STAGES=stages, EVEN=N % tile == 0, num_warps=warps)
-        kernel = logsumexp_stream_kernel
-    record = dict(path="rows", kernel="stream", tile=tile, stages=stages, num_warps=warps, grid=grid)
-    return _Plan("rows", [BoundKernel(kernel, (grid,), meta)],
+    grid = min(M, cfg.pop("ctas", ctas) * sm_count(x.device))
+    record = dict(path="rows", kernel="stream", tile=tile, num_warps=warps, grid=grid)
+    return _Plan("rows", [BoundKernel(logsumexp_stream_kernel, (grid,), dict(PER=per, WARPS=warps, num_warps=warps))],
                  (M, N, INNER, *geo_x[:2], grid, triton.cdiv(N, tile)), None, record)
 
 
