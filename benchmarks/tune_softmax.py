@@ -350,15 +350,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_stream")
         return
-    if gib == "exp":      # (A/B) fp32 softmax outputs: exponential levels 1 (ex2.approx), 2 (Cody-Waite), 3 (ecc04f6)
-        for n in (1024, 4096, 16384, 32768, 131072, 262144):
-            m = GIB // (n * 4)
-            sets, ref, nb = fwd_baseline("fwd", m, n, torch.float32)
-            for level in (1, 2, 3):
-                record("fwd", m, n, torch.float32, f"exp={level}", fwd_variant({"exp": level}), sets, nb, ref)
-            del sets
-        save("tune_gib_exp")
-        return
     if gib == "keep":     # 16-bit softmax in the shared-memory kernel: e_j kept in x's place (KEEP_E) against the
         # second exponential
         for dtype, n in ((torch.bfloat16, 131072), (torch.bfloat16, 262144), (torch.bfloat16, 128256),

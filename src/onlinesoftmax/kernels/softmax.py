@@ -152,10 +152,8 @@ BWD_ELEMS_PER_THREAD = 32    # at N = 32K / 128K / 256K against 95.0 / 91.2 / 85
 # MODE of the forward kernels
 SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
 
-# _exp: log2 e as fp32 (L), the rest of log2 e beyond it (L_LO = log2 e - L, as fp32), and ln 2
+# _exp: log2 e (rounded to fp32 in the kernels: L), ln 2 in two fp32 parts, and the clamp of z
 LOG2E = tl.constexpr(1.4426950408889634)
-LOG2E_LO = tl.constexpr(1.925963033500011e-08)
-LN2 = tl.constexpr(0.6931471805599453)
 LN2_HI = tl.constexpr(0.6931471824645996)       # ln 2 rounded to fp32
 LN2_LO = tl.constexpr(-1.9046542121259336e-09)  # ln 2 - LN2_HI, as fp32
 CLAMP_Z = tl.constexpr(-104.0)                  # e^-104 = 2^-150: below the smallest ftz result
@@ -176,27 +174,25 @@ def _exp(z, FAST: tl.constexpr):
     the bf16 logsumexp rows kernel (benchmarks/softmax_ptxas.py). The interpreter, and fp64, take tl.exp.
 
     FAST == 2 (fp32 outputs of softmax: _exp_level): t = z·L, L = log2 e rounded to fp32, is off from z·log2 e
-    by the rounding of the product (up to half an ulp of t) and by z·(log2 e - L); e^z then has a relative error
+    by the rounding of the product (up to half an ulp of t) and by z·(log2 e - L); 2^t then has a relative error
     of up to 3.8e-6 for z in [-87, 0] (several fp32 ulps of y; a bf16 -> fp32 softmax measured 1.6e-6 against
-    torch's 1.9e-7 on the H200), where torch's expf is within an ulp. Both parts are recovered: r = fma(z, L_lo,
-    fma(z, L, -t)) (the inner fma is exact, L_lo = log2 e - L) and e^z = 2^t·(1 + r·ln 2) to second order. An
-    emulation with an exact 2^t (numpy, 1.1M z in [-87, 88]) gives at most 1.19e-7 (one fp32 eps) against 3.8e-6;
-    the hardware ex2.approx adds its own ~2 ulp. Cost: three FMAs, one multiply and a select (z = ±inf, where
-    the correction is inf·0) per element."""
+    torch's 1.9e-7 on the H200), where torch's expf is within an ulp. The remainder is recovered by Cody-Waite:
+    u = z - t·ln 2 in two fmas (ln 2 = LN2_HI + LN2_LO, both fp32) and e^z = 2^t·e^u ≈ 2^t·(1 + u) (|u| < 3e-6).
+    An emulation with an exact 2^t (numpy, 1.1M z in [-87, 88]) gives at most 0.98 fp32 eps against 3.8e-6; the
+    hardware ex2.approx adds its own ~2 ulp. z is clamped at CLAMP_Z first, NaN kept: z = -inf gives 2^-150,
+    flushed to 0, where u would be -inf + inf. Cost: three FMAs and a max per element (fp32 N = 32K rows kernel:
+    513 SASS instructions per thread against 655 for the ecc04f6 form r = fma(z, L_lo, fma(z, L, -t)),
+    e·(1 + r·ln 2) with a select for z = ±inf, and 352 uncompensated). 1 GiB fp32 softmax, same run
+    (tune-gib-exp-66b5de2.log): N = 32K 97.4 % against 94.5 (ecc04f6) and 97.8 (uncompensated); 128K / 256K 93.9 /
+    91.6 against 93.5 / 90.6 and 94.5 / 92.5; 1K-16K within 0.4 points of either."""
     if FAST and z.dtype == tl.float32:
         if FAST == 2:
-            # (experiment) u = z - t·ln 2 by Cody-Waite (LN2_HI·t exact in the fma) is z·log2 e - t in units of e,
-            # and e^z = 2^t·e^u ≈ 2^t·(1 + u). z is clamped first (NaN kept): z = -inf gives 2^-150 -> 0, not inf·0
             z = tl.maximum(z, CLAMP_Z, propagate_nan=tl.PropagateNan.ALL)
         t = z * LOG2E
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32, is_pure=True,
                                       pack=1)
         if FAST == 2:
             return tl.fma(e, tl.fma(-t, LN2_LO, tl.fma(-t, LN2_HI, z)), e)
-        if FAST == 3:   # (A/B only) the compensation of ecc04f6
-            r = tl.fma(z, LOG2E_LO, tl.fma(z, LOG2E, -t))
-            y = tl.fma(e, r * LN2, e)
-            return tl.where(y == y, y, e)
         return e
     else:
         return tl.exp(z)
@@ -746,7 +742,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
         # tl.exp, though 48 fewer instructions per tile; logsumexp in the same loop gained 5 points)
         fast = not interpret and not (mode == SOFTMAX and prefetch)
         meta = dict(BLOCK_M=block_m, BLOCK_N=block_n, MODE=mode, ACC=acc, PREFETCH=prefetch,
-                    FAST=cfg.pop("exp", _exp_level(fast, mode, out.dtype)), num_warps=warps)
+                    FAST=_exp_level(fast, mode, out.dtype), num_warps=warps)
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid, prefetch=prefetch,
                       fast_exp=fast)
         return _Plan(path, [BoundKernel(softmax_rows_kernel, (grid,), meta)], (M, N, INNER, *geo_x, *geo_y, grid),
@@ -848,7 +844,7 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     keep_e = (cfg.pop("keep_e", path == "coop") and mode == SOFTMAX and x.dtype == out.dtype
               and x.element_size() == 2)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                WORDS=words, FAST=cfg.pop("exp", _exp_level(True, mode, out.dtype)), KEEP_E=keep_e, num_warps=warps)
+                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
                   keep_e=keep_e)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
