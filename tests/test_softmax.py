@@ -470,7 +470,7 @@ def test_rows_warps(dtype, n, block_m, warps):
                                                      (torch.bfloat16, 32768, True, "stream")])
 def test_logsumexp_rows_kernels(dtype, n, prefetch, kernel):
     """logsumexp of many rows: LSE_PIPE lengths run the pipelined kernel on the GPU, 16-bit rows from
-    LSE_STREAM_MIN_N the streaming kernel; the others, and every length in the interpreter, the register kernel,
+    LSE_STREAM lengths the streaming kernel; the others, and every length in the interpreter, the register kernel,
     which prefetches rows of 16-64 KB."""
     m = 2 * K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1      # not "few rows"
     x = torch.randn(m, n, device=DEV).to(dtype)
@@ -489,9 +489,10 @@ def test_logsumexp_rows_kernels(dtype, n, prefetch, kernel):
     (torch.bfloat16, 524288, 1024, 0, ("pipe", 1, 132 * 32)),
     (torch.bfloat16, 65536, 8192, 0, ("pipe", 4, 132 * 4)),
     (torch.bfloat16, 32768, 16384, 0, ("pipe", 8, 132 * 3)),
-    (torch.bfloat16, 16384, 32768, 0, ("stream", 8, 132 * 4)),     # LSE_STREAM_MIN_N: the streaming kernel
-    (torch.bfloat16, 16384, 20000, 0, ("stream", 8, 132 * 4)),     # 20000 = 16 x 1250: a partial tile
-    (torch.float16, 4096, 131072, 0, ("stream", 8, 132 * 4)),
+    (torch.bfloat16, 16384, 32768, 0, ("stream", 4, 132 * 8)),     # LSE_STREAM: the streaming kernel
+    (torch.bfloat16, 16384, 20000, 0, ("stream", 4, 132 * 8)),     # 20000 = 16 x 1250: a partial tile
+    (torch.bfloat16, 16384, 65520, 0, ("stream", 4, 132 * 8)),
+    (torch.float16, 4096, 131072, 0, ("stream", 8, 132 * 4)),      # from 64K: longer tiles
     (torch.bfloat16, 300, 262144, 0, ("stream", 8, 300)),           # fewer rows than programs
     (torch.float32, 1024, 262144, 0, ("chunks", 8, None)),         # fp32 long rows: chunks
     (torch.bfloat16, 4096, 131080, 0, ("chunks", 8, None)),        # N not a multiple of 16
@@ -504,7 +505,7 @@ def test_logsumexp_rows_kernels(dtype, n, prefetch, kernel):
     (torch.bfloat16, 32, 32768, 0, ("chunks", 4, None)),          # decode sizes: chunks
 ])
 def test_logsumexp_pipe_choice_on_h200(monkeypatch, dtype, m, n, ptr, expect):
-    """LSE_PIPE and LSE_STREAM_MIN_N: (kernel, warps, grid) of the logsumexp plan; plans on meta tensors (x at
+    """LSE_PIPE and LSE_STREAM: (kernel, warps, grid) of the logsumexp plan; plans on meta tensors (x at
     address ``ptr``)."""
     monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(K, "interpret_mode", lambda: False)
@@ -748,7 +749,7 @@ def test_gpu_logsumexp_pipe_kernel(dtype, m, n, warps, ctas):
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3], base[3, n - 1] = float("-inf"), float("inf")
-    cfg = {"path": "rows", "pipe": True, "num_warps": warps, "ctas": ctas}
+    cfg = {"path": "rows", "stream": False, "pipe": True, "num_warps": warps, "ctas": ctas}
     cases = [(base[:, :n], -1, True), (base[:, 16:n + 16], -1, True), (base[:, :n].t(), 0, True),
              (base[:, 1:n + 1], -1, False)]
     for x, dim, pipe in cases:

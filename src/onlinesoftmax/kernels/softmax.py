@@ -38,7 +38,7 @@ Paths, chosen by :func:`choose_path` (thresholds below; tests assert the choice)
 Memory traffic per element (fp32, 4 B): naive 3-pass safe softmax reads x 3 times and writes y (16 B);
 ``rows`` and ``coop`` read x once and write y once (8 B); ``split`` reads x twice (12 B).
 logsumexp reads x once in every path (its partial states merge in the last program of the row to arrive);
-many 16-bit rows of at least LSE_STREAM_MIN_N elements stream through ``logsumexp_stream_kernel``
+many 16-bit rows longer than 16K (LSE_STREAM) stream through ``logsumexp_stream_kernel``
 (kernels/softmax_smem.py: persistent, a running (m, d) per thread, the next tile in flight in registers); other
 rows of LSE_PIPE lengths (1K-32K) run ``logsumexp_rows_pipe_kernel`` (persistent, the next row in flight into
 shared memory while this one is reduced), other rows of 16-64 KB the prefetching loop, many long rows
@@ -110,18 +110,24 @@ LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up 
     (2, 16384): (8, 3),      # 79.0 / 74.9; fp32 N = 4K 102.7 / 101.1, 8K 98.9 / 97.7, 16K 102.6 / 101.2, 32K 101.0 /
     (4, 4096): (4, 8),       # 95.0 (a read alone runs faster than a copy's read + write). fp32 N = 1K / 2K stay in
                              # registers: 102.0 / 99.7 % against 95.6 / 96.6 at best. 16-bit rows past 16K stream
-                             # (LSE_STREAM_MIN_N)
+                             # (LSE_STREAM)
     (4, 8192): (8, 2),
     (4, 16384): (8, 2),
     (4, 32768): (16, 1),
 }
 LSE_PIPE_FALLBACK = (4, 4)   # a forced pipe=True (tests, tuning) at lengths the table does not list
-LSE_STREAM_MIN_N = {2: 16385}   # logsumexp, many 16-bit rows this long: logsumexp_stream_kernel (kernels/softmax_smem
-LSE_STREAM = (8, 4, 4)          # .py: the row streamed, next tile in flight in registers), (warps, 16-byte loads per
-                                # thread per tile, programs per SM). 1 GiB, bytes read over the copy ceiling, same run
-                                # (tune-gib-stream-22abb0b.log): bf16 N = 32K / 128K / 256K 98.1 / 98.7 / 98.8 %
-                                # against 79.1 (pipe) / 83.0 / 85.8 (chunks); fp32 256K 100.9 against 101.4 (chunks)
 PIPE_MAX_ROW_BYTES = 131072  # ... rows of at most this many bytes (in shared memory, one per program)
+LSE_STREAM = {                # logsumexp, many 16-bit rows: element bytes -> ((from N, (warps, 16-byte loads per
+    2: ((16385, (4, 4, 8)),   # thread per tile, programs per SM)), ...) of logsumexp_stream_kernel (kernels/softmax_
+        (65536, (8, 4, 4))),  # smem.py: the row streamed, the next tile in flight in registers). 1 GiB, bytes read
+}                             # over the copy ceiling, against the kernel these rows took before, same runs
+                              # (tune-gib-stream-22abb0b.log, tune-gib-stream-444d8be.log): bf16 N = 20000 97.8 %
+                              # against 48.3 (pipe), 32K 97.7 / 98.3 against 74.8 / 79.1 (pipe), 128K 98.7 against
+                              # 83.0 (chunks), 256K 98.6 / 98.8 against 85.7 / 85.8, fp16 128K 98.5 against 85.1.
+                              # (8, 4, 4) at 20000 83.1 % (its 8192-element tiles are 44 % used at the row's end);
+                              # (4, 4, 8) at 128K / 256K 97.5 / 96.3. fp32 stays with chunks (256K: 101.4 against
+                              # 100.9 at best), 16-bit 16K with pipe (99.7 against 98.8)
+LSE_STREAM_FALLBACK = (4, 4, 8)   # a forced stream=True (tests, tuning) where the table has no entry
 DECODE_MIN_CHUNK = 2048      # few rows: the smallest chunk (grown x2 up to COOP_CHUNK while M x C exceeds
 DECODE_PROGRAMS_PER_SM = 2   # this many programs per SM). Graph-replayed sweep (profile_launch.log): 1 x 262144
                              # fp32 10.0 us at 2048 vs 10.5 at 4096; 32 x 128256 bf16 14.1 us at 8192 vs 15.2 at 4096
@@ -713,9 +719,10 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
-    stream = mode == LOGSUMEXP and N >= LSE_STREAM_MIN_N.get(x.element_size(), N + 1) and not _few_rows(M, sms)
-    if cfg.pop("stream", stream) and _stream_ok(x, geo_x, N, mode, interpret):
-        return _stream_plan(cfg, x, M, N, INNER, geo_x, *LSE_STREAM)
+    stream = ([c for lo, c in LSE_STREAM.get(x.element_size(), ()) if N >= lo] or [None])[-1] \
+        if mode == LOGSUMEXP and not _few_rows(M, sms) else None
+    if cfg.pop("stream", stream is not None) and _stream_ok(x, geo_x, N, mode, interpret):
+        return _stream_plan(cfg, x, M, N, INNER, geo_x, *(stream or LSE_STREAM_FALLBACK))
     pipe = LSE_PIPE.get((x.element_size(), _pow2(N))) if mode == LOGSUMEXP else None
     if path == "rows" and cfg.pop("pipe", pipe is not None) and _pipe_ok(x, geo_x, N, mode, interpret):
         return _pipe_plan(cfg, x, M, N, INNER, geo_x, *(pipe or LSE_PIPE_FALLBACK))
