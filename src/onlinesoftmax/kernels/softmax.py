@@ -222,11 +222,17 @@ def _state(x, axis: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
+def _alpha(m_c, m):
+    """e^(m_c - m), which takes a d relative to m_c to one relative to m >= m_c (⊕); 1 where m_c == m, so that
+    -inf - -inf and inf - inf give 1, not NaN."""
+    return tl.where(m_c == m, 1.0, tl.exp(m_c - m))
+
+
+@triton.jit
 def _combine_all(pm, pd, axis: tl.constexpr):
-    """⊕ over partial states (pm, pd) along axis; e^(m_c - m) is 1 where m_c == m (no -inf - -inf NaN)."""
+    """⊕ over partial states (pm, pd) along axis."""
     m = tl.max(pm, axis=axis)
-    alpha = tl.where(pm == tl.expand_dims(m, axis), 1.0, tl.exp(pm - tl.expand_dims(m, axis)))
-    d = tl.sum(pd * alpha, axis=axis)
+    d = tl.sum(pd * _alpha(pm, tl.expand_dims(m, axis)), axis=axis)
     return m, d
 
 
@@ -235,8 +241,7 @@ def _normalise(x, e, m_c, m, d, MODE: tl.constexpr):
     """3. y from registers. e = e^(x - m_c) for this tile's own max m_c; (m, d) is the merged row state.
     softmax: y = e · e^(m_c - m) / d;  log-softmax: y = (x - m) - log d. A row holding +inf is NaN, as torch."""
     if MODE == 0:
-        alpha = tl.where(m_c == m, 1.0, tl.exp(m_c - m))
-        return e * tl.where(m == float("inf"), float("nan"), alpha / d)
+        return e * tl.where(m == float("inf"), float("nan"), _alpha(m_c, m) / d)
     else:
         log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
         return (x - m) - log_d            # x - m first: exact near the max, as torch

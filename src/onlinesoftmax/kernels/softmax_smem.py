@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _bf16_halves, _exp, _grad, _lse, _pack_bf16x2, _row_barrier, _row_offsets, _shift
+from .softmax import _alpha, _bf16_halves, _exp, _grad, _lse, _pack_bf16x2, _row_barrier, _row_offsets, _shift
 
 
 @gluon.jit
@@ -138,12 +138,12 @@ def softmax_coop_smem_kernel(
         pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
         pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
         m = gl.max(pm, axis=0)
-        d = gl.sum(pd * gl.where(pm == m, 1.0, gl.exp(pm - m)), axis=0)
+        d = gl.sum(pd * _alpha(pm, m), axis=0)
     # 3. y from shared memory (and registers); a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
     y_base = Y + _row_offsets(row, INNER, syo, syi) + start
     sh = _shift(m)
     if KEEP_E:                                  # y_j = e_j · c, c = e^(m_c - m) / d
-        c = gl.where(m == float("inf"), float("nan"), gl.where(m_c == m, 1.0, gl.exp(m_c - m)) / d)
+        c = gl.where(m == float("inf"), float("nan"), _alpha(m_c, m) / d)
     elif MODE == 0:
         c = gl.where(m == float("inf"), float("nan"), 1.0 / d)
     else:
@@ -339,9 +339,8 @@ def logsumexp_stream_kernel(
                 pt = 0
                 pr += GRID
             m_new = gl.maximum(m, gl.max(x, axis=1))                               # 1. m' = max(m_t, x_v)
-            alpha = gl.where(m == m_new, 1.0, gl.exp(m - m_new))                  # (m_t = -inf: 0, as d_t = 0)
-            d = d * alpha + gl.sum(_exp(x - _shift(m_new)[:, None], True), axis=1)  # 2. d_t, relative to m'
+            d = d * _alpha(m, m_new) + gl.sum(_exp(x - _shift(m_new)[:, None], True), axis=1)  # 2. d_t, relative to m'
             m = m_new
         m_row = gl.max(m, axis=0)                                                  # 3. ⊕ over the threads
-        d_row = gl.sum(d * gl.where(m == m_row, 1.0, gl.exp(m - m_row)), axis=0)
+        d_row = gl.sum(d * _alpha(m, m_row), axis=0)
         gl.store(Y + row, _lse(m_row, d_row).to(Y.dtype.element_ty))
