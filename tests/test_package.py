@@ -91,3 +91,17 @@ def test_bench_unknown_suite():
     r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "bench", "nope"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "unknown suite" in (r.stderr + r.stdout)
+
+
+def test_run_case_checks_all_but_the_yardsticks():
+    """run_case compares every implementation with the peer except those named ``unchecked`` (a copy of x timed
+    beside the op): a wrong op is reported as a mismatch, a yardstick is timed and labelled."""
+    from onlinesoftmax.bench.harness import BenchContext, Case, copy_ceiling_gbps, environment, run_case
+
+    ctx = BenchContext(device=torch.device("cpu"), quick=True)
+    case = Case(label="4x8", shape=(4, 8), dtype=torch.float32, make_inputs=lambda: (torch.randn(4, 8),),
+                impls={"torch": lambda x: torch.softmax(x, -1), "wrong": lambda x: x * 2,
+                       "copy of x": lambda x: x.clone()}, peer="torch", bytes=256, unchecked=("copy of x",))
+    rows = {r.impl: r for r in run_case("t", case, ctx, copy_ceiling_gbps(ctx.device, quick=True), environment())}
+    assert rows["torch"].ok and not rows["wrong"].ok and "mismatch" in rows["wrong"].note
+    assert rows["copy of x"].ok and "not checked" in rows["copy of x"].note and rows["copy of x"].ms > 0

@@ -80,6 +80,7 @@ class Case:
     group: str = ""             # plot panel (e.g. "fp32, M*N = 64M")
     check: Callable | None = None   # check(out, peer_out): raise on mismatch; default torch.testing
     impl_info: dict[str, dict] = field(default_factory=dict)   # impl -> extra columns, copied to Row.info
+    unchecked: tuple[str, ...] = ()  # impls timed as a yardstick, not the op (e.g. a copy of x): output not checked
     # inputs [0..k) are read-only; outputs the op allocates itself are what the timing includes.
 
 
@@ -219,7 +220,11 @@ def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dic
         fn = case.impls[name]
         ok, note = True, ""
         try:
-            check(fn(*sets[0]), peer_out)
+            out = fn(*sets[0])
+            if name in case.unchecked:
+                note = "yardstick, not the op: output not checked"
+            else:
+                check(out, peer_out)
         except AssertionError as e:
             ok, note = False, f"mismatch vs {case.peer}: {str(e).splitlines()[0][:160]}"
         except Exception as e:  # an implementation that cannot run this case is reported, not fatal
