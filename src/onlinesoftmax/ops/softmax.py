@@ -195,21 +195,25 @@ def _(info, in_dims, y, dy, dim, log, in_dtype, backend):
                     info, in_dims[:2], [y, dy], dim)
 
 
-def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
-    """logsumexp over ``dim`` (removed), in the accumulation dtype (fp32, fp64 for fp64): the backward
-    reads it, and an lse rounded to bf16 would cost e^(0.03) in every gradient."""
+def _logsumexp_rows(x: torch.Tensor, dim: int, backend: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """logsumexp over ``dim`` (removed), accumulated in fp32 (fp64 for fp64), rounded to ``out_dtype`` once."""
     dim %= max(x.dim(), 1)
     out_shape = x.shape[:dim] + x.shape[dim + 1:]
-    acc = accumulation_dtype(x.dtype)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
-        return _torch_forward(x, dim, LOGSUMEXP, acc).reshape(out_shape)
+        return _torch_forward(x, dim, LOGSUMEXP, accumulation_dtype(x.dtype)).to(out_dtype).reshape(out_shape)
     K = _kernels()
 
     (xc,), (M, N, inner, (gx,)) = _rows_or_copy([x], dim)
     # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape
-    out = torch.empty(M, dtype=acc, device=x.device)
+    out = torch.empty(M, dtype=out_dtype, device=x.device)
     K.forward(xc, out, gx, None, M, N, inner, LOGSUMEXP)
     return out.reshape(out_shape)
+
+
+def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
+    """The op: logsumexp in the accumulation dtype (fp32, fp64 for fp64): the backward reads it, and an lse
+    rounded to bf16 would cost e^(0.03) in every gradient."""
+    return _logsumexp_rows(x, dim, backend, accumulation_dtype(x.dtype))
 
 
 _logsumexp_op = torch.library.custom_op("onlinesoftmax::logsumexp", _logsumexp_impl, mutates_args=())
@@ -355,7 +359,8 @@ def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
     if _functorch_active():
         out = _LogsumexpFunction.apply(x, dim, backend).to(x.dtype)
+    elif _eager_direct(x):          # no autograd: the kernel writes x's dtype (no second launch to cast)
+        out = _logsumexp_rows(x, dim, backend, x.dtype)
     else:
-        op = _logsumexp_impl if _eager_direct(x) else torch.ops.onlinesoftmax.logsumexp
-        out = op(x, dim, backend).to(x.dtype)
+        out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)
     return out.unsqueeze(dim) if keepdim and x.dim() else out
