@@ -133,18 +133,21 @@ def main():
                         seen[key] = compile_launch(bound.fn, args, bound.meta)
                     (regs, stack, shared), sass = seen[key]
                     warps = bound.meta["num_warps"]
-                    elems = rec.get("chunk") or rec.get("block_m", 1) * rec["block_n"]   # pipe: one row
+                    # elements per program at a time: a chunk, a tile of rows (pipe: one row), or the stream
+                    # kernel's tile (it holds that and the next one in flight)
+                    elems = rec.get("chunk") or rec.get("tile") or rec.get("block_m", 1) * rec["block_n"]
                     e_thread = elems / (32 * warps)
                     occ = programs_per_sm(regs, warps, shared)
                     esz = torch.finfo(dtype).bits // 8
-                    held = elems * esz * (2 if op == "bwd" else 1)
+                    stream = rec.get("kernel") == "stream"
+                    held = elems * esz * (2 if op == "bwd" or stream else 1)
                     phase = f"PHASE={bound.meta['PHASE']} " if "PHASE" in bound.meta else ""
-                    where = "shared" if bound.fn.is_gluon() else "regs"
+                    where = "shared" if bound.fn.is_gluon() and not stream else "regs"
                     head = (f"{op:3} {str(dtype)[6:]:8} N={n:<6} {rec['path']:5} {bound.fn.__name__:32} {phase}"
                             f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} shared "
                             f"{shared // 1024:3} KB | {occ:2} programs/SM, holds ({where}) {held // 1024:4} KB/program "
                             f"{occ * held // 1024:4} KB/SM | ")
-                    if bound.fn.is_gluon():     # loops over sub-tiles at run time: static counts are not per tile
+                    if bound.fn.is_gluon() and not stream:   # run-time loops over sub-tiles: no per-tile counts
                         print(head + "instructions: n/a (run-time loops over sub-tiles)", flush=True)
                         continue
                     ops, looped = opcodes(sass)
