@@ -179,18 +179,18 @@ def _exp(z, FAST: tl.constexpr):
     compare and two predicated multiplies more per element, 3 of the about 20 SASS instructions per element of
     the bf16 logsumexp rows kernel (benchmarks/softmax_ptxas.py). The interpreter, and fp64, take tl.exp.
 
-    FAST == 2 (fp32 outputs of softmax: _exp_level): t = z·L, L = log2 e rounded to fp32, is off from z·log2 e
-    by the rounding of the product (up to half an ulp of t) and by z·(log2 e - L); 2^t then has a relative error
-    of up to 3.8e-6 for z in [-87, 0] (several fp32 ulps of y; a bf16 -> fp32 softmax measured 1.6e-6 against
-    torch's 1.9e-7 on the H200), where torch's expf is within an ulp. The remainder is recovered by Cody-Waite:
-    u = z - t·ln 2 in two fmas (ln 2 = LN2_HI + LN2_LO, both fp32) and e^z = 2^t·e^u ≈ 2^t·(1 + u) (|u| < 3e-6).
-    An emulation with an exact 2^t (numpy, 1.1M z in [-87, 88]) gives at most 0.98 fp32 eps against 3.8e-6; the
-    hardware ex2.approx adds its own ~2 ulp. z is clamped at CLAMP_Z first, NaN kept: z = -inf gives 2^-150,
-    flushed to 0, where u would be -inf + inf. Cost: three FMAs and a max per element (fp32 N = 32K rows kernel:
-    513 SASS instructions per thread against 655 for the ecc04f6 form r = fma(z, L_lo, fma(z, L, -t)),
-    e·(1 + r·ln 2) with a select for z = ±inf, and 352 uncompensated). 1 GiB fp32 softmax, same run
-    (tune-gib-exp-66b5de2.log): N = 32K 97.4 % against 94.5 (ecc04f6) and 97.8 (uncompensated); 128K / 256K 93.9 /
-    91.6 against 93.5 / 90.6 and 94.5 / 92.5; 1K-16K within 0.4 points of either."""
+    FAST == 2 (fp32 outputs of softmax: _exp_level): t = z·L, L = log2 e rounded to fp32, is off from z·log2 e by
+    the rounding of the product (up to half an ulp of t) and by z·(log2 e - L); 2^t then has a relative error of up
+    to 3.8e-6 for z in [-87, 0] (several fp32 ulps of y; a bf16 -> fp32 softmax measured 1.6e-6 against torch's
+    1.9e-7 on the H200), where torch's expf is within an ulp. The remainder is recovered by Cody-Waite: u = z - t·ln
+    2 in two fmas (ln 2 = LN2_HI + LN2_LO, both fp32) and e^z = 2^t·e^u ≈ 2^t·(1 + u) (|u| < 3.8e-6 for z in [-87,
+    0]). An emulation with an exact 2^t (numpy, 1.1M z in [-87, 88]) gives at most 0.98 fp32 eps against 3.8e-6; the
+    hardware ex2.approx adds its own ~2 ulp. z is clamped at CLAMP_Z first, NaN kept: z = -inf gives 2^-150, flushed
+    to 0, where u would be -inf + inf. Cost: three FMAs and a max per element (fp32 N = 32K rows kernel: 513 SASS
+    instructions per thread against 655 for the ecc04f6 form r = fma(z, L_lo, fma(z, L, -t)), e·(1 + r·ln 2) with a
+    select for z = ±inf, and 352 uncompensated). 1 GiB fp32 softmax, same run (tune-gib-exp-66b5de2.log): N = 32K
+    97.4 % against 94.5 (ecc04f6) and 97.8 (uncompensated); 128K / 256K 93.9 / 91.6 against 93.5 / 90.6 and 94.5 /
+    92.5; 1K-16K within 0.4 points of either."""
     if FAST and z.dtype == tl.float32:
         if FAST == 2:
             z = tl.maximum(z, CLAMP_Z, propagate_nan=tl.PropagateNan.ALL)
