@@ -154,6 +154,15 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         record(kind, m, n, dtype, "default", fwd_variant(None), sets, nb, ref)
         return sets, ref, nb
 
+    def lse_baseline(m, n, dtype):
+        """logsumexp inputs at (m, n): rows torch and our default, then (sets, reference, bytes read) for variants."""
+        sets = inputs(m, n, dtype)
+        ref = torch.logsumexp(sets[0][0], -1)
+        nb = m * n * torch.finfo(dtype).bits // 8
+        record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
+        record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
+        return sets, ref, nb
+
     def bwd_baseline(m, n, dtype):
         """Backward inputs at (m, n): rows torch and our default, then (sets, reference, bytes) for variants."""
         bsets = inputs(m, n, dtype, bwd=True)
@@ -310,13 +319,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                  (torch.bfloat16, 8192): ((4, 6), (4, 4), (8, 3), (2, 8)),
                  (torch.bfloat16, 32768): ((16, 1), (8, 1), (32, 1))}
         for (dtype, n), variants in sweep.items():
-            size = torch.finfo(dtype).bits // 8
-            m = GIB // (n * size)
-            sets = inputs(m, n, dtype)
-            ref = torch.logsumexp(sets[0][0], -1)
-            nb = m * n * size
-            record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
-            record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
+            m = GIB // (n * torch.finfo(dtype).bits // 8)
+            sets, ref, nb = lse_baseline(m, n, dtype)
             record("lse", m, n, dtype, "registers", fwd_variant({"pipe": False}, K.LOGSUMEXP), sets, nb, ref)
             for w, c in variants:
                 record("lse", m, n, dtype, f"pipe w={w} ctas={c}",
@@ -335,13 +339,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                  (torch.float16, 131072, ((8, 4, 4),)),
                  (torch.bfloat16, 262144, ((8, 4, 4), (8, 4, 6), (16, 4, 2), (8, 8, 2))))
         for dtype, n, variants in cases:
-            size = torch.finfo(dtype).bits // 8
-            m = GIB // (n * size)
-            sets = inputs(m, n, dtype)
-            ref = torch.logsumexp(sets[0][0], -1)
-            nb = m * n * size
-            record("lse", m, n, dtype, "torch", lambda x: torch.logsumexp(x, -1), sets, nb, ref)
-            record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
+            m = GIB // (n * torch.finfo(dtype).bits // 8)
+            sets, ref, nb = lse_baseline(m, n, dtype)
             record("lse", m, n, dtype, "stream=False", fwd_variant({"stream": False}, K.LOGSUMEXP), sets, nb, ref)
             for w, loads, c in variants:
                 record("lse", m, n, dtype, f"stream w={w} loads={loads} ctas={c}",
