@@ -724,8 +724,7 @@ def _forward_plan(cfg, x, out, geo_x, geo_y, M, N, INNER, mode, words=False) -> 
     acc = _acc(x.dtype, out.dtype)
     if mode == LOGSUMEXP:
         geo_y = (0, 0, 0)
-    stream = ([c for lo, c in LSE_STREAM.get(x.element_size(), ()) if N >= lo] or [None])[-1] \
-        if mode == LOGSUMEXP and not _few_rows(M, sms) else None
+    stream = _stream_config(M, N, x.element_size(), mode, sms)
     if cfg.pop("stream", stream is not None) and _stream_ok(x, geo_x, N, mode, interpret):
         return _stream_plan(cfg, x, M, N, INNER, geo_x, *(stream or LSE_STREAM_FALLBACK))
     pipe = LSE_PIPE.get((x.element_size(), _pow2(N))) if mode == LOGSUMEXP else None
@@ -884,6 +883,14 @@ def _pipe_plan(cfg, x, M, N, INNER, geo_x, warps, ctas) -> _Plan:
     record = dict(path="rows", kernel="pipe", block_n=block, num_warps=warps, grid=grid)
     return _Plan("rows", [BoundKernel(logsumexp_rows_pipe_kernel, (grid,), meta)],
                  (M, N, INNER, *geo_x[:2], grid), None, record)
+
+
+def _stream_config(M: int, N: int, elem_bytes: int, mode: int, sms: int) -> tuple[int, int, int] | None:
+    """(warps, loads, programs per SM) of logsumexp_stream_kernel for many rows of this length (LSE_STREAM), or
+    None: other dtypes, shorter rows, other modes, and decode sizes."""
+    if mode != LOGSUMEXP or _few_rows(M, sms):
+        return None
+    return next((c for lo, c in reversed(LSE_STREAM.get(elem_bytes, ())) if N >= lo), None)
 
 
 def _stream_ok(x, geo_x, N, mode, interpret) -> bool:
