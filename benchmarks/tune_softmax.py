@@ -349,6 +349,23 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_stream")
         return
+    if gib == "bwdreg":   # (experiment, branch exp/bwd-reg) softmax backward, long rows: the smem coop kernel with
+        # its first `reg` sub-tiles of y and dy in registers, (chunk, warps, reg), against the default plan
+        cases = ((torch.bfloat16, ((8192, 4, 0), (8192, 4, 4), (12288, 4, 4), (10240, 4, 2), (12288, 4, 2),
+                                   (16384, 4, 4), (16384, 8, 4))),
+                 (torch.float32, ((4096, 4, 0), (8192, 4, 4), (6144, 4, 2), (8192, 8, 4), (12288, 8, 4),
+                                  (10240, 8, 2))))
+        for dtype, variants in cases:
+            for n in (131072, 262144):
+                m = GIB // (n * torch.finfo(dtype).bits // 8)
+                bsets, bref, nb3 = bwd_baseline(m, n, dtype)
+                for chunk, w, reg in variants:
+                    record("bwd", m, n, dtype, f"smem chunk={chunk} w={w} reg={reg}",
+                           bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg}),
+                           bsets, nb3, bref)
+                del bsets, bref
+        save("tune_gib_bwdreg")
+        return
     if gib == "keep":     # 16-bit softmax in the shared-memory kernel: e_j kept in x's place (KEEP_E) against the
         # second exponential
         for dtype, n in ((torch.bfloat16, 131072), (torch.bfloat16, 262144), (torch.bfloat16, 128256),

@@ -833,10 +833,13 @@ def test_gpu_smem_rows(dtype, m, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("log", [False, True])
-@pytest.mark.parametrize("m,n,chunk,warps", [(40, 131072, 4096, 4), (9, 50256, 2048, 2), (20, 262144, 8192, 4)])
-def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps):
-    """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|);
-    dy off a 16-byte boundary takes the register kernels."""
+@pytest.mark.parametrize("m,n,chunk,warps,reg", [(40, 131072, 4096, 4, 0), (9, 50256, 2048, 2, 0),
+                                                  (20, 262144, 8192, 4, 0), (40, 131072, 12288, 4, 4),
+                                                  (9, 50256, 4096, 2, 2), (20, 262144, 16384, 8, 4)])
+def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
+    """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|),
+    with its first ``reg`` sub-tiles of y and dy in registers (bf16: as words) where ``reg`` > 0 (12288 and
+    50256 / 4096: a shorter last chunk); dy off a 16-byte boundary takes the register kernels."""
     x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
     y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
     gbase = torch.randn(m, n + 16, device="cuda").to(dtype)
@@ -845,10 +848,11 @@ def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps):
         mm, nn, inner, geos = row_geometry([y, dy, dx], 1)
         cfg = {"path": "coop", "smem": True}
         if kern:
-            cfg.update(chunk=chunk, num_warps=warps)
+            cfg.update(chunk=chunk, num_warps=warps, reg=reg)
         K.backward(y, dy, dx, *geos, mm, nn, inner, log, config=cfg)
         info = K.last_launch()
-        assert info.get("kernel") != "smem" if kern is None else (info["kernel"], info["chunk"]) == ("smem", chunk)
+        assert info.get("kernel") != "smem" if kern is None else \
+            (info["kernel"], info["chunk"], info["reg"]) == ("smem", chunk, reg)
         y64, dy64 = y.double(), dy.double()
         ref = dy64 - y64.exp() * dy64.sum(-1, keepdim=True) if log else \
             y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
@@ -856,6 +860,25 @@ def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps):
         ours = (dx.double() - ref).abs().max()
         theirs = (eager.double() - ref).abs().max()
         assert ours <= 2 * theirs + 4 * torch.finfo(dtype).eps * ref.abs().max(), (ours, theirs)
+
+
+@pytest.mark.parametrize("dtype,n,cfg,reg", [
+    (torch.bfloat16, 131072, dict(chunk=12288, num_warps=4, reg=4), 4),
+    (torch.float32, 131072, dict(chunk=8192, num_warps=4, reg=4), 4),
+    (torch.bfloat16, 131072, dict(chunk=4096, num_warps=4, reg=4), None),    # no sub-tile left in shared memory
+    (torch.bfloat16, 131072, dict(chunk=8192, num_warps=4, reg=3), None),    # not a power of two
+    (torch.float32, 3 * 8192 + 1008, dict(chunk=8192, num_warps=4, reg=2), None),   # last chunk below 2 x 512
+])
+def test_smem_backward_register_tiles_plan(monkeypatch, dtype, n, cfg, reg):
+    """(Experiment) `reg` sub-tiles of y and dy in registers in the backward smem kernel: plans on meta tensors;
+    where they cannot be held the plan falls back to a register kernel."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    y, dy, dx = (torch.empty((4096, n), dtype=dtype, device="meta") for _ in range(3))
+    M, N, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
+    rec = K._backward_plan(dict(path="coop", smem=True, **cfg), y.device, g1, g2, g3, M, N, inner, False,
+                           (dtype,) * 3, dtype == torch.bfloat16, aligned=True).record
+    assert (rec.get("kernel") == "smem" and rec["reg"]) == (reg or False), rec
 
 
 def test_smem_kernel_eligibility_and_compile_for_sm90():

@@ -943,16 +943,21 @@ def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
     return not interpret and aligned and len(set(dtypes)) == 1 and _smem_rows(geos, N, dtypes[0].itemsize)
 
 
-def _smem_bwd_plan(cfg, M, N, INNER, geos, elem_bytes, types, chunk, warps) -> _Plan | None:
-    """The backward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS."""
+def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps) -> _Plan | None:
+    """The backward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS or
+    ``reg`` (config; sub-tiles of y and dy held in registers, as the forward's REG) leaves no sub-tile in shared
+    memory."""
     from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
 
-    chunk, C, vec, warps = _smem_chunking(cfg, elem_bytes, N, chunk, warps)
-    if C > COOP_MAX_CHUNKS:
+    reg = cfg.pop("reg", 0)
+    chunk, C, vec, warps = _smem_chunking(cfg, dtype.itemsize, N, chunk, warps)
+    sub = vec * 32 * warps
+    if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
+                REG=reg, WORDS=bool(reg) and dtype == torch.bfloat16,
                 **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")})
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C)
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg)
     part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
     return _Plan("coop", [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *(g for geo in geos for g in geo[:2]), C), (M, M * C, part, (2, 0, 1)), record)
@@ -979,7 +984,7 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     smem = _smem_bwd_config(M, dtypes[0].itemsize, log, sms)
     if (path == "coop" and cfg.pop("smem", smem is not None)
             and _smem_bwd_ok((geo_y, geo_dy, geo_dx), N, dtypes, aligned, interpret)):
-        plan = _smem_bwd_plan(cfg, M, N, INNER, (geo_y, geo_dy, geo_dx), dtypes[0].itemsize, types,
+        plan = _smem_bwd_plan(cfg, M, N, INNER, (geo_y, geo_dy, geo_dx), dtypes[0], types,
                               *(smem or SMEM_BWD_FALLBACK[dtypes[0].itemsize]))
         if plan is not None:
             return plan

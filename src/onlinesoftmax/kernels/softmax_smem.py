@@ -200,17 +200,20 @@ def _reg_tiles(P, base, REG: gl.constexpr, SUB: gl.constexpr, VEC: gl.constexpr,
 def softmax_bwd_coop_smem_kernel(
     Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, LOG: gl.constexpr,
-    LIBDEVICE: gl.constexpr, SUM: gl.constexpr, EVEN: gl.constexpr,
+    LIBDEVICE: gl.constexpr, SUM: gl.constexpr, EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr,
 ):
     """Backward of program (row, c): chunks of y and dy held in shared memory (y, dy, dx of one dtype, rows as
     the forward's). 1. s_c = sum_j y_j·dy_j (softmax) or sum_j dy_j (log-softmax), in SUM (fp64 for fp32, see
-    kernels/softmax.py `_grad_sum`); 2. s = sum_c s_c at the row barrier; 3. dx from shared memory (`_grad`)."""
+    kernels/softmax.py `_grad_sum`); 2. s = sum_c s_c at the row barrier; 3. dx from shared memory (`_grad`).
+    REG (0 or a power of two, as the forward's): the chunk's first REG sub-tiles of y and dy are held in
+    registers, never masked; WORDS (bf16): as int32 words of two elements."""
     SUB: gl.constexpr = VEC * 32 * WARPS
-    S: gl.constexpr = CHUNK // SUB
+    S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     pid, row, start = _chunk_of_program(C, CHUNK)
-    y_row = Yp + _row_offsets(row, INNER, syo, syi) + start
-    dy_row = DY + _row_offsets(row, INNER, sdo, sdi) + start
+    sm0 = start + REG * SUB                     # the shared-memory sub-tiles
+    y_row = Yp + _row_offsets(row, INNER, syo, syi) + sm0
+    dy_row = DY + _row_offsets(row, INNER, sdo, sdi) + sm0
     offs = gl.arange(0, SUB, layout=L)
     layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     ys = gl.allocate_shared_memory(Yp.dtype.element_ty, [S, SUB], layout)
@@ -220,9 +223,12 @@ def softmax_bwd_coop_smem_kernel(
             cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs)
             cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs)
         else:
-            cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs, mask=start + s * SUB + offs < N)
-            cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs, mask=start + s * SUB + offs < N)
+            cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
+            cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
         cp.commit_group()
+    if REG > 0:
+        yr, cols_r = _reg_tiles(Yp, _row_offsets(row, INNER, syo, syi) + start, REG, SUB, VEC, WARPS, WORDS)
+        dyr, _ = _reg_tiles(DY, _row_offsets(row, INNER, sdo, sdi) + start, REG, SUB, VEC, WARPS, WORDS)
     # 1. s_c, each sub-tile as soon as it has landed
     sv = gl.zeros([SUB], SUM, L)
     for s in gl.static_range(S):
@@ -232,20 +238,45 @@ def softmax_bwd_coop_smem_kernel(
             sv += dy.to(SUM)
         else:
             sv += (ys.index(s).load(L).to(gl.float32) * dy).to(SUM)
-    gl.store(PART + pid, gl.sum(sv, axis=0))
+    s_c = gl.sum(sv, axis=0)
+    if REG > 0:                             # (axis 0 of [REG, SUB] is each thread's own: fold it first)
+        if WORDS:
+            dy_lo, dy_hi = _bf16_halves(dyr, 1)
+            if LOG:
+                t = dy_lo.to(SUM) + dy_hi.to(SUM)
+            else:
+                y_lo, y_hi = _bf16_halves(yr, 1)
+                t = (y_lo * dy_lo).to(SUM) + (y_hi * dy_hi).to(SUM)
+        elif LOG:
+            t = dyr.to(gl.float32).to(SUM)
+        else:
+            t = (yr.to(gl.float32) * dyr.to(gl.float32)).to(SUM)
+        s_c += gl.sum(gl.sum(t, axis=0), axis=0)
+    gl.store(PART + pid, s_c)
     gl.thread_barrier()
     # 2. s = sum_c s_c
     _row_barrier(ARRIVE, GEN, row, C)
     k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
     # 3. dx = y·(dy - s)  or  dy - e^y·s
-    dx_row = DX + _row_offsets(row, INNER, sxo, sxi) + start
+    dx_base = DX + _row_offsets(row, INNER, sxo, sxi) + start
     for s in range(S):
         dx = _grad(ys.index(s).load(L).to(gl.float32), dys.index(s).load(L).to(gl.float32), s_row, LOG, LIBDEVICE)
         if EVEN:
-            gl.store(dx_row + s * SUB + offs, dx.to(DX.dtype.element_ty))
+            gl.store(dx_base + REG * SUB + s * SUB + offs, dx.to(DX.dtype.element_ty))
         else:
-            gl.store(dx_row + s * SUB + offs, dx.to(DX.dtype.element_ty), mask=start + s * SUB + offs < N)
+            gl.store(dx_base + REG * SUB + s * SUB + offs, dx.to(DX.dtype.element_ty),
+                     mask=sm0 + s * SUB + offs < N)
+    if REG > 0:
+        if WORDS:
+            y_lo, y_hi = _bf16_halves(yr, 0)
+            dy_lo, dy_hi = _bf16_halves(dyr, 0)
+            dxw = _pack_bf16x2(_grad(y_lo, dy_lo, s_row, LOG, LIBDEVICE), _grad(y_hi, dy_hi, s_row, LOG, LIBDEVICE))
+            gl.store(DX.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, sxo, sxi) + start) // 2 + cols_r,
+                     dxw)
+        else:
+            dx = _grad(yr.to(gl.float32), dyr.to(gl.float32), s_row, LOG, LIBDEVICE)
+            gl.store(dx_base + cols_r, dx.to(DX.dtype.element_ty))
 
 
 @gluon.jit
