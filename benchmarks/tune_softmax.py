@@ -366,6 +366,24 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_bwdreg")
         return
+    if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
+        # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
+        # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)
+        cases = ((torch.bfloat16, 131072, ((131072, 16, 8, True), (131072, 16, 8, False), (131072, 32, 4, True),
+                                           (65536, 16, 4, True), (65536, 8, 4, True))),
+                 (torch.bfloat16, 262144, ((131072, 16, 8, True), (65536, 16, 4, True))),
+                 (torch.float32, 131072, ((65536, 16, 16, False), (65536, 32, 8, False), (32768, 8, 8, False))),
+                 (torch.float32, 262144, ((65536, 16, 16, False), (32768, 8, 8, False))))
+        for dtype, n, variants in cases:
+            m = GIB // (n * torch.finfo(dtype).bits // 8)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            for c, w, r, keep in variants:
+                record("fwd", m, n, dtype, f"smem chunk={c} w={w} reg={r} keep={keep:d}",
+                       fwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w, "reg": r,
+                                    "keep_e": keep}), sets, nb, ref)
+            del sets
+        save("tune_gib_whole")
+        return
     if gib == "keep":     # 16-bit softmax in the shared-memory kernel: e_j kept in x's place (KEEP_E) against the
         # second exponential
         for dtype, n in ((torch.bfloat16, 131072), (torch.bfloat16, 262144), (torch.bfloat16, 128256),
