@@ -366,6 +366,57 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_bwdreg")
         return
+    if gib == "bwdreg2":  # around run 1's best (bf16 16384 w=4 reg=4, fp32 8192 w=4 reg=4), log-softmax too, and
+        # the lengths the backward's coop path also takes (32K) or whose chunks do not divide N (128256)
+        variants = {2: ((16384, 4, 4), (16384, 4, 2), (20480, 4, 4), (24576, 4, 4), (16384, 2, 4), (32768, 8, 2)),
+                    4: ((8192, 4, 4), (8192, 4, 2), (10240, 4, 4), (12288, 4, 4), (8192, 4, 8), (16384, 8, 2))}
+        for dtype in (torch.bfloat16, torch.float32):
+            for log, lengths in ((False, (131072, 262144, 32768, 128256)), (True, (131072, 262144))):
+                kind = "lbwd" if log else "bwd"
+                for n in lengths:
+                    m = GIB // (n * torch.finfo(dtype).bits // 8)
+                    bsets = inputs(m, n, dtype, bwd=True)
+                    y, dy = bsets[0]
+                    bref = (torch._log_softmax_backward_data(dy, y, -1, dtype) if log else
+                            torch._softmax_backward_data(dy, y, -1, dtype))
+                    nb3 = 3 * m * n * torch.finfo(dtype).bits // 8
+                    record(kind, m, n, dtype, "default", bwd_variant(None, log), bsets, nb3, bref)
+                    for chunk, w, reg in variants[dtype.itemsize]:
+                        record(kind, m, n, dtype, f"smem chunk={chunk} w={w} reg={reg}",
+                               bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg},
+                                           log), bsets, nb3, bref)
+                    del bsets, bref, y, dy
+        save("tune_gib_bwdreg2")
+        return
+    if gib == "online":   # (experiment) softmax_coop_smem_online_kernel: step 1 folded online as the sub-tiles land
+        # against the default plan; (path, chunk, warps, reg, keep_e) with chunk None for the whole row (`rows`)
+        cases = ((torch.bfloat16, 131072, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
+                                           ("coop", 20480, 4, 4, False), ("coop", 16384, 4, 2, True))),
+                 (torch.bfloat16, 262144, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
+                                           ("coop", 20480, 4, 4, False))),
+                 (torch.bfloat16, 128256, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False))),
+                 (torch.float32, 131072, (("coop", 16384, 8, 4, False), ("coop", 16384, 4, 4, False),
+                                          ("coop", 20480, 8, 4, False))),
+                 (torch.float32, 262144, (("coop", 16384, 8, 4, False), ("coop", 16384, 4, 4, False))),
+                 (torch.bfloat16, 16384, (("rows", None, 4, 0, False), ("rows", None, 8, 0, False))),
+                 (torch.bfloat16, 32768, (("rows", None, 16, 0, False), ("rows", None, 8, 0, False))),
+                 (torch.bfloat16, 4096, (("rows", None, 4, 0, False),)))
+        for dtype, n, variants in cases:
+            m = GIB // (n * torch.finfo(dtype).bits // 8)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            lref = torch.log_softmax(sets[0][0], -1)
+            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
+            for path, c, w, r, keep in variants:
+                cfg = {"path": path, "smem": True, "num_warps": w, "reg": r, "keep_e": keep, "online": True}
+                if c:
+                    cfg["chunk"] = c
+                name = f"online {path} chunk={c} w={w} reg={r} keep={keep:d}"
+                record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
+                if not keep:
+                    record("log", m, n, dtype, name, fwd_variant(cfg, K.LOG_SOFTMAX), sets, nb, lref)
+            del sets, ref, lref
+        save("tune_gib_online")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)

@@ -729,7 +729,8 @@ def _forward_with(x, dim, mode, config, out_dtype=None):
     (40, 131072, 16384, 8, 4), (9, 50256, 6144, 4, 1), (5, 12672, 16384, 4, 4), (70, 262144, 16384, 4, 4),
     (33, 128256, 16384, 8, 4),
 ])
-def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
+@pytest.mark.parametrize("online", [False, True])
+def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg, online):
     """The shared-memory coop kernel against fp64: partial last chunks, one chunk per row, rows holding
     ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory), `reg` sub-tiles in registers (bf16:
     as int32 words; and with an fp32 output, unpacked); x starting off a 16-byte boundary takes the register kernels
@@ -737,7 +738,9 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
     base = (torch.randn(m, n + 32, device="cuda") * 4).to(dtype)
     base[1, 5], base[2, 7], base[0, :] = float("inf"), float("nan"), float("-inf")
     base[m - 1, 3], base[3, n - 2] = float("-inf"), float("inf")       # also a +inf in the register sub-tiles
-    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "reg": reg}
+    base[4] -= 200                                                      # far below 0
+    base[m - 2, :n // 2] = float("-inf")                                # -inf up to mid-row
+    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "reg": reg, "online": online}
     cases = [(base[:, :n], -1, "smem", None), (base[:, 16:n + 16], -1, "smem", None),
              (base[:, :n].t(), 0, "smem", None), (base[:, 1:n + 1], -1, None, None)]
     if reg and dtype == torch.bfloat16:
@@ -747,7 +750,8 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
             out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True}, out_dtype)
             keep_e = mode == K.SOFTMAX and dtype != torch.float32 and out_dtype is None     # e_j kept (KEEP_E)
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
-                (info["kernel"], info["chunk"], info["reg"], info["keep_e"]) == ("smem", chunk, reg, keep_e), info
+                (info["kernel"], info["chunk"], info["reg"], info["keep_e"], info["online"]) == (
+                    "smem", chunk, reg, keep_e, online), info
             assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
 
 
