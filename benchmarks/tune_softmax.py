@@ -388,7 +388,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                     del bsets, bref, y, dy
         save("tune_gib_bwdreg2")
         return
-    if gib == "online":   # (experiment) softmax_coop_smem_online_kernel: step 1 folded online as the sub-tiles land
+    online_repeat = gib == "online2"
+    if gib in ("online", "online2"):   # (experiment) softmax_coop_smem_online_kernel: step 1 folded online as the sub-tiles land
         # against the default plan; (path, chunk, warps, reg, keep_e) with chunk None for the whole row (`rows`)
         cases = ((torch.bfloat16, 131072, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
                                            ("coop", 20480, 4, 4, False), ("coop", 16384, 4, 2, True))),
@@ -401,6 +402,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                  (torch.bfloat16, 16384, (("rows", None, 4, 0, False), ("rows", None, 8, 0, False))),
                  (torch.bfloat16, 32768, (("rows", None, 16, 0, False), ("rows", None, 8, 0, False))),
                  (torch.bfloat16, 4096, (("rows", None, 4, 0, False),)))
+        if online_repeat:     # run 2: the long-row softmax lines of run 1 only (tune-gib-online-0b76128.log)
+            cases = tuple((dt, n, v[:2]) for dt, n, v in cases[:5] if n != 128256)
         for dtype, n, variants in cases:
             m = GIB // (n * torch.finfo(dtype).bits // 8)
             sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
