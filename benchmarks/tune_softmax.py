@@ -390,7 +390,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         return
     online_repeat = gib == "online2"
     if gib in ("online", "online2"):   # (experiment) softmax_coop_smem_online_kernel: step 1 folded online as
-        # the sub-tiles land, against the default plan; (path, chunk, warps, reg, keep_e) with chunk None for the whole row (`rows`)
+        # the sub-tiles land, against the default plan; (path, chunk, warps, reg, keep_e), chunk None: the whole
+        # row (`rows`)
         cases = ((torch.bfloat16, 131072, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
                                            ("coop", 20480, 4, 4, False), ("coop", 16384, 4, 2, True))),
                  (torch.bfloat16, 262144, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
