@@ -349,8 +349,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del sets
         save("tune_gib_stream")
         return
-    if gib == "bwdreg":   # (experiment, branch exp/bwd-reg) softmax backward, long rows: the smem coop kernel with
-        # its first `reg` sub-tiles of y and dy in registers, (chunk, warps, reg), against the default plan
+    if gib == "bwdreg":   # softmax backward, long rows: the smem coop kernel with its first `reg` sub-tiles of y and
+        # dy in registers, (chunk, warps, reg), against the default plan of the time (no REG; run at da9bbb6)
         cases = ((torch.bfloat16, ((8192, 4, 0), (8192, 4, 4), (12288, 4, 4), (10240, 4, 2), (12288, 4, 2),
                                    (16384, 4, 4), (16384, 8, 4))),
                  (torch.float32, ((4096, 4, 0), (8192, 4, 4), (6144, 4, 2), (8192, 8, 4), (12288, 8, 4),
@@ -366,8 +366,9 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_bwdreg")
         return
-    if gib == "bwdreg2":  # around run 1's best (bf16 16384 w=4 reg=4, fp32 8192 w=4 reg=4), log-softmax too, and
-        # the lengths the backward's coop path also takes (32K) or whose chunks do not divide N (128256)
+    if gib == "bwdreg2":  # (run at f9ec1ff) around run 1's best (bf16 16384 w=4 reg=4, fp32 8192 w=4 reg=4),
+        # log-softmax too, and the lengths the backward's coop path also takes (32K) or whose chunks do not divide N
+        # (128256)
         variants = {2: ((16384, 4, 4), (16384, 4, 2), (20480, 4, 4), (24576, 4, 4), (16384, 2, 4), (32768, 8, 2)),
                     4: ((8192, 4, 4), (8192, 4, 2), (10240, 4, 4), (12288, 4, 4), (8192, 4, 8), (16384, 8, 2))}
         for dtype in (torch.bfloat16, torch.float32):
@@ -387,39 +388,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                                            log), bsets, nb3, bref)
                     del bsets, bref, y, dy
         save("tune_gib_bwdreg2")
-        return
-    online_repeat = gib == "online2"
-    if gib in ("online", "online2"):   # (experiment) softmax_coop_smem_online_kernel: step 1 folded online as
-        # the sub-tiles land, against the default plan; (path, chunk, warps, reg, keep_e), chunk None: the whole
-        # row (`rows`)
-        cases = ((torch.bfloat16, 131072, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
-                                           ("coop", 20480, 4, 4, False), ("coop", 16384, 4, 2, True))),
-                 (torch.bfloat16, 262144, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False),
-                                           ("coop", 20480, 4, 4, False))),
-                 (torch.bfloat16, 128256, (("coop", 16384, 4, 4, True), ("coop", 16384, 4, 4, False))),
-                 (torch.float32, 131072, (("coop", 16384, 8, 4, False), ("coop", 16384, 4, 4, False),
-                                          ("coop", 20480, 8, 4, False))),
-                 (torch.float32, 262144, (("coop", 16384, 8, 4, False), ("coop", 16384, 4, 4, False))),
-                 (torch.bfloat16, 16384, (("rows", None, 4, 0, False), ("rows", None, 8, 0, False))),
-                 (torch.bfloat16, 32768, (("rows", None, 16, 0, False), ("rows", None, 8, 0, False))),
-                 (torch.bfloat16, 4096, (("rows", None, 4, 0, False),)))
-        if online_repeat:     # run 2: the long-row softmax lines of run 1 only (tune-gib-online-0b76128.log)
-            cases = tuple((dt, n, v[:2]) for dt, n, v in cases[:5] if n != 128256)
-        for dtype, n, variants in cases:
-            m = GIB // (n * torch.finfo(dtype).bits // 8)
-            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            lref = torch.log_softmax(sets[0][0], -1)
-            record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
-            for path, c, w, r, keep in variants:
-                cfg = {"path": path, "smem": True, "num_warps": w, "reg": r, "keep_e": keep, "online": True}
-                if c:
-                    cfg["chunk"] = c
-                name = f"online {path} chunk={c} w={w} reg={r} keep={keep:d}"
-                record("fwd", m, n, dtype, name, fwd_variant(cfg), sets, nb, ref)
-                if not keep:
-                    record("log", m, n, dtype, name, fwd_variant(cfg, K.LOG_SOFTMAX), sets, nb, lref)
-            del sets, ref, lref
-        save("tune_gib_online")
         return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers

@@ -304,14 +304,18 @@ def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
     assert K._smem_config(m, n, size, mode, H200_SMS, bf16x2) == expect
 
 
-@pytest.mark.parametrize("m,size,log,expect", [
-    (2048, 4, True, K.SMEM_BWD_CONFIG[4, True]), (4096, 2, False, K.SMEM_BWD_CONFIG[2, False]),
-    (2048, 4, False, None), (4096, 2, True, None), (32, 2, False, None),
+@pytest.mark.parametrize("m,n,size,log,expect", [
+    (2048, 131072, 4, True, K.SMEM_BWD_CONFIG[4, True]), (4096, 131072, 2, False, K.SMEM_BWD_CONFIG[2, False]),
+    (2048, 262144, 4, False, K.SMEM_BWD_CONFIG[4, False]), (4096, 131072, 2, True, K.SMEM_BWD_CONFIG[2, True]),
+    (32, 131072, 2, False, None),                                          # decode sizes: the register kernels
+    (2048, 3 * 8192 + 2047, 4, False, (8192, 4, 0)),     # last chunk under REG's 4 x 512 elements: reg = 0
+    (2048, 3 * 8192 + 2048, 4, False, (8192, 4, 4)),
+    (4096, 32768 + 4095, 2, False, (32768, 8, 0)), (4096, 32768 + 4096, 2, True, (32768, 8, 2)),
 ])
-def test_smem_backward_choice_on_h200(m, size, log, expect):
-    """Many long rows: the backward takes the shared-memory kernel where it measured faster (fp32 log-softmax,
-    16-bit softmax); fp32 softmax, 16-bit log-softmax and decode sizes keep the register kernels."""
-    assert K._smem_bwd_config(m, size, log, H200_SMS) == expect
+def test_smem_backward_choice_on_h200(m, n, size, log, expect):
+    """Many long rows: the backward takes the shared-memory kernel with REG sub-tiles in registers, except where
+    a row's last chunk would not cover them (reg = 0); decode sizes keep the register kernels."""
+    assert K._smem_bwd_config(m, n, size, log, H200_SMS) == expect
 
 
 @pytest.mark.parametrize("dtype,m,n,mode,expect", [
@@ -342,16 +346,16 @@ def test_smem_rows_choice_on_h200(monkeypatch, dtype, m, n, mode, expect):
 
 
 def test_smem_plans_keep_coop_max_chunks(monkeypatch):
-    """A row needing more than COOP_MAX_CHUNKS shared-memory chunks (fp32 log-softmax backward at N = 2^20: 256 of
-    4096) takes the register kernel instead; N = 2^19 (128 chunks) keeps the smem kernel. Plans on meta tensors,
-    as on an H200."""
+    """A row needing more than COOP_MAX_CHUNKS shared-memory chunks (fp32 log-softmax backward at N = 2^20 with
+    4096-element chunks: 256) takes the register kernel instead; its default 16384-element chunks (64) keep the
+    smem kernel. Plans on meta tensors, as on an H200."""
     monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(K, "interpret_mode", lambda: False)        # plan as for the GPU (CI sets the interpreter)
-    for n, kernel in ((1 << 19, "smem"), (1 << 20, "chunks")):
-        x = torch.empty(4096, n, device="meta")
-        m, nn, inner, (g1, g2, g3) = row_geometry([x, x, x], 1)
-        plan = K._backward_plan({}, x.device, g1, g2, g3, m, nn, inner, True, (x.dtype,) * 3, aligned=True)
-        assert plan.record["kernel"] == kernel and plan.record["chunks"] <= K.COOP_MAX_CHUNKS
+    x = torch.empty(4096, 1 << 20, device="meta")
+    m, nn, inner, (g1, g2, g3) = row_geometry([x, x, x], 1)
+    for cfg, kernel in (({}, "smem"), ({"chunk": 4096}, "chunks")):
+        plan = K._backward_plan(cfg, x.device, g1, g2, g3, m, nn, inner, True, (x.dtype,) * 3, aligned=True)
+        assert plan.record["kernel"] == kernel and plan.record["chunks"] <= K.COOP_MAX_CHUNKS, plan.record
 
 
 def test_smem_backward_eligibility():
@@ -729,8 +733,7 @@ def _forward_with(x, dim, mode, config, out_dtype=None):
     (40, 131072, 16384, 8, 4), (9, 50256, 6144, 4, 1), (5, 12672, 16384, 4, 4), (70, 262144, 16384, 4, 4),
     (33, 128256, 16384, 8, 4),
 ])
-@pytest.mark.parametrize("online", [False, True])
-def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg, online):
+def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg):
     """The shared-memory coop kernel against fp64: partial last chunks, one chunk per row, rows holding
     ±inf / NaN / all -inf, strided rows and dim 0 (rows interleaved in memory), `reg` sub-tiles in registers (bf16:
     as int32 words; and with an fp32 output, unpacked); x starting off a 16-byte boundary takes the register kernels
@@ -740,7 +743,7 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg, online):
     base[m - 1, 3], base[3, n - 2] = float("-inf"), float("inf")       # also a +inf in the register sub-tiles
     base[4] -= 200                                                      # far below 0
     base[m - 2, :n // 2] = float("-inf")                                # -inf up to mid-row
-    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "reg": reg, "online": online}
+    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, "reg": reg}
     cases = [(base[:, :n], -1, "smem", None), (base[:, 16:n + 16], -1, "smem", None),
              (base[:, :n].t(), 0, "smem", None), (base[:, 1:n + 1], -1, None, None)]
     if reg and dtype == torch.bfloat16:
@@ -750,8 +753,7 @@ def test_gpu_smem_coop_kernel(dtype, m, n, chunk, warps, reg, online):
             out, info = _forward_with(x, dim, mode, cfg if kern else {"path": "coop", "smem": True}, out_dtype)
             keep_e = mode == K.SOFTMAX and dtype != torch.float32 and out_dtype is None     # e_j kept (KEEP_E)
             assert info["path"] == "coop" and info.get("kernel") != "smem" if kern is None else \
-                (info["kernel"], info["chunk"], info["reg"], info["keep_e"], info["online"]) == (
-                    "smem", chunk, reg, keep_e, online), info
+                (info["kernel"], info["chunk"], info["reg"], info["keep_e"]) == ("smem", chunk, reg, keep_e), info
             assert_matches_low_precision_eager(name, out, x, dim, out_dtype)
 
 
@@ -839,11 +841,14 @@ def test_gpu_smem_rows(dtype, m, n):
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("m,n,chunk,warps,reg", [(40, 131072, 4096, 4, 0), (9, 50256, 2048, 2, 0),
                                                   (20, 262144, 8192, 4, 0), (40, 131072, 12288, 4, 4),
-                                                  (9, 50256, 4096, 2, 2), (20, 262144, 16384, 8, 4)])
+                                                  (9, 50256, 4096, 2, 2), (20, 262144, 16384, 8, 4),
+                                                  (40, 131072, 8192, 4, 4), (9, 40000, 16384, 8, 2),
+                                                  (7, 20000, 32768, 8, 2), (20, 262144, 32768, 8, 2)])
 def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
     """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|),
-    with its first ``reg`` sub-tiles of y and dy in registers (bf16: as words) where ``reg`` > 0 (12288 and
-    50256 / 4096: a shorter last chunk); dy off a 16-byte boundary takes the register kernels."""
+    with its first ``reg`` sub-tiles of y and dy in registers (bf16: as words) where ``reg`` > 0 (12288, 50256 /
+    4096, 40000 / 16384: a shorter last chunk; 20000 / 32768: one chunk, masked); dy off a 16-byte boundary takes
+    the register kernels."""
     x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
     y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
     gbase = torch.randn(m, n + 16, device="cuda").to(dtype)
@@ -874,7 +879,7 @@ def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
     (torch.float32, 3 * 8192 + 1008, dict(chunk=8192, num_warps=4, reg=2), None),   # last chunk below 2 x 512
 ])
 def test_smem_backward_register_tiles_plan(monkeypatch, dtype, n, cfg, reg):
-    """(Experiment) `reg` sub-tiles of y and dy in registers in the backward smem kernel: plans on meta tensors;
+    """Forced `reg` sub-tiles of y and dy in registers in the backward smem kernel: plans on meta tensors;
     where they cannot be held the plan falls back to a register kernel."""
     monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(K, "interpret_mode", lambda: False)

@@ -48,8 +48,8 @@ Exponentials: ``_exp`` (ex2.approx.ftz, one MUFU.EX2 per element) on the GPU, ex
 bf16x2 kernel and in the prefetching ``rows`` loop, where it measured slower (a ``rows`` plan records ``fast_exp``).
 
 Backward (read y and dy, write dx): ``rows`` or ``coop`` as above with y and dy in registers; many bf16 long
-rows take ``softmax_bwd_coop_bf16x2_kernel`` (y and dy held as words), or y and dy in shared memory
-(``softmax_bwd_coop_smem_kernel``) for fp32 log-softmax and 16-bit softmax (SMEM_BWD_CONFIG). Its sums
+rows take y and dy in shared memory and registers (``softmax_bwd_coop_smem_kernel``, SMEM_BWD_CONFIG), or,
+where that does not apply, ``softmax_bwd_coop_bf16x2_kernel`` (bf16 y and dy held as words). Its sums
 accumulate in fp64 for fp32 and fp64 tensors (the terms of sum(dy) cancel).
 """
 
@@ -94,13 +94,15 @@ SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its 
     4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
 }
-SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps) of the coop
-    (4, True): (4096, 4),    # kernel with y and dy in shared memory. 1 GiB, N = 128K / 256K: fp32 log-softmax 90.0 /
-    (2, False): (8192, 4),   # 87.4 % against 83.9 / 78.8 (registers), bf16 softmax 92.8 / 91.2 against 86.8 / 83.9
-}                            # (bf16x2). It lost on fp32 softmax (92.6 / 89.6 against 95.3 / 91.8) and bf16
-                             # log-softmax (77.0 / 76.1 against 81.1 / 79.7): those keep the register kernels
-                             # (tune-gib-smem-ce06dbe.log). Plan config smem=True forces it with SMEM_BWD_FALLBACK.
-SMEM_BWD_FALLBACK = {4: (4096, 4), 2: (8192, 4)}
+SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps, reg) of the
+    (4, False): (8192, 4, 4),   # coop kernel with y and dy in shared memory, their first `reg` sub-tiles in
+    (4, True): (16384, 8, 2),   # registers (REG, bf16 as words). 1 GiB, N = 128K / 256K, against the previous
+    (2, False): (32768, 8, 2),  # default in the same run (tune-gib-bwdreg-da9bbb6.log, tune-gib-bwdreg2-f9ec1ff
+    (2, True): (32768, 8, 2),   # .log): fp32 softmax 96.8-97.4 / 94.0-94.6 % against 95.0-95.3 / 91.2-91.5
+}                               # (registers), fp32 log-softmax 94.9 / 91.9 against 89.7 / 87.1 (4096-element
+                                # chunks, no REG), bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no REG),
+                                # bf16 log-softmax 90.1 / 86.6 against 81.1 / 79.5 (bf16x2 registers)
+SMEM_BWD_FALLBACK = {4: (4096, 4, 0), 2: (8192, 4, 0)}   # a forced smem=True where the table has no entry
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up to a power of two) -> (warps, programs
     (2, 1024): (1, 32),      # per SM) of logsumexp_rows_pipe_kernel (kernels/softmax_smem.py: the next row in flight
@@ -840,9 +842,8 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     """The forward's shared-memory plan (``rows``: one chunk per row, no barrier), or None where a row would need
     more than COOP_MAX_CHUNKS or ``reg`` leaves no sub-tile in shared memory. ``reg``: sub-tiles held in registers
     (a power of two; bf16 in and out holds them as int32 words)."""
-    from .softmax_smem import softmax_coop_smem_kernel, softmax_coop_smem_online_kernel
+    from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
-    kernel = softmax_coop_smem_online_kernel if cfg.pop("online", False) else softmax_coop_smem_kernel
     reg = cfg.pop("reg", reg)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
     sub = vec * 32 * warps
@@ -858,9 +859,9 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
                 WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
-                  keep_e=keep_e, online=kernel is softmax_coop_smem_online_kernel)
+                  keep_e=keep_e)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
-    return _Plan(path, [BoundKernel(kernel, (M * C,), meta)],
+    return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)
 
 
@@ -933,9 +934,13 @@ def _bf16x2_bwd_ok(geos, N: int, words: bool) -> bool:
     return words and N % 2 == 0 and all(g[2] == 1 and not (g[0] % 2 or g[1] % 2) for g in geos)
 
 
-def _smem_bwd_config(M: int, elem_bytes: int, log: bool, sms: int) -> tuple[int, int] | None:
-    """(chunk, warps) of softmax_bwd_coop_smem_kernel for many coop rows, or None (see SMEM_BWD_CONFIG)."""
-    return None if _few_rows(M, sms) else SMEM_BWD_CONFIG.get((elem_bytes, log))
+def _smem_bwd_config(M: int, N: int, elem_bytes: int, log: bool, sms: int) -> tuple[int, int, int] | None:
+    """(chunk, warps, reg) of softmax_bwd_coop_smem_kernel for many coop rows, or None (decode sizes): reg = 0
+    where the row's last chunk would not cover the register sub-tiles (_reg_fits)."""
+    if _few_rows(M, sms) or (elem_bytes, log) not in SMEM_BWD_CONFIG:
+        return None
+    chunk, warps, reg = SMEM_BWD_CONFIG[elem_bytes, log]
+    return chunk, warps, reg if _reg_fits(N, chunk, reg * (16 // elem_bytes) * 32 * warps) else 0
 
 
 def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
@@ -944,13 +949,13 @@ def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
     return not interpret and aligned and len(set(dtypes)) == 1 and _smem_rows(geos, N, dtypes[0].itemsize)
 
 
-def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps) -> _Plan | None:
+def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg) -> _Plan | None:
     """The backward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS or
-    ``reg`` (config; sub-tiles of y and dy held in registers, as the forward's REG) leaves no sub-tile in shared
-    memory."""
+    ``reg`` (sub-tiles of y and dy held in registers, as the forward's REG) leaves no sub-tile in shared memory
+    or is not covered by the row's last chunk."""
     from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
 
-    reg = cfg.pop("reg", 0)
+    reg = cfg.pop("reg", reg)
     chunk, C, vec, warps = _smem_chunking(cfg, dtype.itemsize, N, chunk, warps)
     sub = vec * 32 * warps
     if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
@@ -982,7 +987,7 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
         record = dict(path=path, block_m=block_m, block_n=block_n, num_warps=warps, grid=grid)
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
-    smem = _smem_bwd_config(M, dtypes[0].itemsize, log, sms)
+    smem = _smem_bwd_config(M, N, dtypes[0].itemsize, log, sms)
     if (path == "coop" and cfg.pop("smem", smem is not None)
             and _smem_bwd_ok((geo_y, geo_dy, geo_dx), N, dtypes, aligned, interpret)):
         plan = _smem_bwd_plan(cfg, M, N, INNER, (geo_y, geo_dy, geo_dx), dtypes[0], types,
