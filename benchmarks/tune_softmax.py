@@ -389,6 +389,18 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                     del bsets, bref, y, dy
         save("tune_gib_bwdreg2")
         return
+    if gib == "bwdreg3":  # fp32 softmax backward, the default (8192, 4 warps, reg 4: 4 programs, 256 KB per SM)
+        # against chunks that hold more per SM: 7168 (5 programs, 280 KB), 9216 (4, 288 KB), 10240 with reg 8 (320 KB)
+        for n in (262144, 131072):
+            m = GIB // (n * 4)
+            bsets, bref, nb3 = bwd_baseline(m, n, torch.float32)
+            for chunk, w, reg in ((7168, 4, 4), (9216, 4, 4), (10240, 4, 8), (8192, 4, 4)):
+                record("bwd", m, n, torch.float32, f"smem chunk={chunk} w={w} reg={reg}",
+                       bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg}),
+                       bsets, nb3, bref)
+            del bsets, bref
+        save("tune_gib_bwdreg3")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)

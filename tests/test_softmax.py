@@ -843,12 +843,16 @@ def test_gpu_smem_rows(dtype, m, n):
                                                   (20, 262144, 8192, 4, 0), (40, 131072, 12288, 4, 4),
                                                   (9, 50256, 4096, 2, 2), (20, 262144, 16384, 8, 4),
                                                   (40, 131072, 8192, 4, 4), (9, 40000, 16384, 8, 2),
-                                                  (7, 20000, 32768, 8, 2), (20, 262144, 32768, 8, 2)])
+                                                  (7, 20000, (16384, 32768), 8, 2),
+                                                  (20, 262144, (16384, 32768), 8, 2)])
 def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
     """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|),
     with its first ``reg`` sub-tiles of y and dy in registers (bf16: as words) where ``reg`` > 0 (12288, 50256 /
     4096, 40000 / 16384: a shorter last chunk; 20000 / 32768: one chunk, masked); dy off a 16-byte boundary takes
-    the register kernels."""
+    the register kernels. A (fp32, 16-bit) pair of chunks: 32768 16-bit elements (the default's) are 64 KB of
+    shared memory per tensor, too many as fp32."""
+    if isinstance(chunk, tuple):
+        chunk = chunk[dtype.itemsize == 2]
     x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
     y = (torch.log_softmax if log else torch.softmax)(x.float(), -1).to(dtype)
     gbase = torch.randn(m, n + 16, device="cuda").to(dtype)
