@@ -305,16 +305,18 @@ def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
 
 
 @pytest.mark.parametrize("m,n,size,log,expect", [
-    (2048, 131072, 4, True, K.SMEM_BWD_CONFIG[4, True]), (4096, 131072, 2, False, K.SMEM_BWD_CONFIG[2, False]),
-    (2048, 262144, 4, False, K.SMEM_BWD_CONFIG[4, False]), (4096, 131072, 2, True, K.SMEM_BWD_CONFIG[2, True]),
+    (2048, 131072, 4, True, (16384, 8, 2)), (4096, 131072, 2, False, (32768, 8, 2)),
+    (2048, 262144, 4, False, (10240, 4, 8)), (4096, 131072, 2, True, (32768, 8, 2)),
     (32, 131072, 2, False, None),                                          # decode sizes: the register kernels
-    (2048, 3 * 8192 + 2047, 4, False, (8192, 4, 0)),     # last chunk under REG's 4 x 512 elements: reg = 0
-    (2048, 3 * 8192 + 2048, 4, False, (8192, 4, 4)),
+    (2048, 32768, 4, False, (8192, 4, 4)),       # 32768 = 3 x 10240 + 2048, under REG's 8 x 512: the next config
+    (2048, 3 * 10240 + 4096, 4, False, (10240, 4, 8)),
+    (2048, 4 * 8192 + 2047, 4, False, (8192, 4, 0)),     # under both: the last config, reg = 0
     (4096, 32768 + 4095, 2, False, (32768, 8, 0)), (4096, 32768 + 4096, 2, True, (32768, 8, 2)),
 ])
 def test_smem_backward_choice_on_h200(m, n, size, log, expect):
-    """Many long rows: the backward takes the shared-memory kernel with REG sub-tiles in registers, except where
-    a row's last chunk would not cover them (reg = 0); decode sizes keep the register kernels."""
+    """Many long rows: the backward takes the shared-memory kernel with REG sub-tiles in registers, in the first
+    SMEM_BWD_CONFIG entry whose REG the row's last chunk covers, else the last with reg = 0; decode sizes keep the
+    register kernels."""
     assert K._smem_bwd_config(m, n, size, log, H200_SMS) == expect
 
 
@@ -844,7 +846,7 @@ def test_gpu_smem_rows(dtype, m, n):
                                                   (9, 50256, 4096, 2, 2), (20, 262144, 16384, 8, 4),
                                                   (40, 131072, 8192, 4, 4), (9, 40000, 16384, 8, 2),
                                                   (7, 20000, (16384, 32768), 8, 2),
-                                                  (20, 262144, (16384, 32768), 8, 2)])
+                                                  (20, 262144, (16384, 32768), 8, 2), (20, 131072, 10240, 4, 8)])
 def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
     """The shared-memory backward coop kernel against fp64 dx (error within twice torch's + 4 eps of max |dx|),
     with its first ``reg`` sub-tiles of y and dy in registers (bf16: as words) where ``reg`` > 0 (12288, 50256 /

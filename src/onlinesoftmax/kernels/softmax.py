@@ -95,13 +95,15 @@ SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its 
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
 }
 SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps, reg) of the
-    (4, False): (8192, 4, 4),   # coop kernel with y and dy in shared memory, their first `reg` sub-tiles in
-    (4, True): (16384, 8, 2),   # registers (REG, bf16 as words). 1 GiB, N = 128K / 256K, against the previous
-    (2, False): (32768, 8, 2),  # default in the same run (tune-gib-bwdreg-da9bbb6.log, tune-gib-bwdreg2-f9ec1ff
-    (2, True): (32768, 8, 2),   # .log): fp32 softmax 96.8-97.4 / 94.0-94.6 % against 95.0-95.3 / 91.2-91.5
-}                               # (registers), fp32 log-softmax 94.9 / 91.9 against 89.7 / 87.1 (4096-element
-                                # chunks, no REG), bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no REG),
-                                # bf16 log-softmax 90.1 / 86.6 against 81.1 / 79.5 (bf16x2 registers)
+    (4, False): ((10240, 4, 8), (8192, 4, 4)),  # coop kernel with y and dy in shared memory, their first `reg`
+    (4, True): ((16384, 8, 2),),                # sub-tiles in registers (REG, bf16 as words); the first whose
+    (2, False): ((32768, 8, 2),),               # REG the row's last chunk covers (_reg_fits), else the last
+    (2, True): ((32768, 8, 2),),                # with reg = 0. 1 GiB, N = 128K / 256K, against the previous
+}   # default in the same runs (tune-gib-bwdreg-da9bbb6.log, tune-gib-bwdreg2-f9ec1ff.log, tune-gib-bwdreg3-dbea8f8
+    # .log): fp32 softmax 98.7 / 95.6 % (10240, reg 8: 4 programs and 320 KB per SM) and 96.8-97.5 / 94.0-94.6
+    # (8192, reg 4: 256 KB) against 95.0-95.3 / 91.2-91.5 (registers); fp32 log-softmax 94.9 / 91.9 against 89.7
+    # / 87.1 (4096-element chunks, no REG); bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no REG); bf16
+    # log-softmax 90.1 / 86.6 against 81.1 / 79.5 (bf16x2 registers)
 SMEM_BWD_FALLBACK = {4: (4096, 4, 0), 2: (8192, 4, 0)}   # a forced smem=True where the table has no entry
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up to a power of two) -> (warps, programs
@@ -935,12 +937,13 @@ def _bf16x2_bwd_ok(geos, N: int, words: bool) -> bool:
 
 
 def _smem_bwd_config(M: int, N: int, elem_bytes: int, log: bool, sms: int) -> tuple[int, int, int] | None:
-    """(chunk, warps, reg) of softmax_bwd_coop_smem_kernel for many coop rows, or None (decode sizes): reg = 0
-    where the row's last chunk would not cover the register sub-tiles (_reg_fits)."""
+    """(chunk, warps, reg) of softmax_bwd_coop_smem_kernel for many coop rows (SMEM_BWD_CONFIG), or None (decode
+    sizes)."""
     if _few_rows(M, sms) or (elem_bytes, log) not in SMEM_BWD_CONFIG:
         return None
-    chunk, warps, reg = SMEM_BWD_CONFIG[elem_bytes, log]
-    return chunk, warps, reg if _reg_fits(N, chunk, reg * (16 // elem_bytes) * 32 * warps) else 0
+    configs = SMEM_BWD_CONFIG[elem_bytes, log]
+    return next((c for c in configs if _reg_fits(N, c[0], c[2] * (16 // elem_bytes) * 32 * c[1])),
+                (*configs[-1][:2], 0))
 
 
 def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
