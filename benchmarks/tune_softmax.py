@@ -401,25 +401,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del bsets, bref
         save("tune_gib_bwdreg3")
         return
-    if gib == "keepbig":  # (experiment) long rows: fp32 with e_j kept in x's place (KEEP_E, forced), and step 1
-        # folded online as the sub-tiles land (online kernel) at larger chunks / fewer programs per SM, where the
-        # backward (no pass over the chunk after it lands) measured best: (chunk, warps, reg, keep_e, online)
-        f32 = ((16384, 8, 4, True, False), (32768, 8, 4, False, True), (32768, 8, 4, True, False),
-               (32768, 16, 4, False, True), (13312, 4, 4, True, False))
-        b16 = ((32768, 8, 4, False, True), (32768, 8, 4, True, False), (65536, 16, 4, False, True),
-               (32768, 8, 4, True, True))
-        cases = ((torch.float32, 131072, f32), (torch.float32, 262144, f32), (torch.bfloat16, 131072, b16),
-                 (torch.bfloat16, 262144, b16))
-        for dtype, n, variants in cases:
-            m = GIB // (n * torch.finfo(dtype).bits // 8)
-            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-            for c, w, r, keep, online in variants:
-                record("fwd", m, n, dtype, f"chunk={c} w={w} reg={r} keep={keep:d} online={online:d}",
-                       fwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w, "reg": r,
-                                    "keep_e": keep, "online": online}), sets, nb, ref)
-            del sets
-        save("tune_gib_keepbig")
-        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)

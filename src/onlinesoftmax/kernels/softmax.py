@@ -844,9 +844,8 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     """The forward's shared-memory plan (``rows``: one chunk per row, no barrier), or None where a row would need
     more than COOP_MAX_CHUNKS or ``reg`` leaves no sub-tile in shared memory. ``reg``: sub-tiles held in registers
     (a power of two; bf16 in and out holds them as int32 words)."""
-    from .softmax_smem import softmax_coop_smem_kernel, softmax_coop_smem_online_kernel
+    from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
-    kernel = softmax_coop_smem_online_kernel if cfg.pop("online", False) else softmax_coop_smem_kernel
     reg = cfg.pop("reg", reg)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
     sub = vec * 32 * warps
@@ -857,14 +856,14 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     # within 1 ulp, not 0.5) and scales it in step 3 instead of a second exponential. 1 GiB (tune-gib-keep-217fc5e
     # .log): bf16 N = 128K / 256K / 128256 93.4 / 91.7 / 93.9 % against 87.9 / 88.4 / 82.5, fp16 128K 89.9 / 86.5.
     # Whole rows (`rows`, SMEM_ROWS) lost 0.4-1.2 points with it (bf16 N = 4K / 16K / 32K): not there
-    keep_e = (cfg.pop("keep_e", path == "coop" and x.element_size() == 2) and mode == SOFTMAX
-              and x.dtype == out.dtype)
+    keep_e = (cfg.pop("keep_e", path == "coop") and mode == SOFTMAX and x.dtype == out.dtype
+              and x.element_size() == 2)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
                 WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
-                  keep_e=keep_e, online=kernel is softmax_coop_smem_online_kernel)
+                  keep_e=keep_e)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
-    return _Plan(path, [BoundKernel(kernel, (M * C,), meta)],
+    return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)
 
 

@@ -104,7 +104,7 @@ def softmax_coop_smem_kernel(
     sh_c = _shift(m_c)
     dv = gl.zeros([SUB], gl.float32, L)
     for s in range(S):
-        e = _exp(_sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN) - sh_c, FAST if KEEP_E else True)
+        e = _exp(_sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN) - sh_c, True)
         dv += e
         if KEEP_E:                              # the thread's own elements: no barrier
             smem.index(s).store(e.to(X.dtype.element_ty))
@@ -117,7 +117,7 @@ def softmax_coop_smem_kernel(
             if KEEP_E:
                 xr = _pack_bf16x2(e_lo, e_hi)
         else:
-            e = _exp(xr.to(gl.float32) - sh_c, FAST if KEEP_E else True)
+            e = _exp(xr.to(gl.float32) - sh_c, True)
             d_c = gl.sum(dv + gl.convert_layout(gl.sum(e, axis=0), L), axis=0)
             if KEEP_E:
                 xr = e.to(X.dtype.element_ty)
@@ -163,130 +163,6 @@ def softmax_coop_smem_kernel(
                      yw)
         else:
             y = _out(xr.to(gl.float32), m, sh, c, MODE, FAST, KEEP_E)
-            gl.store(y_base + cols_r, y.to(Y.dtype.element_ty))
-
-
-@gluon.jit
-def softmax_coop_smem_online_kernel(
-    X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
-    CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
-    EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr, FAST: gl.constexpr, KEEP_E: gl.constexpr,
-):
-    """(experiment) softmax_coop_smem_kernel with step 1 done online as the sub-tiles land: each thread folds
-    each sub-tile into its (m_t, d_t) (the paper's online normalizer), so nothing is left to compute over the
-    chunk once its last byte has landed but the ⊕ over the threads. The REG sub-tiles are loaded first and
-    reduced while the shared-memory ones are in flight. KEEP_E: e_j = e^(x_j - m_t(s)) relative to the thread's
-    running max after sub-tile s, kept in x's place, m_t(s) in a small shared buffer; step 3 scales by
-    e^(m_t(s) - m)/d."""
-    R: gl.constexpr = 32 * WARPS
-    SUB: gl.constexpr = VEC * R
-    S: gl.constexpr = CHUNK // SUB - REG
-    L: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [WARPS, 1], [1, 0])
-    LT: gl.constexpr = gl.SliceLayout(1, L)                   # one value per thread
-    pid, row, start = _chunk_of_program(C, CHUNK)
-    sm0 = start + REG * SUB
-    x_row = X + _row_offsets(row, INNER, sxo, sxi) + sm0
-    offs = gl.arange(0, R, layout=LT)[:, None] * VEC + gl.arange(0, VEC, layout=gl.SliceLayout(0, L))[None, :]
-    smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, R, VEC],
-                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-    # 0. the register sub-tiles first, then the whole chunk in flight, one cp.async group per sub-tile
-    if REG > 0:
-        xr, cols_r = _reg_tiles(X, _row_offsets(row, INNER, sxo, sxi) + start, REG, SUB, VEC, WARPS, WORDS)
-    for s in gl.static_range(S):
-        if EVEN:
-            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs)
-        else:
-            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
-        cp.commit_group()
-    # 1a. (m_r, d_r) of the register sub-tiles, while the others land
-    if REG > 0:
-        if WORDS:
-            lo, hi = _bf16_halves(xr, 1)
-            m_r = gl.max(gl.max(gl.maximum(lo, hi), axis=0), axis=0)
-            lo, hi = _bf16_halves(xr, 2)
-            e_lo = _exp(lo - _shift(m_r), True)
-            e_hi = _exp(hi - _shift(m_r), True)
-            d_r = gl.sum(gl.sum(e_lo + e_hi, axis=0), axis=0)
-            if KEEP_E:
-                xr = _pack_bf16x2(e_lo, e_hi)
-        else:
-            xf = xr.to(gl.float32)
-            m_r = gl.max(gl.max(xf, axis=0), axis=0)
-            e = _exp(xf - _shift(m_r), FAST if KEEP_E else True)
-            d_r = gl.sum(gl.sum(e, axis=0), axis=0)
-            if KEEP_E:
-                xr = e.to(X.dtype.element_ty)
-    else:
-        m_r = float("-inf")
-        d_r = 0.0
-    # 1b. each sub-tile as it lands: m' = max(m_t, x_v), d_t = d_t·e^(m_t - m') + sum_v e^(x_v - m')
-    if KEEP_E:
-        mbuf = gl.allocate_shared_memory(gl.float32, [S, R],
-                                         gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-    m_t = gl.full([R], float("-inf"), gl.float32, LT)
-    d_t = gl.zeros([R], gl.float32, LT)
-    for s in gl.static_range(S):
-        cp.wait_group(S - 1 - s)
-        x = _sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN)
-        m_new = gl.maximum(m_t, gl.max(x, axis=1))
-        e = _exp(x - _shift(m_new)[:, None], FAST if KEEP_E else True)
-        d_t = d_t * _alpha(m_t, m_new) + gl.sum(e, axis=1)
-        m_t = m_new
-        if KEEP_E:                              # the thread's own elements: no barrier
-            smem.index(s).store(e.to(X.dtype.element_ty))
-            mbuf.index(s).store(m_new)
-    # ⊕ over the threads, then with the register part: (m_c, d_c)
-    m_s = gl.max(m_t, axis=0)
-    d_s = gl.sum(d_t * _alpha(m_t, m_s), axis=0)
-    m_c = gl.maximum(m_s, m_r)
-    d_c = d_s * _alpha(m_s, m_c) + d_r * _alpha(m_r, m_c)
-    # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c)
-    if C_POW2 == 1:
-        m = m_c
-        d = d_c
-    else:
-        gl.store(PART_M + pid, m_c)
-        gl.store(PART_D + pid, d_c)
-        gl.thread_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)
-        k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-        pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-        m = gl.max(pm, axis=0)
-        d = gl.sum(pd * _alpha(pm, m), axis=0)
-    # 3. y; a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
-    y_base = Y + _row_offsets(row, INNER, syo, syi) + start
-    sh = _shift(m)
-    if MODE == 0:
-        c = gl.where(m == float("inf"), float("nan"), 1.0 / d)
-    else:
-        c = gl.where(m == float("inf"), float("nan"), gl.log(d))
-    for s in range(S):
-        x = smem.index(s).load(L).to(gl.float32)
-        if KEEP_E:                              # y_j = e_j · e^(m_t(s) - m) / d; 0 where m_t(s) = -inf (e_j = 0)
-            ms = mbuf.index(s).load(LT)
-            y = x * gl.where(ms == float("-inf"), 0.0, gl.exp(ms - sh) * c)[:, None]
-        else:
-            y = _out(x, m, sh, c, MODE, FAST, False)
-        if EVEN:
-            gl.store(y_base + REG * SUB + s * SUB + offs, y.to(Y.dtype.element_ty))
-        else:
-            gl.store(y_base + REG * SUB + s * SUB + offs, y.to(Y.dtype.element_ty), mask=sm0 + s * SUB + offs < N)
-    if REG > 0:
-        cr = _alpha(m_r, m) * c
-        if WORDS:
-            lo, hi = _bf16_halves(xr, 0)
-            if KEEP_E:
-                yw = _pack_bf16x2(lo * cr, hi * cr)
-            else:
-                yw = _pack_bf16x2(_out(lo, m, sh, c, MODE, FAST, False), _out(hi, m, sh, c, MODE, FAST, False))
-            gl.store(Y.to(gl.pointer_type(gl.int32)) + (_row_offsets(row, INNER, syo, syi) + start) // 2 + cols_r,
-                     yw)
-        else:
-            if KEEP_E:
-                y = xr.to(gl.float32) * cr
-            else:
-                y = _out(xr.to(gl.float32), m, sh, c, MODE, FAST, False)
             gl.store(y_base + cols_r, y.to(Y.dtype.element_ty))
 
 
