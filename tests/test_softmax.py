@@ -570,13 +570,19 @@ def test_backward_rows_tile(dtype, block_m, warps):
 
 
 def test_backward_long_rows_chunk():
-    """Many long rows: the backward holds BWD_COOP_CHUNK elements of y and dy per program, 8 warps."""
-    m = K.DECODE_MAX_ROWS_PER_SM * K.sm_count(torch.device(DEV)) + 1
+    """Many long rows: the backward's register kernels hold BWD_COOP_CHUNK elements of y and dy per program, 8
+    warps (the interpreter); on the GPU the shared-memory kernel takes them, as SMEM_BWD_CONFIG says."""
+    sms = K.sm_count(torch.device(DEV))
+    m = K.DECODE_MAX_ROWS_PER_SM * sms + 1
     x = torch.randn(m, 40000, device=DEV, requires_grad=True)
     g = torch.randn(m, 40000, device=DEV)
     oss.softmax(x, backend="triton").backward(g)
     rec = K.last_launch()
-    assert (rec["chunk"], rec["num_warps"]) == (K.BWD_COOP_CHUNK, 8) and rec["path"] in ("coop", "split")
+    if DEV == "cuda":
+        chunk, warps, reg = K._smem_bwd_config(m, 40000, 4, False, sms)
+        assert (rec["kernel"], rec["chunk"], rec["num_warps"], rec["reg"]) == ("smem", chunk, warps, reg), rec
+    else:
+        assert (rec["chunk"], rec["num_warps"]) == (K.BWD_COOP_CHUNK, 8) and rec["path"] in ("coop", "split")
     x2 = x.detach().clone().requires_grad_()
     torch.softmax(x2, -1).backward(g)
     torch.testing.assert_close(x.grad, x2.grad)
