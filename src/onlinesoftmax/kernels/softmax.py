@@ -104,7 +104,7 @@ SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-sof
     # (8192, reg 4: 256 KB) against 95.0-95.3 / 91.2-91.5 (registers); fp32 log-softmax 94.9 / 91.9 against 89.7
     # / 87.1 (4096-element chunks, no REG); bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no REG); bf16
     # log-softmax 90.1 / 86.6 against 81.1 / 79.5 (bf16x2 registers)
-SMEM_BWD_FALLBACK = {4: (4096, 4, 0), 2: (8192, 4, 0)}   # a forced smem=True where the table has no entry
+SMEM_BWD_FALLBACK = {4: (4096, 4, 0), 2: (8192, 4, 0)}   # a forced smem=True at decode sizes (no config)
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up to a power of two) -> (warps, programs
     (2, 1024): (1, 32),      # per SM) of logsumexp_rows_pipe_kernel (kernels/softmax_smem.py: the next row in flight
