@@ -954,6 +954,58 @@ print(json.dumps(out))
     assert 4096 * 4 <= hybrid["shared"] < 8192 * 4 and hybrid["cp_async"] >= 4 and not hybrid["local"], hybrid
 
 
+def test_smem_backward_defaults_compile_for_sm90_without_spills():
+    """The backward smem kernel at its SMEM_BWD_CONFIG defaults (fp32 softmax 10240 / 4 warps / 8 register
+    sub-tiles of y and dy: 124 registers; 16-bit 32768 / 8 / 2, bf16 as words) compiles for sm_90a with no stack
+    frame (no spills; cuobjdump's resource usage) and the shared memory of its (chunk - reg sub-tiles) of y and
+    dy. Compiled in a child process, as the forward's compile test."""
+    cases = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)]
+    specs = []
+    for dtype, log in cases:
+        chunk, warps, reg = K.SMEM_BWD_CONFIG[dtype.itemsize, log][0]
+        vec = 16 // dtype.itemsize
+        specs.append(dict(ptr="*fp32" if dtype == torch.float32 else "*bf16", CHUNK=chunk, VEC=vec, WARPS=warps,
+                          REG=reg, WORDS=dtype == torch.bfloat16, LOG=log, LIBDEVICE=dtype == torch.float32,
+                          SUM="fp64" if dtype == torch.float32 else "fp32",
+                          smem=2 * (chunk - reg * vec * 32 * warps) * dtype.itemsize))
+    probe = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+import triton.language as tl
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from onlinesoftmax.kernels.softmax_smem import softmax_bwd_coop_smem_kernel as fn
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = []
+for spec in json.loads(sys.argv[1]):
+    sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
+    sig.update(Yp=spec["ptr"], DY=spec["ptr"], DX=spec["ptr"], PART="*" + spec["SUM"], ARRIVE="*i32", GEN="*i32")
+    const = {k: spec[k] for k in ("CHUNK", "VEC", "WARPS", "REG", "WORDS", "LOG", "LIBDEVICE")}
+    const.update(C_POW2=16, EVEN=True, SUM=getattr(tl, {"fp64": "float64", "fp32": "float32"}[spec["SUM"]]))
+    # as the plan launches unit-stride rows of 16-byte aligned tensors (benchmarks/softmax_ptxas.py compiles them
+    # so): INNER = 1 a constant, pointers, N and the strides divisible by 16
+    sig["INNER"], const["INNER"] = "constexpr", 1
+    aligned = ("Yp", "DY", "DX", "PART", "N", "syo", "syi", "sdo", "sdi", "sxo", "sxi")
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    k = compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                options={"num_warps": spec["WARPS"]})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    regs, stack = (int(v) for v in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
+    out.append({"regs": regs, "stack": stack, "shared": k.metadata.shared})
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", probe, json.dumps(specs)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for spec, got in zip(specs, json.loads(res.stdout.strip().splitlines()[-1])):
+        assert got["stack"] == 0 and got["regs"] <= 255 and got["shared"] >= spec["smem"], (spec, got)
+
+
 def test_launch_plan_cached_per_problem():
     """The second call of a problem reuses its plan (path, grid, bound kernels); a new layout makes a new one."""
     K._plans.clear()
