@@ -868,10 +868,9 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
 
 
 def _pipe_ok(x, geo_x, N, mode, interpret) -> bool:
-    """logsumexp_rows_pipe_kernel applies (not in the interpreter): logsumexp, x _smem_rows and 16-byte aligned,
-    the whole row in at most PIPE_MAX_ROW_BYTES of shared memory."""
-    return (not interpret and mode == LOGSUMEXP and _smem_rows((geo_x,), N, x.element_size())
-            and not x.data_ptr() & 15 and _pow2(N) * x.element_size() <= PIPE_MAX_ROW_BYTES)
+    """logsumexp_rows_pipe_kernel applies: as the streaming kernel (_stream_ok: not in the interpreter, logsumexp,
+    x _smem_rows and 16-byte aligned), and the whole row in at most PIPE_MAX_ROW_BYTES of shared memory."""
+    return _stream_ok(x, geo_x, N, mode, interpret) and _pow2(N) * x.element_size() <= PIPE_MAX_ROW_BYTES
 
 
 def _pipe_plan(cfg, x, M, N, INNER, geo_x, warps, ctas) -> _Plan:
