@@ -163,14 +163,16 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
         record("lse", m, n, dtype, "default", fwd_variant(None, K.LOGSUMEXP), sets, nb, ref)
         return sets, ref, nb
 
-    def bwd_baseline(m, n, dtype):
-        """Backward inputs at (m, n): rows torch and our default, then (sets, reference, bytes) for variants."""
+    def bwd_baseline(m, n, dtype, log=False):
+        """Backward inputs at (m, n): rows torch and our default, then (sets, reference, bytes) for variants.
+        ``log``: log-softmax's backward (kind lbwd), fed the same probabilities as y."""
         bsets = inputs(m, n, dtype, bwd=True)
-        bref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
+        torch_bwd = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+        bref = torch_bwd(bsets[0][1], bsets[0][0], -1, dtype)
         nb3 = 3 * m * n * torch.finfo(dtype).bits // 8
-        record("bwd", m, n, dtype, "torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
-               bsets, nb3, bref)
-        record("bwd", m, n, dtype, "default", bwd_variant(None), bsets, nb3, bref)
+        kind = "lbwd" if log else "bwd"
+        record(kind, m, n, dtype, "torch", lambda y, dy: torch_bwd(dy, y, -1, y.dtype), bsets, nb3, bref)
+        record(kind, m, n, dtype, "default", bwd_variant(None, log), bsets, nb3, bref)
         return bsets, bref, nb3
 
     def record(kind, m, n, dtype, name, fn, sets, nbytes, ref):
@@ -366,27 +368,21 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_bwdreg")
         return
-    if gib == "bwdreg2":  # (run at f9ec1ff) around run 1's best (bf16 16384 w=4 reg=4, fp32 8192 w=4 reg=4),
-        # log-softmax too, and the lengths the backward's coop path also takes (32K) or whose chunks do not divide N
-        # (128256)
+    if gib == "bwdreg2":  # (run at f9ec1ff, before bwd_baseline took `log`: no torch rows then) around run 1's best
+        # (bf16 16384 w=4 reg=4, fp32 8192 w=4 reg=4), log-softmax too, and the lengths the backward's coop path also
+        # takes (32K) or whose chunks do not divide N (128256)
         variants = {2: ((16384, 4, 4), (16384, 4, 2), (20480, 4, 4), (24576, 4, 4), (16384, 2, 4), (32768, 8, 2)),
                     4: ((8192, 4, 4), (8192, 4, 2), (10240, 4, 4), (12288, 4, 4), (8192, 4, 8), (16384, 8, 2))}
         for dtype in (torch.bfloat16, torch.float32):
             for log, lengths in ((False, (131072, 262144, 32768, 128256)), (True, (131072, 262144))):
-                kind = "lbwd" if log else "bwd"
                 for n in lengths:
                     m = GIB // (n * torch.finfo(dtype).bits // 8)
-                    bsets = inputs(m, n, dtype, bwd=True)
-                    y, dy = bsets[0]
-                    bref = (torch._log_softmax_backward_data(dy, y, -1, dtype) if log else
-                            torch._softmax_backward_data(dy, y, -1, dtype))
-                    nb3 = 3 * m * n * torch.finfo(dtype).bits // 8
-                    record(kind, m, n, dtype, "default", bwd_variant(None, log), bsets, nb3, bref)
+                    bsets, bref, nb3 = bwd_baseline(m, n, dtype, log)
                     for chunk, w, reg in variants[dtype.itemsize]:
-                        record(kind, m, n, dtype, f"smem chunk={chunk} w={w} reg={reg}",
+                        record("lbwd" if log else "bwd", m, n, dtype, f"smem chunk={chunk} w={w} reg={reg}",
                                bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg},
                                            log), bsets, nb3, bref)
-                    del bsets, bref, y, dy
+                    del bsets, bref
         save("tune_gib_bwdreg2")
         return
     if gib == "bwdreg3":  # fp32 softmax backward, the default (8192, 4 warps, reg 4: 4 programs, 256 KB per SM)
