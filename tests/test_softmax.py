@@ -957,8 +957,9 @@ print(json.dumps(out))
 def test_smem_backward_defaults_compile_for_sm90_without_spills():
     """The backward smem kernel at its SMEM_BWD_CONFIG defaults (fp32 softmax 10240 / 4 warps / 8 register
     sub-tiles of y and dy: 124 registers; 16-bit 32768 / 8 / 2, bf16 as words) compiles for sm_90a with no stack
-    frame (no spills; cuobjdump's resource usage) and the shared memory of its (chunk - reg sub-tiles) of y and
-    dy. Compiled in a child process, as the forward's compile test."""
+    frame (no spills; cuobjdump's resource usage, read by benchmarks/cubin_tools.py as for the compiler report) and
+    the shared memory of its (chunk - reg sub-tiles) of y and dy. Compiled in a child process, as the forward's
+    compile test."""
     cases = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)]
     specs = []
     for dtype, log in cases:
@@ -969,14 +970,12 @@ def test_smem_backward_defaults_compile_for_sm90_without_spills():
                           SUM="fp64" if dtype == torch.float32 else "fp32",
                           smem=2 * (chunk - reg * vec * 32 * warps) * dtype.itemsize))
     probe = r"""
-import json, os, re, subprocess, sys, tempfile
-import triton
+import json, sys
+sys.path.insert(0, sys.argv[2])
 import triton.language as tl
-from triton import compile
-from triton.backends.compiler import GPUTarget
+from cubin_tools import compile_sm90, cubin_report
 from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.kernels.softmax_smem import softmax_bwd_coop_smem_kernel as fn
-cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = []
 for spec in json.loads(sys.argv[1]):
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
@@ -988,19 +987,15 @@ for spec in json.loads(sys.argv[1]):
     sig["INNER"], const["INNER"] = "constexpr", 1
     aligned = ("Yp", "DY", "DX", "PART", "N", "syo", "syi", "sdo", "sdi", "sxo", "sxi")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    k = compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                options={"num_warps": spec["WARPS"]})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    regs, stack = (int(v) for v in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
+    k = compile_sm90(GluonASTSource(fn, sig, const, attrs), {"num_warps": spec["WARPS"]})
+    (regs, stack, _), _ = cubin_report(k)
     out.append({"regs": regs, "stack": stack, "shared": k.metadata.shared})
 print(json.dumps(out))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", probe, json.dumps(specs)], env=env, capture_output=True, text=True,
-                         timeout=600)
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    res = subprocess.run([sys.executable, "-c", probe, json.dumps(specs), bench], env=env, capture_output=True,
+                         text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     for spec, got in zip(specs, json.loads(res.stdout.strip().splitlines()[-1])):
         assert got["stack"] == 0 and got["regs"] <= 255 and got["shared"] >= spec["smem"], (spec, got)
