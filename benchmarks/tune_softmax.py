@@ -397,6 +397,35 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del bsets, bref
         save("tune_gib_bwdreg3")
         return
+    if gib == "mix":      # the ceiling by read / write mix: torch's own elementwise kernels at 1 GiB per tensor,
+        # over the 1:1 copy ceiling: a copy (1 read : 1 write, the forward's mix), y + dy (2 : 1, the backward's),
+        # a sum (read only, logsumexp's). The backward is scored against the 1:1 copy; this says how far apart
+        # the mixes themselves are on this GPU
+        for dtype, n in ((torch.float32, 131072), (torch.bfloat16, 131072)):
+            m = GIB // (n * torch.finfo(dtype).bits // 8)
+            bsets = inputs(m, n, dtype, bwd=True)
+            nb = m * n * torch.finfo(dtype).bits // 8
+            y0, dy0 = bsets[0]
+            record("mix", m, n, dtype, "copy (1R 1W)", lambda y, dy: y.clone(), bsets, 2 * nb, y0)
+            record("mix", m, n, dtype, "y + dy (2R 1W)", lambda y, dy: y + dy, bsets, 3 * nb, y0 + dy0)
+            record("mix", m, n, dtype, "sum (1R)", lambda y, dy: y.sum(dtype=torch.float32), bsets, nb,
+                   y0.sum(dtype=torch.float32))
+            del bsets
+        save("tune_gib_mix")
+        return
+    if gib == "fp16":     # fp16 takes the 16-bit plans chosen on bf16 (SMEM_CONFIG, SMEM_ROWS, SMEM_BWD_CONFIG, ...):
+        # softmax, log-softmax and the softmax backward at the six goal lengths, fp16 then bf16, against torch
+        for n in (1024, 4096, 16384, 32768, 131072, 262144):
+            for dtype in (torch.float16, torch.bfloat16):
+                m = GIB // (n * 2)
+                sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+                lref = torch.log_softmax(sets[0][0].float(), -1)
+                record("log", m, n, dtype, "torch", lambda x: torch.log_softmax(x, -1), sets, nb, lref)
+                record("log", m, n, dtype, "default", fwd_variant(None, K.LOG_SOFTMAX), sets, nb, lref)
+                del sets, ref, lref
+                bwd_baseline(m, n, dtype)
+        save("tune_gib_fp16")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)
