@@ -2,10 +2,11 @@
 ``onlinesoftmax.kernels.softmax`` (new) against an older copy of it (old).
 
     git show REV:src/onlinesoftmax/kernels/softmax.py > src/onlinesoftmax/kernels/softmax_old.py   # not committed
-    PYTHONPATH=src python benchmarks/ab_kernels.py $OUT [softmax_old [forward|backward|all]]
+    PYTHONPATH=src python benchmarks/ab_kernels.py $OUT [softmax_old [forward|backward|coop|all]]
 
 forward: softmax, log-softmax and logsumexp at the 12 goal shapes (1 GiB per tensor) and decode sizes (softmax;
-do_bench and CUDA-graph replay); backward: softmax backward at the long-row shapes. Each row prints new, old,
+do_bench and CUDA-graph replay); backward: softmax backward at the long-row shapes; coop: what the row barrier
+touches (forward at N = 32K-256K, the nine decode shapes, backward). Each row prints new, old,
 then new again (the drift between the two new timings is the run's noise). Outputs are checked against torch
 first. Writes ab_kernels.json to the folder given.
 """
@@ -84,9 +85,12 @@ def main(out_dir, old_name, which):
                          + f" err {err:.0e}")
         print(f"{kind:4} {m:>6}x{n:<7} {str(dtype)[6:]:9} | " + " | ".join(cells), flush=True)
 
-    if which in ("forward", "all"):           # softmax, log-softmax, logsumexp at the 12 goal shapes
+    lengths = (32768, 131072, 262144) if which == "coop" else (1024, 4096, 16384, 32768, 131072, 262144)
+    decode = tuple((m, n) for m in (1, 8, 32) for n in (128256, 151936, 262144)) if which == "coop" else (
+        (1, 262144), (8, 151936), (32, 128256))
+    if which in ("forward", "all", "coop"):   # softmax, log-softmax, logsumexp at the goal shapes
         for dtype in (torch.float32, torch.bfloat16):
-            for n in (1024, 4096, 16384, 32768, 131072, 262144):
+            for n in lengths:
                 size = torch.finfo(dtype).bits // 8
                 m = GIB // (n * size)
                 sets = inputs(m, n, dtype)
@@ -99,15 +103,15 @@ def main(out_dir, old_name, which):
                                           ("new", lse(K_new)), ("old", lse(K_old)), ("new", lse(K_new))),
                      sets, m * n * size, torch.logsumexp(sets[0][0].float(), -1))
                 del sets
-    if which in ("forward", "all"):           # decode sizes
+    if which in ("forward", "all", "coop"):   # decode sizes
         for dtype in (torch.float32, torch.bfloat16):
-            for m, n in ((1, 262144), (8, 151936), (32, 128256)):
+            for m, n in decode:
                 size = torch.finfo(dtype).bits // 8
                 sets = inputs(m, n, dtype)
                 line("dec", m, n, dtype, (("torch", lambda x: torch.softmax(x, -1)), ("new", fwd(K_new, 0)),
                                           ("old", fwd(K_old, 0)), ("new", fwd(K_new, 0))),
                      sets, 2 * m * n * size, torch.softmax(sets[0][0], -1), graph=True)
-    if which in ("backward", "all"):          # backward, long rows (coop)
+    if which in ("backward", "all", "coop"):  # backward, long rows (coop)
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 32768),
                          (torch.bfloat16, 131072), (torch.bfloat16, 262144)):
             size = torch.finfo(dtype).bits // 8
