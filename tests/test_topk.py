@@ -431,6 +431,18 @@ def test_gpu_batch_paths(B):
 
 
 @pytest.mark.gpu
+def test_gpu_same_shape_other_dtypes():
+    # the launches are cached by shape, not dtype (kernels/topk.py: _launches): each dtype must still run a kernel
+    # compiled for it (kernels/_launch.py: BoundKernel keys on the tensors' dtypes). Before that key, an fp16
+    # call followed by a bf16 one of the same shape read the bf16 bits as fp16 (right indices, wrong values)
+    gen = torch.Generator().manual_seed(11)
+    base = torch.randn(3, 1500, generator=gen) * 2
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float16, torch.float32):
+        x = base.to(dtype).cuda()
+        assert_matches_ref(softmax_topk(x, 20, backend="triton"), x, 20)
+
+
+@pytest.mark.gpu
 def test_gpu_strided_special_and_graph():
     x = torch.randn(70000, 5, device="cuda")[:, 1:4]                   # reduce dim 0: element stride 5
     out = softmax_topk(x, 30, dim=0)

@@ -70,7 +70,9 @@ _bound: dict = {}
 
 class BoundKernel:
     """``fn[grid](*args, **meta)`` with Triton's per-call binding done once, for args whose non-tensor values
-    and tensor dtypes are the same on every call (the caller's plan fixes them).
+    are the same on every call (the caller's plan fixes them). The compiled kernel is kept per device, pointer
+    alignment and dtypes of the ``check`` tensors: a caller whose plan does not fix x's dtype (top-k's launches
+    are cached by shape) still gets a kernel compiled for it.
 
     ``meta`` names every constexpr parameter plus launch options (``num_warps``).
     """
@@ -88,7 +90,7 @@ class BoundKernel:
         if device.type != "cuda" or self.interpret or _hooks_installed():
             return self.fn[self.grid](*args, **self.meta)
         index = current_device()              # Triton launches on the current device, as here
-        key = (index, not any(t.data_ptr() & 15 for t in check))
+        key = (index, not any(t.data_ptr() & 15 for t in check), *(t.dtype for t in check))
         entry = self._compiled.get(key)
         if entry is None:
             compiled = self.fn[self.grid](*args, **self.meta)
