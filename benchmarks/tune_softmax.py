@@ -426,6 +426,18 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 bwd_baseline(m, n, dtype)
         save("tune_gib_fp16")
         return
+    if gib == "fp16bwd":  # fp16's backward register sub-tiles under SMEM_BWD_F16_MAXNREG (the default) against
+        # ptxas's own register choice (maxnreg=0: 64 registers and a spill at 32768 / 8 / 2), bf16 beside
+        for n in (32768, 131072, 262144):
+            m = GIB // (n * 2)
+            for log in (False, True):
+                bsets, bref, nb3 = bwd_baseline(m, n, torch.float16, log)
+                record("lbwd" if log else "bwd", m, n, torch.float16, "maxnreg=0 (ptxas's choice)",
+                       bwd_variant({"maxnreg": 0}, log), bsets, nb3, bref)
+                del bsets, bref
+                bwd_baseline(m, n, torch.bfloat16, log)
+        save("tune_gib_fp16bwd")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)

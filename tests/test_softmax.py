@@ -360,6 +360,21 @@ def test_smem_plans_keep_coop_max_chunks(monkeypatch):
         assert plan.record["kernel"] == kernel and plan.record["chunks"] <= K.COOP_MAX_CHUNKS, plan.record
 
 
+def test_smem_backward_fp16_register_bound(monkeypatch):
+    """fp16 holds the backward's register sub-tiles as elements (WORDS is bf16's), where ptxas alone spills: its
+    plan carries SMEM_BWD_F16_MAXNREG; bf16 and fp32, and fp16 without register sub-tiles, carry no bound (the
+    sm_90a compile is checked in test_smem_backward_defaults_compile_for_sm90_without_spills)."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    for dtype, cfg, bound in ((torch.float16, {}, K.SMEM_BWD_F16_MAXNREG), (torch.bfloat16, {}, 0),
+                              (torch.float32, {}, 0), (torch.float16, {"reg": 0}, 0)):
+        x = torch.empty((1 << 30) // (131072 * dtype.itemsize), 131072, dtype=dtype, device="meta")
+        m, nn, inner, (g1, g2, g3) = row_geometry([x, x, x], 1)
+        plan = K._backward_plan(dict(cfg), x.device, g1, g2, g3, m, nn, inner, False, (dtype,) * 3, aligned=True)
+        assert plan.record["kernel"] == "smem" and plan.record["maxnreg"] == bound, (dtype, plan.record)
+        assert plan.launches[0].meta.get("maxnreg", 0) == bound
+
+
 def test_smem_backward_eligibility():
     row = (131072, 0, 1)
     f32, bf = (torch.float32,) * 3, (torch.bfloat16,) * 3
@@ -956,18 +971,20 @@ print(json.dumps(out))
 
 def test_smem_backward_defaults_compile_for_sm90_without_spills():
     """The backward smem kernel at its SMEM_BWD_CONFIG defaults (fp32 softmax 10240 / 4 warps / 8 register
-    sub-tiles of y and dy: 124 registers; 16-bit 32768 / 8 / 2, bf16 as words) compiles for sm_90a with no stack
+    sub-tiles of y and dy: 124 registers; 16-bit 32768 / 8 / 2, bf16 as words, fp16 as elements under
+    SMEM_BWD_F16_MAXNREG: without it ptxas spills) compiles for sm_90a with no stack
     frame (no spills; cuobjdump's resource usage, read by benchmarks/cubin_tools.py as for the compiler report) and
     the shared memory of its (chunk - reg sub-tiles) of y and dy. Compiled in a child process, as the forward's
     compile test."""
-    cases = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)]
+    cases = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False), (torch.float16, False)]
     specs = []
     for dtype, log in cases:
         chunk, warps, reg = K.SMEM_BWD_CONFIG[dtype.itemsize, log][0]
         vec = 16 // dtype.itemsize
-        specs.append(dict(ptr="*fp32" if dtype == torch.float32 else "*bf16", CHUNK=chunk, VEC=vec, WARPS=warps,
-                          REG=reg, WORDS=dtype == torch.bfloat16, LOG=log, LIBDEVICE=dtype == torch.float32,
-                          SUM="fp64" if dtype == torch.float32 else "fp32",
+        specs.append(dict(ptr={torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype],
+                          maxnreg=K.SMEM_BWD_F16_MAXNREG if dtype == torch.float16 else 0, CHUNK=chunk, VEC=vec,
+                          WARPS=warps, REG=reg, WORDS=dtype == torch.bfloat16, LOG=log,
+                          LIBDEVICE=dtype == torch.float32, SUM="fp64" if dtype == torch.float32 else "fp32",
                           smem=2 * (chunk - reg * vec * 32 * warps) * dtype.itemsize))
     probe = r"""
 import json, sys
@@ -987,7 +1004,8 @@ for spec in json.loads(sys.argv[1]):
     sig["INNER"], const["INNER"] = "constexpr", 1
     aligned = ("Yp", "DY", "DX", "PART", "N", "syo", "syi", "sdo", "sdi", "sxo", "sxi")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    k = compile_sm90(GluonASTSource(fn, sig, const, attrs), {"num_warps": spec["WARPS"]})
+    opts = {"num_warps": spec["WARPS"], **({"maxnreg": spec["maxnreg"]} if spec["maxnreg"] else {})}
+    k = compile_sm90(GluonASTSource(fn, sig, const, attrs), opts)
     (regs, stack, _), _ = cubin_report(k)
     out.append({"regs": regs, "stack": stack, "shared": k.metadata.shared})
 print(json.dumps(out))

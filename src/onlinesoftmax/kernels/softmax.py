@@ -105,6 +105,10 @@ SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-sof
     # / 87.1 (4096-element chunks, no REG); bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no REG); bf16
     # log-softmax 90.1 / 86.6 against 81.1 / 79.5 (bf16x2 registers)
 SMEM_BWD_FALLBACK = {4: (4096, 4, 0), 2: (8192, 4, 0)}   # a forced smem=True at decode sizes (no config)
+SMEM_BWD_F16_MAXNREG = 128   # fp16 register sub-tiles (held as elements: WORDS is bf16's) get this register bound:
+                             # at (32768, 8, 2) ptxas's own choice is 64 registers and an 8-byte stack (spills,
+                             # sm_90a), and fp16 N = 128K / 256K measured 94.1 / 91.5 % against bf16's 98.3 / 96.1
+                             # (tune-gib-fp16-0cd1e41.log); bounded at 128 it takes 102 and spills nothing
 SMEM_BF16_MIN_N = 65536      # bf16 rows shorter than this stay in the bf16x2 kernel: N = 32K 83.4 against 83.6 %
 LSE_PIPE = {                  # logsumexp, rows of (element bytes, N rounded up to a power of two) -> (warps, programs
     (2, 1024): (1, 32),      # per SM) of logsumexp_rows_pipe_kernel (kernels/softmax_smem.py: the next row in flight
@@ -958,14 +962,16 @@ def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg) -> _
     from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
 
     reg = cfg.pop("reg", reg)
+    maxnreg = cfg.pop("maxnreg", SMEM_BWD_F16_MAXNREG if reg and dtype == torch.float16 else 0)
     chunk, C, vec, warps = _smem_chunking(cfg, dtype.itemsize, N, chunk, warps)
     sub = vec * 32 * warps
     if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
                 REG=reg, WORDS=bool(reg) and dtype == torch.bfloat16,
-                **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")})
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg)
+                **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")}, **({"maxnreg": maxnreg} if maxnreg else {}))
+    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
+                  maxnreg=maxnreg)
     part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
     return _Plan("coop", [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *(g for geo in geos for g in geo[:2]), C), (M, M * C, part, (2, 0, 1)), record)
