@@ -438,6 +438,18 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 bwd_baseline(m, n, torch.bfloat16, log)
         save("tune_gib_fp16bwd")
         return
+    if gib == "bwdbound":  # a register bound (maxnreg) on the backward smem kernel for the other dtypes and modes,
+        # after fp16 log-softmax gained 5-7 points with it without having spilled (tune-gib-fp16bwd-c70f4ec.log)
+        for dtype, log in ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)):
+            for n in (131072, 262144):
+                m = GIB // (n * torch.finfo(dtype).bits // 8)
+                bsets, bref, nb3 = bwd_baseline(m, n, dtype, log)
+                for bound in (96, 128):
+                    record("lbwd" if log else "bwd", m, n, dtype, f"maxnreg={bound}", bwd_variant({"maxnreg": bound},
+                                                                                               log), bsets, nb3, bref)
+                del bsets, bref
+        save("tune_gib_bwdbound")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)
