@@ -450,6 +450,17 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_bwdbound")
         return
+    if gib == "fwdbound":  # (experiment) a register bound on the forward smem kernel: fp32 up to the 64 its 4
+        # programs of 8 warps allow; 16-bit below ptxas's choice (bf16 64, fp16 72 registers), for a 9th program
+        for dtype, bounds in ((torch.float32, (64,)), (torch.bfloat16, (56,)), (torch.float16, (64, 56))):
+            for n in (131072, 262144):
+                m = GIB // (n * torch.finfo(dtype).bits // 8)
+                sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+                for bound in bounds:
+                    record("fwd", m, n, dtype, f"maxnreg={bound}", fwd_variant({"maxnreg": bound}), sets, nb, ref)
+                del sets, ref
+        save("tune_gib_fwdbound")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)

@@ -862,8 +862,10 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     # Whole rows (`rows`, SMEM_ROWS) lost 0.4-1.2 points with it (bf16 N = 4K / 16K / 32K): not there
     keep_e = (cfg.pop("keep_e", path == "coop") and mode == SOFTMAX and x.dtype == out.dtype
               and x.element_size() == 2)
+    maxnreg = cfg.pop("maxnreg", 0)      # (experiment: a register bound, sweep set fwdbound)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps)
+                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps,
+                **({"maxnreg": maxnreg} if maxnreg else {}))
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
                   keep_e=keep_e)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
