@@ -552,23 +552,26 @@ def test_logsumexp_pipe_choice_on_h200(monkeypatch, dtype, m, n, ptr, expect):
     assert (rec.get("kernel"), rec["num_warps"], grid) == expect, rec
 
 
-@pytest.mark.parametrize("dtype,out_dtype,m,n,mode,keep", [
-    (torch.bfloat16, torch.bfloat16, 4096, 131072, K.SOFTMAX, True),
-    (torch.float16, torch.float16, 4185, 128256, K.SOFTMAX, True),
-    (torch.bfloat16, torch.bfloat16, 4096, 131072, K.LOG_SOFTMAX, False),   # log-softmax has no second exp
-    (torch.bfloat16, torch.float32, 4096, 131072, K.SOFTMAX, False),        # fp32 y: e must not be rounded
-    (torch.float32, torch.float32, 2048, 131072, K.SOFTMAX, False),
-    (torch.bfloat16, torch.bfloat16, 32768, 16384, K.SOFTMAX, False),       # whole rows (SMEM_ROWS)
+@pytest.mark.parametrize("dtype,out_dtype,m,n,mode,keep,bound", [
+    (torch.bfloat16, torch.bfloat16, 4096, 131072, K.SOFTMAX, True, K.SMEM_BF16_MAXNREG),
+    (torch.float16, torch.float16, 4185, 128256, K.SOFTMAX, True, 0),           # fp16 spills under the bound
+    (torch.bfloat16, torch.bfloat16, 4096, 131072, K.LOG_SOFTMAX, False, K.SMEM_BF16_MAXNREG),  # no second exp
+    (torch.bfloat16, torch.float32, 4096, 131072, K.SOFTMAX, False, 0),        # fp32 y: e must not be rounded
+    (torch.float32, torch.float32, 2048, 131072, K.SOFTMAX, False, 0),
+    (torch.bfloat16, torch.bfloat16, 32768, 16384, K.SOFTMAX, False, 0),       # whole rows (SMEM_ROWS)
 ])
-def test_smem_keep_e_choice_on_h200(monkeypatch, dtype, out_dtype, m, n, mode, keep):
-    """KEEP_E in the shared-memory kernel: 16-bit softmax with y of x's dtype, in coop chunks only."""
+def test_smem_keep_e_and_register_bound_on_h200(monkeypatch, dtype, out_dtype, m, n, mode, keep, bound):
+    """KEEP_E in the shared-memory kernel: 16-bit softmax with y of x's dtype, in coop chunks only; the register
+    bound SMEM_BF16_MAXNREG where bf16 register sub-tiles are held as words (a 9th program per SM)."""
     monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(K, "interpret_mode", lambda: False)
     x = torch.empty((m, n), dtype=dtype, device="meta")
     out = torch.empty((m, n), dtype=out_dtype, device="meta")
     M, N, inner, (gx, gy) = row_geometry([x, out], 1)
-    rec = K._forward_plan({}, x, out, gx, gy, M, N, inner, mode, dtype == out_dtype == torch.bfloat16).record
-    assert rec["kernel"] == "smem" and rec["keep_e"] is keep, rec
+    plan = K._forward_plan({}, x, out, gx, gy, M, N, inner, mode, dtype == out_dtype == torch.bfloat16)
+    rec = plan.record
+    assert rec["kernel"] == "smem" and rec["keep_e"] is keep and rec["maxnreg"] == bound, rec
+    assert plan.launches[0].meta.get("maxnreg", 0) == bound
 
 
 @pytest.mark.parametrize("dtype,block_m,warps", [(torch.bfloat16, 8, 16), (torch.float32, 2, 8)])

@@ -90,6 +90,10 @@ SMEM_CONFIG = {               # many long rows: element bytes -> (chunk, warps, 
     4: (16384, 8, 4),        # chunk in shared memory (kernels/softmax_smem.py), its first `reg` sub-tiles in registers
     2: (16384, 4, 4),        # (REG): 1 GiB, N = 128K / 256K, fp32 94.6 / 92.6 % against 92.0 / 90.3 for the chunk in
 }                            # shared memory alone, bf16 86.0 / 85.8 against 84.5 / 83.7 (tune-gib-hybrid-ea3cf0f.log)
+SMEM_BF16_MAXNREG = 56       # bf16 register sub-tiles (words) get this register bound: ptxas's own 64 registers
+                             # allow 8 programs of (16384, 4, 4) per SM, 56 allow 9 (shared memory's limit): 1 GiB,
+                             # N = 128K / 256K 94.4 / 93.0 % against 93.1 / 91.1 (tune-gib-fwdbound-e654654.log).
+                             # fp16 (elements, 72 registers) spills under 64 / 56: +0.9 / -1.1 and -3.5 / -1.2 points
 SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its register sub-tiles (_reg_fits): the
     4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
@@ -862,12 +866,12 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     # Whole rows (`rows`, SMEM_ROWS) lost 0.4-1.2 points with it (bf16 N = 4K / 16K / 32K): not there
     keep_e = (cfg.pop("keep_e", path == "coop") and mode == SOFTMAX and x.dtype == out.dtype
               and x.element_size() == 2)
-    maxnreg = cfg.pop("maxnreg", 0)      # (experiment: a register bound, sweep set fwdbound)
+    maxnreg = cfg.pop("maxnreg", SMEM_BF16_MAXNREG if words else 0)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
                 WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
-                  keep_e=keep_e)
+                  keep_e=keep_e, maxnreg=maxnreg)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)
