@@ -41,7 +41,10 @@ def main(m=1024, n=262144, dtype="float32"):
     y, dy, dx = torch.softmax(x.float(), -1).to(x.dtype), torch.randn_like(x), torch.empty_like(x)
     _, _, _, bgeo = row_geometry([y, dy, dx], 1)
     K.backward(y, dy, dx, *bgeo, M, N, inner, False)
-    torch.testing.assert_close(dx, torch._softmax_backward_data(dy, y, -1, x.dtype))
+    # 16-bit dx: torch's default bf16 tolerance (atol 1e-5) is below one rounding of dx where y·(dy - Σ y·dy)
+    # cancels (a bf16 run of this script stopped here on 33 of 5.4e8 elements, 1.3e-4 apart)
+    tol = {} if x.dtype == torch.float32 else dict(atol=1e-3, rtol=2e-2)
+    torch.testing.assert_close(dx, torch._softmax_backward_data(dy, y, -1, x.dtype), **tol)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     for name in VARIANTS:
