@@ -445,8 +445,8 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 m = GIB // (n * torch.finfo(dtype).bits // 8)
                 bsets, bref, nb3 = bwd_baseline(m, n, dtype, log)
                 for bound in (96, 128):
-                    record("lbwd" if log else "bwd", m, n, dtype, f"maxnreg={bound}", bwd_variant({"maxnreg": bound},
-                                                                                               log), bsets, nb3, bref)
+                    record("lbwd" if log else "bwd", m, n, dtype, f"maxnreg={bound}",
+                           bwd_variant({"maxnreg": bound}, log), bsets, nb3, bref)
                 del bsets, bref
         save("tune_gib_bwdbound")
         return
