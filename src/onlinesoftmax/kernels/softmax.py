@@ -819,8 +819,14 @@ def _smem_config(M: int, N: int, elem_bytes: int, mode: int, sms: int, bf16x2: b
     if _few_rows(M, sms) or (bf16x2 and N < SMEM_BF16_MIN_N) or elem_bytes not in SMEM_CONFIG:
         return None
     chunk, warps, reg = SMEM_CONFIG[elem_bytes]
-    return (chunk, warps, reg) if _reg_fits(N, chunk, reg * (16 // elem_bytes) * 32 * warps) else \
+    return (chunk, warps, reg) if _reg_fits(N, chunk, reg * _sub_tile_elems(elem_bytes, warps)) else \
         SMEM_CONFIG_MASKED[elem_bytes]
+
+
+def _sub_tile_elems(elem_bytes: int, warps: int) -> int:
+    """Elements of one sub-tile of the shared-memory kernels: one 16-byte copy per thread of ``warps`` warps (a
+    chunk is a whole number of them; REG holds the first ``reg`` in registers)."""
+    return 16 // elem_bytes * 32 * warps
 
 
 def _reg_fits(N: int, chunk: int, reg_elems: int) -> bool:
@@ -842,7 +848,7 @@ def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int | None, warps: int) 
     thread each), the whole row when ``chunk`` is None; ``cfg`` may override chunk and warps."""
     warps = cfg.pop("num_warps", warps)
     vec = 16 // elem_bytes
-    sub = vec * 32 * warps
+    sub = _sub_tile_elems(elem_bytes, warps)
     chunk = cfg.pop("chunk", chunk)
     chunk = triton.cdiv(N, sub) * sub if chunk is None else max(sub, chunk // sub * sub)
     return chunk, triton.cdiv(N, chunk), vec, warps
@@ -856,7 +862,7 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
 
     reg = cfg.pop("reg", reg)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
-    sub = vec * 32 * warps
+    sub = _sub_tile_elems(x.element_size(), warps)
     if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
@@ -951,7 +957,7 @@ def _smem_bwd_config(M: int, N: int, elem_bytes: int, log: bool, sms: int) -> tu
     if _few_rows(M, sms) or (elem_bytes, log) not in SMEM_BWD_CONFIG:
         return None
     configs = SMEM_BWD_CONFIG[elem_bytes, log]
-    return next((c for c in configs if _reg_fits(N, c[0], c[2] * (16 // elem_bytes) * 32 * c[1])),
+    return next((c for c in configs if _reg_fits(N, c[0], c[2] * _sub_tile_elems(elem_bytes, c[1]))),
                 (*configs[-1][:2], 0))
 
 
@@ -970,7 +976,7 @@ def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg) -> _
     reg = cfg.pop("reg", reg)
     maxnreg = cfg.pop("maxnreg", SMEM_BWD_F16_MAXNREG if reg and dtype == torch.float16 else 0)
     chunk, C, vec, warps = _smem_chunking(cfg, dtype.itemsize, N, chunk, warps)
-    sub = vec * 32 * warps
+    sub = _sub_tile_elems(dtype.itemsize, warps)
     if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
