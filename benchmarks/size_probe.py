@@ -5,7 +5,7 @@ the same bytes for the copy as for the op) and fits t = c + bytes / rate by leas
 steady rate (GB/s, bytes read + written), `c` the fixed cost per call (µs). If our steady rate matches the copy's
 and only `c` differs, a shape misses the goal through its ramp and tail, not its steady state.
 
-    PYTHONPATH=$PWD/src python benchmarks/size_probe.py [OUT_DIR] [quick]
+    PYTHONPATH=$PWD/src python benchmarks/size_probe.py [OUT_DIR] [quick] [rows]
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ SIZES_MB = (256, 512, 1024, 2048, 4096)
 FORWARD = [(torch.float32, 32768), (torch.float32, 131072), (torch.float32, 262144),
            (torch.bfloat16, 32768), (torch.bfloat16, 131072), (torch.bfloat16, 262144)]
 BACKWARD = [(torch.float32, 262144), (torch.bfloat16, 262144)]
+# `rows`: the shared-memory rows kernel (16-bit N = 4K-32K) against the fp32 register kernel, by size
+ROWS = [(torch.float32, 16384), (torch.bfloat16, 4096), (torch.bfloat16, 16384), (torch.bfloat16, 32768),
+        (torch.float16, 16384)]
 
 
 def bench(fn):
@@ -66,8 +69,9 @@ def fit(points):
     return 1e-3 / slope, c, resid
 
 
-def main(out_dir=None, quick=False):
+def main(out_dir=None, quick=False, rows_set=False):
     sizes = SIZES_MB[:3] if quick else SIZES_MB
+    forward, backward = (ROWS, []) if rows_set else (FORWARD, BACKWARD)
     rows = []
 
     def record(name, dtype, n, tensors, mb, us):
@@ -79,9 +83,9 @@ def main(out_dir=None, quick=False):
 
     for mb in sizes:
         record("copy", torch.float32, 0, 2, mb, time_copy(mb))
-        for dtype, n in FORWARD:
+        for dtype, n in forward:
             record("softmax", dtype, n, 2, mb, time_forward(mb, dtype, n))
-        for dtype, n in BACKWARD:
+        for dtype, n in backward:
             record("backward", dtype, n, 3, mb, time_backward(mb, dtype, n))
         torch.cuda.empty_cache()
 
@@ -89,7 +93,7 @@ def main(out_dir=None, quick=False):
     copy = fit([(r["bytes"], r["us"]) for r in rows if r["name"] == "copy"])
     print(f"\ncopy: steady {copy[0]:.0f} GB/s, fixed {copy[1]:.1f} us (max residual {copy[2] * 100:.2f} %)")
     fits.append(dict(name="copy", rate_gbps=copy[0], fixed_us=copy[1], resid=copy[2]))
-    for name, shapes in (("softmax", FORWARD), ("backward", BACKWARD)):
+    for name, shapes in (("softmax", forward), ("backward", backward)):
         for dtype, n in shapes:
             pts = [(r["bytes"], r["us"]) for r in rows
                    if r["name"] == name and r["n"] == n and r["dtype"] == str(dtype)[6:]]
@@ -102,9 +106,9 @@ def main(out_dir=None, quick=False):
                   f"max residual {resid * 100:.2f} %")
             fits.append(dict(name=name, dtype=str(dtype)[6:], n=n, rate_gbps=rate, fixed_us=c, resid=resid))
     if out_dir:
-        with open(f"{out_dir}/size-probe.json", "w") as f:
+        with open(f"{out_dir}/size-probe{'-rows' if rows_set else ''}.json", "w") as f:
             json.dump(dict(environment=environment(), rows=rows, fits=fits), f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None, "quick" in sys.argv[2:])
+    main(sys.argv[1] if len(sys.argv) > 1 else None, "quick" in sys.argv[2:], "rows" in sys.argv[2:])
