@@ -461,6 +461,23 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del sets, ref
         save("tune_gib_fwdbound")
         return
+    if gib == "rowsreg":  # (experiment) the 16-bit shared-memory rows kernel (one program per row, no barrier) with
+        # its first REG sub-tiles in registers: a smaller shared-memory footprint, so more programs per SM (bf16 16K
+        # at 4 warps: 6 programs / 192 KB held by shared memory; reg 1-2: 7, reg 4 under 56 registers: 9 / 288 KB;
+        # bf16 32K at 16 warps: 2 programs by registers (41 -> 48 allocated), 3 under 40)
+        cases = ((torch.bfloat16, 16384, ((4, 1, None), (4, 2, None), (4, 4, None), (4, 4, 0), (8, 2, None))),
+                 (torch.float16, 16384, ((4, 2, None), (4, 4, None))),
+                 (torch.bfloat16, 32768, ((16, 0, 40), (8, 4, None), (8, 2, None))))
+        for dtype, n, variants in cases:
+            m = GIB // (n * torch.finfo(dtype).bits // 8)
+            sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
+            for w, r, bound in variants:
+                cfg = {"num_warps": w, "reg": r, **({} if bound is None else {"maxnreg": bound})}
+                record("fwd", m, n, dtype, f"rows smem w={w} reg={r} maxnreg={bound}", fwd_variant(cfg), sets, nb,
+                       ref)
+            del sets
+        save("tune_gib_rowsreg")
+        return
     if gib == "whole":    # long rows in few large chunks: one program per SM holding a whole bf16 128K row (C = 1,
         # no barrier) or half / a quarter of a row (C = 2 / 4), shared memory plus REG sub-tiles in registers
         # (chunk, warps, reg, keep_e); sm_90a: none of these spills (16 warps reg 8: 107 registers, 192 KB shared)
