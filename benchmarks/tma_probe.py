@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 
 import torch
 from triton.experimental import gluon
@@ -178,7 +179,7 @@ def main(out_dir=None):
                 y = fn(x)
                 err = (y.float() - ref).abs().max().item()
                 ok = err < (1e-5 if dtype == torch.float32 else 4e-3)
-                us = do_bench(lambda: fn(x), warmup=25, rep=150, return_mode="median") * 1e3
+                us = do_bench(partial(fn, x), warmup=25, rep=150, return_mode="median") * 1e3
             except Exception as e:          # a probe: report and go on
                 print(f"{str(dtype)[6:]:9} N={n:<7} {name:26} FAILED {type(e).__name__}: {str(e)[:300]}",
                       flush=True)
@@ -188,7 +189,7 @@ def main(out_dir=None):
                              err=err, ok=ok))
             print(f"{str(dtype)[6:]:9} N={n:<7} {name:26} {us:8.1f} us {gbps:6.0f} GB/s {gbps / ceiling * 100:5.1f} %"
                   f"  err {err:.1e}{'' if ok else '  WRONG'}", flush=True)
-        del x, ref
+        x = ref = None
     if out_dir:
         with open(f"{out_dir}/tma-probe.json", "w") as f:
             json.dump(dict(environment=env, copy_ceiling_gbps=ceiling, rows=rows), f, indent=1)
