@@ -35,10 +35,12 @@ W = gl.constexpr(256)         # x is viewed as rows of W elements; a TMA box is 
 
 
 @gluon.jit
-def tma_coop_kernel(x_desc, y_desc, Y, PART_M, PART_D, ARRIVE, GEN, C,
+def tma_coop_kernel(x_desc, y_desc, X, Y, PART_M, PART_D, ARRIVE, GEN, C,
                     CHUNK: gl.constexpr, P: gl.constexpr, SR: gl.constexpr, VEC: gl.constexpr,
-                    WARPS: gl.constexpr, C_POW2: gl.constexpr, TMA_STORE: gl.constexpr, FAST: gl.constexpr):
-    RP: gl.constexpr = CHUNK // W // P                       # rows of W per part (one TMA box, one mbarrier)
+                    WARPS: gl.constexpr, C_POW2: gl.constexpr, TMA_STORE: gl.constexpr, FAST: gl.constexpr,
+                    RR: gl.constexpr):
+    """RR: the chunk's first RR rows of W are loaded into registers (ld.global), the rest by TMA."""
+    RP: gl.constexpr = (CHUNK // W - RR) // P                # rows of W per part (one TMA box, one mbarrier)
     NB: gl.constexpr = RP * W * x_desc.dtype.primitive_bitwidth // 8
     L: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
     pid = gl.program_id(0)
@@ -51,7 +53,13 @@ def tma_coop_kernel(x_desc, y_desc, Y, PART_M, PART_D, ARRIVE, GEN, C,
         mbarrier.init(bars.index(p), count=1)
     for p in gl.static_range(P):
         mbarrier.expect(bars.index(p), NB)
-        tma.async_copy_global_to_shared(x_desc, [r0 + p * RP, 0], bars.index(p), smem.index(p))
+        tma.async_copy_global_to_shared(x_desc, [r0 + RR + p * RP, 0], bars.index(p), smem.index(p))
+    i = gl.arange(0, SR, layout=gl.SliceLayout(1, L))
+    j = gl.arange(0, W, layout=gl.SliceLayout(0, L))
+    if RR > 0:
+        ir = gl.arange(0, RR, layout=gl.SliceLayout(1, L))
+        off_r = (r0 + ir).to(gl.int64)[:, None] * W + j[None, :]
+        xr = gl.load(X + off_r).to(gl.float32)
     # 1. m_c as each part lands, then d_c
     mv = gl.full([SR, W], float("-inf"), gl.float32, L)
     for p in gl.static_range(P):
@@ -59,12 +67,16 @@ def tma_coop_kernel(x_desc, y_desc, Y, PART_M, PART_D, ARRIVE, GEN, C,
         for k in gl.static_range(RP // SR):
             mv = gl.maximum(mv, smem.index(p).slice(k * SR, SR).load(L).to(gl.float32))
     m_c = gl.max(gl.max(mv, axis=1), axis=0)
+    if RR > 0:
+        m_c = gl.maximum(m_c, gl.max(gl.max(xr, axis=1), axis=0))
     sh_c = _shift(m_c)
     dv = gl.zeros([SR, W], gl.float32, L)
     for p in gl.static_range(P):
         for k in gl.static_range(RP // SR):
             dv += _exp(smem.index(p).slice(k * SR, SR).load(L).to(gl.float32) - sh_c, True)
     d_c = gl.sum(gl.sum(dv, axis=1), axis=0)
+    if RR > 0:
+        d_c += gl.sum(gl.sum(_exp(xr - sh_c, True), axis=1), axis=0)
     # 2. publish, wait for the row's C chunks, ⊕
     gl.store(PART_M + pid, m_c)
     gl.store(PART_D + pid, d_c)
@@ -78,34 +90,34 @@ def tma_coop_kernel(x_desc, y_desc, Y, PART_M, PART_D, ARRIVE, GEN, C,
     sh = _shift(m)
     c = gl.where(m == float("inf"), float("nan"), 1.0 / d)
     # 3. y
-    i = gl.arange(0, SR, layout=gl.SliceLayout(1, L))
-    j = gl.arange(0, W, layout=gl.SliceLayout(0, L))
     for p in gl.static_range(P):
         for k in gl.static_range(RP // SR):
             y = (_exp(smem.index(p).slice(k * SR, SR).load(L).to(gl.float32) - sh, FAST) * c).to(x_desc.dtype)
             if TMA_STORE:
                 smem.index(p).slice(k * SR, SR).store(y)
             else:
-                off = (r0 + p * RP + k * SR + i).to(gl.int64)[:, None] * W + j[None, :]
+                off = (r0 + RR + p * RP + k * SR + i).to(gl.int64)[:, None] * W + j[None, :]
                 gl.store(Y + off, y)
         if TMA_STORE:
             fence_async_shared()
             gl.thread_barrier()
-            tma.async_copy_shared_to_global(y_desc, [r0 + p * RP, 0], smem.index(p))
+            tma.async_copy_shared_to_global(y_desc, [r0 + RR + p * RP, 0], smem.index(p))
+    if RR > 0:
+        gl.store(Y + off_r, (_exp(xr - sh, FAST) * c).to(x_desc.dtype))
     if TMA_STORE:
         tma.store_wait(0)
     for p in gl.static_range(P):
         mbarrier.invalidate(bars.index(p))
 
 
-def tma_softmax(chunk, warps, parts, sr, tma_store):
+def tma_softmax(chunk, warps, parts, sr, tma_store, rr=0):
     state = {}
 
     def run(x):
         m, n = x.shape
         C = n // chunk
         y = torch.empty_like(x)
-        rp = chunk // 256 // parts
+        rp = (chunk // 256 - rr) // parts
         bits = x.element_size() * 8
         layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
         x2, y2 = x.view(-1, 256), y.view(-1, 256)
@@ -116,10 +128,10 @@ def tma_softmax(chunk, warps, parts, sr, tma_store):
                         torch.zeros(m, dtype=torch.int32, device=x.device),
                         torch.zeros(m, dtype=torch.int32, device=x.device))
         pm, pd, arrive, gen = state[m]
-        tma_coop_kernel[(m * C,)](xd, yd, y, pm, pd, arrive, gen, C, CHUNK=chunk, P=parts, SR=sr,
+        tma_coop_kernel[(m * C,)](xd, yd, x, y, pm, pd, arrive, gen, C, CHUNK=chunk, P=parts, SR=sr,
                                   VEC=16 // x.element_size(), WARPS=warps, C_POW2=1 << (C - 1).bit_length(),
                                   TMA_STORE=tma_store, FAST=2 if x.dtype == torch.float32 else 1,
-                                  num_warps=warps)
+                                  RR=rr, num_warps=warps)
         return y
     return run
 
@@ -139,21 +151,17 @@ def smem_variant(cfg):
     return run
 
 
-CASES = {                    # (dtype, N) -> (name, (chunk, warps, parts, sub-tile rows, TMA store))
+CASES = {                    # (dtype, N) -> (name, (chunk, warps, parts, sub-tile rows, TMA store, register rows))
     (torch.float32, 131072): [("tma 16384 w8 P4", (16384, 8, 4, 8, False)),
-                              ("tma 16384 w8 P4 +store", (16384, 8, 4, 8, True)),
-                              ("tma 8192 w4 P2", (8192, 4, 2, 4, False)),
-                              ("tma 8192 w4 P2 +store", (8192, 4, 2, 4, True)),
-                              ("tma 8192 w8 P2", (8192, 8, 2, 8, False))],
+                              ("tma 16384 w8 RR16 P3", (16384, 8, 3, 8, False, 16)),
+                              ("tma 16384 w8 RR16 P6", (16384, 8, 6, 8, False, 16)),
+                              ("tma 16384 w4 RR16 P3", (16384, 4, 3, 4, False, 16)),
+                              ("tma 16384 w4 RR16 P12", (16384, 4, 12, 4, False, 16))],
     (torch.float32, 262144): [("tma 16384 w8 P4", (16384, 8, 4, 8, False)),
-                              ("tma 8192 w4 P2", (8192, 4, 2, 4, False)),
-                              ("tma 8192 w4 P2 +store", (8192, 4, 2, 4, True))],
-    (torch.bfloat16, 131072): [("tma 16384 w4 P4", (16384, 4, 4, 4, False)),
-                               ("tma 16384 w4 P4 +store", (16384, 4, 4, 4, True)),
-                               ("tma 8192 w4 P2", (8192, 4, 2, 4, False)),
-                               ("tma 8192 w4 P2 +store", (8192, 4, 2, 4, True))],
-    (torch.bfloat16, 262144): [("tma 16384 w4 P4", (16384, 4, 4, 4, False)),
-                               ("tma 8192 w4 P2", (8192, 4, 2, 4, False))],
+                              ("tma 16384 w8 RR16 P3", (16384, 8, 3, 8, False, 16)),
+                              ("tma 16384 w8 RR16 P6", (16384, 8, 6, 8, False, 16)),
+                              ("tma 16384 w4 RR16 P3", (16384, 4, 3, 4, False, 16)),
+                              ("tma 16384 w4 RR16 P12", (16384, 4, 12, 4, False, 16))],
 }
 SMEM_BASELINES = {           # element bytes -> the cp.async kernel at the same chunks, shared memory only
     4: [("smem 16384 w8 reg0", {"reg": 0}), ("smem 8192 w4 reg0", {"chunk": 8192, "num_warps": 4, "reg": 0})],
