@@ -27,7 +27,7 @@ from triton.testing import do_bench
 import onlinesoftmax as oss
 from onlinesoftmax.bench.harness import copy_ceiling_gbps, environment
 from onlinesoftmax.kernels import softmax as K
-from onlinesoftmax.kernels.softmax import _alpha, _exp, _row_barrier, _row_generation, _shift
+from onlinesoftmax.kernels.softmax import _alpha, _exp, _row_barrier, _shift
 from onlinesoftmax.ops.softmax import row_geometry
 
 GIB = 1 << 30
@@ -81,7 +81,7 @@ def tma_coop_kernel(x_desc, y_desc, X, Y, PART_M, PART_D, ARRIVE, GEN, C,
     gl.store(PART_M + pid, m_c)
     gl.store(PART_D + pid, d_c)
     gl.thread_barrier()
-    _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
+    _row_barrier(ARRIVE, GEN, row, C)
     kk = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     pm = gl.load(PART_M + row * C + kk, mask=kk < C, other=float("-inf"), volatile=True)
     pd = gl.load(PART_D + row * C + kk, mask=kk < C, other=0.0, volatile=True)

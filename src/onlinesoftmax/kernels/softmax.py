@@ -272,25 +272,14 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_generation(GEN, row):
-    """The generation of `row`'s barrier before this launch's arrivals (GEN cannot move before this program
-    arrives). One thread reads it and Triton broadcasts the value through shared memory with a CTA barrier, so
-    the register kernels read it right after issuing their chunk's loads: the round trip overlaps them (issued
-    before the loads, the broadcast would hold the loads back by it). The shared-memory kernels read it just
-    before the barrier (read with their copies, it cost them 0.5-2.9 points: docs/softmax-history.md)."""
-    return tl.atomic_add(GEN + row, 0, sem="relaxed")
-
-
-@triton.jit
-def _row_barrier(ARRIVE, GEN, row, C, gen):
+def _row_barrier(ARRIVE, GEN, row, C):
     """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
-    that persist across launches: the last to arrive bumps GEN past `gen` (_row_generation), releasing the
-    others, which spin on GEN, and then resets ARRIVE for the next launch (after the release: off the waiters'
-    path)."""
+    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
+    gen = tl.atomic_add(GEN + row, 0, sem="acquire")
     arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
     if arrived == C - 1:
-        tl.atomic_add(GEN + row, 1, sem="release")
         tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
+        tl.atomic_add(GEN + row, 1, sem="release")
     else:
         # one thread polls with an acquire atomic. (Polling with volatile loads from every thread measured
         # 10-40 % slower on the H200: 512 threads per program re-reading one word.)
@@ -359,8 +348,6 @@ def softmax_chunks_kernel(
     mask = cols < N
     x_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
     x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)          # read x
-    if PHASE == 0:
-        gen = _row_generation(GEN, row)
     k = tl.arange(0, C_POW2)
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
@@ -376,7 +363,7 @@ def softmax_chunks_kernel(
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
         if PHASE == 0:
-            _row_barrier(ARRIVE, GEN, row, C, gen)                          # 2. wait for the row's chunks
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0, FAST)
@@ -450,7 +437,6 @@ def softmax_coop_bf16x2_kernel(
     pid, row, words, mask = _chunk_words(N, C, CHUNK)
     # read x; padding 0xFF80FF80 = (-inf, -inf)
     w = tl.load(_word_row(X, row, INNER, sxo, sxi) + words, mask=mask, other=-8323200)
-    gen = _row_generation(GEN, row)
     # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
     lo, hi = _bf16_halves(w, 0)
     m_c = tl.max(tl.maximum(lo, hi), axis=0)
@@ -460,7 +446,7 @@ def softmax_coop_bf16x2_kernel(
     tl.store(PART_M + pid, m_c)
     tl.store(PART_D + pid, d_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C, gen)                                   # 2. wait for the row's chunks
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
     m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
@@ -544,8 +530,7 @@ def softmax_bwd_chunks_kernel(
         tl.debug_barrier()
     if PHASE != 1:
         if PHASE == 0:
-            # (the generation read just before: read with the loads, this kernel spills at 2048 elements)
-            _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))    # 2. wait for the row
+            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
         k = tl.arange(0, C_POW2)
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
@@ -564,7 +549,6 @@ def softmax_bwd_coop_bf16x2_kernel(
     # read y and dy; padding 0 = (+0.0, +0.0) adds nothing to either sum
     yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)
     dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
-    gen = _row_generation(GEN, row)
     dy_lo, dy_hi = _bf16_halves(dw, 0)                                       # 1. publish s_c
     if LOG:
         s_c = tl.sum(dy_lo + dy_hi, axis=0)
@@ -573,7 +557,7 @@ def softmax_bwd_coop_bf16x2_kernel(
         s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
     tl.store(PART + pid, s_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C, gen)                                   # 2. wait for the row
+    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row
     k = tl.arange(0, C_POW2)
     s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
     y_lo, y_hi = _bf16_halves(yw, 1)                                         # 4. dx, unpacking y and dy again
