@@ -1,8 +1,9 @@
 """SM clock and board power while one kernel runs back to back: is a kernel slowed by the card's power cap?
 
-Each case runs for RUN_S seconds (calls back to back, 1 GiB per tensor; the rate from CUDA events over the whole
-window) while `nvidia-smi` samples clocks, power and throttle reasons every 100 ms; the samples inside each
-window are averaged. The card's settings are left as they are (METHOD.md): only read, never set.
+Each case runs for RUN_S seconds (calls back to back, 1 GiB per tensor, in batches of BATCH timed by CUDA events)
+while `nvidia-smi` samples clocks, power and throttle reasons every 50 ms. The samples inside each window are
+averaged, and each batch is matched to the sample nearest its end: the rate at high and at capped SM clocks.
+The card's settings are left as they are (METHOD.md): only read, never set.
 
     PYTHONPATH=$PWD/src python benchmarks/power_probe.py [OUT_DIR]
 """
@@ -24,6 +25,7 @@ from onlinesoftmax.ops.softmax import row_geometry
 
 GIB = 1 << 30
 RUN_S = 2.5
+BATCH = 20            # calls per timed batch; each batch is matched to the clock sample nearest its end
 REST_S = 1.0          # idle between cases, so that each starts from a cool card as far as a second allows
 QUERY = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
@@ -60,20 +62,26 @@ def _backward(y, dy):
 
 
 def sustained(fn):
+    """Calls back to back for RUN_S seconds in batches of BATCH; returns (start, end, µs per call over the window,
+    [(host time at the batch's end, µs per call in the batch)])."""
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0 = time.time()
     start.record()
-    calls = 0
+    calls, batches = 0, []
     while time.time() - t0 < RUN_S:
-        for _ in range(20):
+        b0, b1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        b0.record()
+        for _ in range(BATCH):
             fn()
-        calls += 20
-        torch.cuda.synchronize()          # keep the host within 20 calls of the GPU
+        b1.record()
+        calls += BATCH
+        b1.synchronize()                  # keep the host within one batch of the GPU
+        batches.append((time.time(), b0.elapsed_time(b1) * 1e3 / BATCH))
     end.record()
     end.synchronize()
-    return t0, time.time(), start.elapsed_time(end) * 1e3 / calls
+    return t0, time.time(), start.elapsed_time(end) * 1e3 / calls, batches
 
 
 def read_samples(path):
@@ -92,14 +100,14 @@ def read_samples(path):
 
 def main(out_dir="."):
     log = f"{out_dir}/power-samples.csv"
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-lms", "100",
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv", "-lms", "50",
                             "-i", str(torch.cuda.current_device())], stdout=open(log, "w"))
     windows = []
     try:
         for name, nbytes, fn in cases():
             time.sleep(REST_S)
-            t0, t1, us = sustained(fn)
-            windows.append((name, nbytes, t0, t1, us))
+            t0, t1, us, batches = sustained(fn)
+            windows.append((name, nbytes, t0, t1, us, batches))
             print(f"{name:28} {us:8.1f} us/call {nbytes / us / 1e3:6.0f} GB/s", flush=True)
     finally:
         time.sleep(0.3)
@@ -108,7 +116,7 @@ def main(out_dir="."):
     out = []
     print(f"\n{'case':28} {'GB/s':>6} {'SM MHz mean':>11} {'min':>5} {'W mean':>7} {'max':>5} {'capped':>7} "
           f"{'temp':>5}")
-    for name, nbytes, t0, t1, us in windows:
+    for name, nbytes, t0, t1, us, batches in windows:
         inside = [s for s in samples if t0 + 0.3 <= s[0] <= t1]      # skip the first 0.3 s (ramp)
         if not inside:
             print(f"{name:28} no samples")
@@ -119,9 +127,21 @@ def main(out_dir="."):
         row = dict(case=name, gbps=nbytes / us / 1e3, us=us, sm_mhz_mean=sum(sm) / len(sm), sm_mhz_min=min(sm),
                    watts_mean=sum(w) / len(w), watts_max=max(w), power_capped=capped,
                    temp_max=max(s[4] for s in inside), samples=len(inside))
+        # each batch against the SM clock sampled nearest its end: the rate at high and at capped clocks
+        by_clock = []
+        for tb, ub in batches:
+            near = min(samples, key=lambda smp: abs(smp[0] - tb))
+            if abs(near[0] - tb) < 0.06:
+                by_clock.append((near[1], nbytes / ub / 1e3))
+        hi = [g for mhz, g in by_clock if mhz >= 1900]
+        lo = [g for mhz, g in by_clock if mhz < 1700]
+        row.update(batches_by_clock=by_clock, gbps_at_1900_up=sum(hi) / len(hi) if hi else None,
+                   gbps_below_1700=sum(lo) / len(lo) if lo else None, n_hi=len(hi), n_lo=len(lo))
         out.append(row)
         print(f"{name:28} {row['gbps']:6.0f} {row['sm_mhz_mean']:11.0f} {row['sm_mhz_min']:5.0f} "
-              f"{row['watts_mean']:7.0f} {row['watts_max']:5.0f} {capped * 100:6.0f}% {row['temp_max']:5.0f}")
+              f"{row['watts_mean']:7.0f} {row['watts_max']:5.0f} {capped * 100:6.0f}% {row['temp_max']:5.0f}   "
+              f"GB/s at >= 1900 MHz {row['gbps_at_1900_up'] or float('nan'):6.0f} ({len(hi)} batches), "
+              f"< 1700 MHz {row['gbps_below_1700'] or float('nan'):6.0f} ({len(lo)})")
     with open(f"{out_dir}/power-probe.json", "w") as f:
         json.dump(dict(environment=environment(), cases=out), f, indent=1)
 
