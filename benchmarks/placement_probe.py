@@ -5,7 +5,9 @@ For each shape: x fixed, y placed at several byte offsets inside one pool (do_be
 then several fresh allocations of x with y at offset 0; the copy the same way (dst offsets). Every output is
 checked against torch once.
 
-    PYTHONPATH=$PWD/src python benchmarks/placement_probe.py [OUT_DIR]
+    PYTHONPATH=$PWD/src python benchmarks/placement_probe.py [OUT_DIR] [repeat]
+
+`repeat`: three rounds over six offsets for three shapes, x fixed: does an offset stay slow when timed again?
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ SHAPES = [("softmax", torch.bfloat16, 32768), ("softmax", torch.bfloat16, 16384)
           ("softmax", torch.float32, 131072), ("softmax", torch.bfloat16, 131072),
           ("logsumexp", torch.bfloat16, 1024), ("logsumexp", torch.bfloat16, 32768)]
 FRESH_X = 4
+REPEAT_SHAPES = [("softmax", torch.bfloat16, 32768), ("logsumexp", torch.bfloat16, 1024),
+                 ("softmax", torch.float32, 131072)]
+REPEAT_OFFSETS = (0, 7 << 20, (2 << 20) + 32768, 6 << 20, 8 << 20, 3 << 20)
 
 
 def bench(fn, *args):
@@ -35,6 +40,23 @@ def bench(fn, *args):
 def runner(mode, x, y):
     m, n, inner, (gx, gy) = row_geometry([x, y if mode != K.LOGSUMEXP else x], 1)
     return lambda: K.forward(x, y, gx, gy, m, n, inner, mode)
+
+
+def repeat():
+    """Three rounds over REPEAT_OFFSETS for REPEAT_SHAPES (x fixed, y in the pool): µs per call per round."""
+    pool = torch.empty(GIB + (64 << 20), dtype=torch.uint8, device="cuda")
+    for name, dtype, n in REPEAT_SHAPES:
+        mode = K.LOGSUMEXP if name == "logsumexp" else K.SOFTMAX
+        m = GIB // (n * dtype.itemsize)
+        out_bytes = m * dtype.itemsize if mode == K.LOGSUMEXP else GIB
+        x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
+        res = {}
+        for _ in range(3):
+            for off in REPEAT_OFFSETS:
+                y = pool[off:off + out_bytes].view(dtype).view((m,) if mode == K.LOGSUMEXP else (m, n))
+                res.setdefault(off, []).append(round(bench(runner(mode, x, y)), 1))
+        for off, v in res.items():
+            print(name, str(dtype)[6:], n, "y +", off, v, flush=True)
 
 
 def main(out_dir=None):
@@ -77,4 +99,7 @@ def main(out_dir=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    if "repeat" in sys.argv[2:]:
+        repeat()
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else None)
