@@ -36,7 +36,7 @@ def timed(fn, flush):
         if flush == "zero":
             cache.zero_()
         elif flush == "read":
-            torch.sum(cache, dtype=torch.int64, out=total)
+            torch.sum(cache, 0, dtype=torch.int64, out=total)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
