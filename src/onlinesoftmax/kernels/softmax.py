@@ -843,6 +843,13 @@ def _smem_rows_warps(M: int, N: int, elem_bytes: int, mode: int, sms: int) -> in
     return next((warps for lo, hi, warps in SMEM_ROWS if lo <= N <= hi), None)
 
 
+def _smem_chunk_ok(N: int, chunk: int, C: int, sub: int, reg: int) -> bool:
+    """A shared-memory plan (forward or backward) can run: at most COOP_MAX_CHUNKS chunks per row, and ``reg``
+    register sub-tiles of ``sub`` elements a power of two (or 0), leaving at least one sub-tile in shared memory,
+    and covered by every chunk of the row (_reg_fits)."""
+    return C <= COOP_MAX_CHUNKS and chunk // sub > reg and not reg & (reg - 1) and _reg_fits(N, chunk, reg * sub)
+
+
 def _smem_chunking(cfg, elem_bytes: int, N: int, chunk: int | None, warps: int) -> tuple[int, int, int, int]:
     """(chunk, C, vec, warps) of a shared-memory plan: the chunk a whole number of sub-tiles (one 16-byte copy per
     thread each), the whole row when ``chunk`` is None; ``cfg`` may override chunk and warps."""
@@ -862,8 +869,7 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
 
     reg = cfg.pop("reg", reg)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
-    sub = _sub_tile_elems(x.element_size(), warps)
-    if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
+    if not _smem_chunk_ok(N, chunk, C, _sub_tile_elems(x.element_size(), warps), reg):
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
     # KEEP_E: 16-bit softmax (x, y of one dtype) in coop chunks keeps e_j in x's place (rounded to the dtype: y
@@ -976,8 +982,7 @@ def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg) -> _
     reg = cfg.pop("reg", reg)
     maxnreg = cfg.pop("maxnreg", SMEM_BWD_F16_MAXNREG if reg and dtype == torch.float16 else 0)
     chunk, C, vec, warps = _smem_chunking(cfg, dtype.itemsize, N, chunk, warps)
-    sub = _sub_tile_elems(dtype.itemsize, warps)
-    if C > COOP_MAX_CHUNKS or chunk // sub <= reg or reg & (reg - 1) or not _reg_fits(N, chunk, reg * sub):
+    if not _smem_chunk_ok(N, chunk, C, _sub_tile_elems(dtype.itemsize, warps), reg):
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
                 REG=reg, WORDS=bool(reg) and dtype == torch.bfloat16,
