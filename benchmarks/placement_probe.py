@@ -37,6 +37,18 @@ def bench(fn, *args):
     return do_bench(lambda: fn(*args), warmup=25, rep=150, return_mode="median") * 1e3  # µs
 
 
+def case(name, dtype, n):
+    """(mode, rows, bytes of the output) of a SHAPES entry at 1 GiB of x."""
+    mode = K.LOGSUMEXP if name == "logsumexp" else K.SOFTMAX
+    m = GIB // (n * dtype.itemsize)
+    return mode, m, m * dtype.itemsize if mode == K.LOGSUMEXP else GIB
+
+
+def out_at(pool, off, mode, dtype, m, n, out_bytes):
+    """The output as a view of ``pool`` starting ``off`` bytes in."""
+    return pool[off:off + out_bytes].view(dtype).view((m,) if mode == K.LOGSUMEXP else (m, n))
+
+
 def runner(mode, x, y):
     m, n, inner, (gx, gy) = row_geometry([x, y if mode != K.LOGSUMEXP else x], 1)
     return lambda: K.forward(x, y, gx, gy, m, n, inner, mode)
@@ -46,14 +58,12 @@ def repeat():
     """Three rounds over REPEAT_OFFSETS for REPEAT_SHAPES (x fixed, y in the pool): µs per call per round."""
     pool = torch.empty(GIB + (64 << 20), dtype=torch.uint8, device="cuda")
     for name, dtype, n in REPEAT_SHAPES:
-        mode = K.LOGSUMEXP if name == "logsumexp" else K.SOFTMAX
-        m = GIB // (n * dtype.itemsize)
-        out_bytes = m * dtype.itemsize if mode == K.LOGSUMEXP else GIB
+        mode, m, out_bytes = case(name, dtype, n)
         x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
         res = {}
         for _ in range(3):
             for off in REPEAT_OFFSETS:
-                y = pool[off:off + out_bytes].view(dtype).view((m,) if mode == K.LOGSUMEXP else (m, n))
+                y = out_at(pool, off, mode, dtype, m, n, out_bytes)
                 res.setdefault(off, []).append(round(bench(runner(mode, x, y)), 1))
         for off, v in res.items():
             print(name, str(dtype)[6:], n, "y +", off, v, flush=True)
@@ -73,9 +83,7 @@ def main(out_dir=None):
         record("copy", torch.float32, 0, f"dst +{off}", bench(dst.copy_, src), 2 * GIB)
     src = None
     for name, dtype, n in SHAPES:
-        mode = K.LOGSUMEXP if name == "logsumexp" else K.SOFTMAX
-        m = GIB // (n * dtype.itemsize)
-        out_bytes = m * dtype.itemsize if mode == K.LOGSUMEXP else GIB
+        mode, m, out_bytes = case(name, dtype, n)
         nbytes = GIB + (out_bytes if mode != K.LOGSUMEXP else 0)
         kept = []                                   # earlier x stay allocated: each x gets new memory
         for i in range(FRESH_X):
@@ -83,7 +91,7 @@ def main(out_dir=None):
             kept.append(x)
             offsets = OFFSETS if i == 0 else (0,)
             for off in offsets:
-                y = pool[off:off + out_bytes].view(dtype).view((m,) if mode == K.LOGSUMEXP else (m, n))
+                y = out_at(pool, off, mode, dtype, m, n, out_bytes)
                 run = runner(mode, x, y)
                 if off == 0:
                     run()

@@ -18,6 +18,7 @@ import time
 from functools import partial
 
 import torch
+from tune_softmax import bwd_variant
 
 from onlinesoftmax.bench.harness import environment
 from onlinesoftmax.kernels import softmax as K
@@ -50,15 +51,8 @@ def cases():
     x = out = None
     for dtype in (torch.float32, torch.bfloat16):
         y = torch.softmax(torch.randn(GIB // (262144 * dtype.itemsize), 262144, device="cuda"), -1).to(dtype)
-        yield f"backward {str(dtype)[6:]} N=262144", 3 * GIB, partial(_backward, y, torch.randn_like(y))
+        yield f"backward {str(dtype)[6:]} N=262144", 3 * GIB, partial(bwd_variant(None), y, torch.randn_like(y))
         y = None
-
-
-def _backward(y, dy):
-    dx = torch.empty_like(y)
-    m, n, inner, (g1, g2, g3) = row_geometry([y, dy, dx], 1)
-    K.backward(y, dy, dx, g1, g2, g3, m, n, inner, False)
-    return dx
 
 
 def sustained(fn):
