@@ -2,11 +2,11 @@
 ``onlinesoftmax.kernels.softmax`` (new) against an older copy of it (old).
 
     git show REV:src/onlinesoftmax/kernels/softmax.py > src/onlinesoftmax/kernels/softmax_old.py   # not committed
-    PYTHONPATH=src python benchmarks/ab_kernels.py $OUT [softmax_old [forward|backward|coop|all]]
+    PYTHONPATH=src python benchmarks/ab_kernels.py $OUT [softmax_old[,softmax_other...] [forward|backward|coop|all]]
 
 forward: softmax, log-softmax and logsumexp at the 12 goal shapes (1 GiB per tensor) and decode sizes (softmax;
 do_bench and CUDA-graph replay); backward: softmax backward at the long-row shapes; coop: what the row barrier
-touches (forward at N = 32K-256K, the nine decode shapes, backward). Each row prints new, old,
+touches (forward at N = 32K-256K, the nine decode shapes, backward). Each row prints new, the old module(s),
 then new again (the drift between the two new timings is the run's noise). Outputs are checked against torch
 first. Writes ab_kernels.json to the folder given.
 """
@@ -62,10 +62,14 @@ def graph_us(fn, x):
     return do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
 
 
-def main(out_dir, old_name, which):
-    K_old = importlib.import_module(f"onlinesoftmax.kernels.{old_name}")
-    # its own workspace: the two versions may lay their scratch out differently
-    K_old.stream_scratch = lambda tag, device, layout: _launch.stream_scratch(("ab-old", tag), device, layout)
+def main(out_dir, old_names, which):
+    olds = []
+    for name in old_names.split(","):
+        K_old = importlib.import_module(f"onlinesoftmax.kernels.{name}")
+        # its own workspace: the versions may lay their scratch out differently
+        K_old.stream_scratch = lambda tag, device, layout, name=name: _launch.stream_scratch((name, tag), device,
+                                                                                           layout)
+        olds.append((name, K_old))
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))
     print(f"{env['device']}  torch {env['torch']}  triton {env['triton']}  copy ceiling {ceiling:.0f} GB/s")
@@ -97,10 +101,10 @@ def main(out_dir, old_name, which):
                 for kind, mode, tfn in (("fwd", K_new.SOFTMAX, torch.softmax),
                                         ("log", K_new.LOG_SOFTMAX, torch.log_softmax)):
                     line(kind, m, n, dtype, (("torch", lambda x, f=tfn: f(x, -1)), ("new", fwd(K_new, mode)),
-                                             ("old", fwd(K_old, mode)), ("new", fwd(K_new, mode))),
+                                             *((o, fwd(K, mode)) for o, K in olds), ("new", fwd(K_new, mode))),
                          sets, 2 * m * n * size, tfn(sets[0][0], -1))
                 line("lse", m, n, dtype, (("torch", lambda x: torch.logsumexp(x, -1)),
-                                          ("new", lse(K_new)), ("old", lse(K_old)), ("new", lse(K_new))),
+                                          ("new", lse(K_new)), *((o, lse(K)) for o, K in olds), ("new", lse(K_new))),
                      sets, m * n * size, torch.logsumexp(sets[0][0].float(), -1))
                 del sets
     if which in ("forward", "all", "coop"):   # decode sizes
@@ -109,7 +113,7 @@ def main(out_dir, old_name, which):
                 size = torch.finfo(dtype).bits // 8
                 sets = inputs(m, n, dtype)
                 line("dec", m, n, dtype, (("torch", lambda x: torch.softmax(x, -1)), ("new", fwd(K_new, 0)),
-                                          ("old", fwd(K_old, 0)), ("new", fwd(K_new, 0))),
+                                          *((o, fwd(K, 0)) for o, K in olds), ("new", fwd(K_new, 0))),
                      sets, 2 * m * n * size, torch.softmax(sets[0][0], -1), graph=True)
     if which in ("backward", "all", "coop"):  # backward, long rows (coop)
         for dtype, n in ((torch.float32, 131072), (torch.float32, 262144), (torch.bfloat16, 32768),
@@ -119,11 +123,11 @@ def main(out_dir, old_name, which):
             bsets = inputs(m, n, dtype, bwd=True)
             ref = torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
             line("bwd", m, n, dtype, (("torch", lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype)),
-                                      ("new", bwd(K_new, False)), ("old", bwd(K_old, False)),
+                                      ("new", bwd(K_new, False)), *((o, bwd(K, False)) for o, K in olds),
                                       ("new", bwd(K_new, False))), bsets, 3 * m * n * size, ref)
             del bsets
     with open(f"{out_dir}/ab_kernels.json", "w") as f:
-        json.dump({"env": env, "copy_ceiling_gbps": ceiling, "old_module": old_name, "rows": rows}, f, indent=1)
+        json.dump({"env": env, "copy_ceiling_gbps": ceiling, "old_modules": old_names, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

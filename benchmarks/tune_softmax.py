@@ -397,6 +397,26 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             del bsets, bref
         save("tune_gib_bwdreg3")
         return
+    if gib == "ring":     # log-softmax backward, long rows: y streamed through a ring of `ring` sub-tiles after
+        # step 1 (RING: only dy held through the row barrier) against the default (y and dy held), (chunk, warps,
+        # reg, ring); the softmax backward's default beside it on the same inputs
+        variants = {4: ((16384, 8, 2, 4), (16384, 8, 2, 2), (12288, 8, 2, 4), (8192, 8, 2, 4), (8192, 4, 4, 4),
+                        (16384, 4, 4, 4), (10240, 4, 8, 4)),
+                    2: ((32768, 8, 2, 4), (32768, 8, 2, 2), (24576, 8, 2, 4), (16384, 8, 2, 4), (16384, 4, 2, 4),
+                        (32768, 4, 4, 4), (16384, 4, 2, 8))}
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in (131072, 262144, 32768):
+                m = GIB // (n * torch.finfo(dtype).bits // 8)
+                bsets, bref, nb3 = bwd_baseline(m, n, dtype, log=True)
+                record("bwd", m, n, dtype, "softmax default", bwd_variant(None), bsets, nb3,
+                       torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype))
+                for chunk, w, reg, ring in variants[dtype.itemsize]:
+                    record("lbwd", m, n, dtype, f"smem chunk={chunk} w={w} reg={reg} ring={ring}",
+                           bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg,
+                                        "ring": ring}, log=True), bsets, nb3, bref)
+                del bsets, bref
+        save("tune_gib_ring")
+        return
     if gib == "mix":      # the ceiling by read / write mix: torch's own elementwise kernels at 1 GiB per tensor,
         # over the 1:1 copy ceiling: a copy (1 read : 1 write, the forward's mix), y + dy (2 : 1, the backward's),
         # a sum (read only, logsumexp's). The backward is scored against the 1:1 copy; this says how far apart

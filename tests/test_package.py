@@ -105,3 +105,21 @@ def test_run_case_checks_all_but_the_yardsticks():
     rows = {r.impl: r for r in run_case("t", case, ctx, copy_ceiling_gbps(ctx.device, quick=True), environment())}
     assert rows["torch"].ok and not rows["wrong"].ok and "mismatch" in rows["wrong"].note
     assert rows["copy of x"].ok and "not checked" in rows["copy of x"].note and rows["copy of x"].ms > 0
+
+
+def test_backward_suites_match_torch_on_cpu():
+    """The two backward suites build their inputs (y of their op: probabilities, log-probabilities) and our op
+    matches torch's own backward on them (quick sizes, CPU)."""
+    from onlinesoftmax.bench import suites  # noqa: F401
+    from onlinesoftmax.bench.harness import SUITES, BenchContext, copy_ceiling_gbps, environment, run_case
+
+    ctx = BenchContext(device=torch.device("cpu"), quick=True)
+    ceiling, env = copy_ceiling_gbps(ctx.device, quick=True), environment()
+    for suite, top in (("softmax_backward", 1.0), ("log_softmax_backward", 0.0)):
+        cases = list(SUITES[suite](ctx))
+        assert cases and all(case.bytes == 3 * case.shape[0] * case.shape[1] * 4 for case in cases)
+        y, _ = cases[0].make_inputs()
+        assert y.max() <= top + 1e-6 and (y.max() > 0) == (top > 0)     # probabilities / log-probabilities
+        for case in cases:
+            rows = run_case(suite, case, ctx, ceiling, env)
+            assert {r.impl for r in rows} == {"onlinesoftmax", "torch"} and all(r.ok for r in rows), rows

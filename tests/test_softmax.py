@@ -305,13 +305,14 @@ def test_smem_kernel_choice_on_h200(m, n, size, mode, bf16x2, expect):
 
 
 @pytest.mark.parametrize("m,n,size,log,expect", [
-    (2048, 131072, 4, True, (16384, 8, 2)), (4096, 131072, 2, False, (32768, 8, 2)),
-    (2048, 262144, 4, False, (10240, 4, 8)), (4096, 131072, 2, True, (32768, 8, 2)),
+    (2048, 131072, 4, True, (16384, 8, 2, 4)), (4096, 131072, 2, False, (32768, 8, 2, 0)),
+    (2048, 262144, 4, False, (10240, 4, 8, 0)), (4096, 131072, 2, True, (16384, 4, 2, 4)),
     (32, 131072, 2, False, None),                                          # decode sizes: the register kernels
-    (2048, 32768, 4, False, (8192, 4, 4)),       # 32768 = 3 x 10240 + 2048, under REG's 8 x 512: the next config
-    (2048, 3 * 10240 + 4096, 4, False, (10240, 4, 8)),
-    (2048, 4 * 8192 + 2047, 4, False, (8192, 4, 0)),     # under both: the last config, reg = 0
-    (4096, 32768 + 4095, 2, False, (32768, 8, 0)), (4096, 32768 + 4096, 2, True, (32768, 8, 2)),
+    (2048, 32768, 4, False, (8192, 4, 4, 0)),       # 32768 = 3 x 10240 + 2048, under REG's 8 x 512: the next config
+    (2048, 3 * 10240 + 4096, 4, False, (10240, 4, 8, 0)),
+    (2048, 4 * 8192 + 2047, 4, False, (8192, 4, 0, 0)),     # under both: the last config, reg = 0
+    (4096, 32768 + 4095, 2, False, (32768, 8, 0, 0)), (4096, 32768 + 4096, 2, True, (16384, 4, 2, 4)),
+    (4096, 16384 + 2047, 2, True, (16384, 4, 0, 4)),          # last chunk under REG's 2 x 1024: reg 0, still RING
 ])
 def test_smem_backward_choice_on_h200(m, n, size, log, expect):
     """Many long rows: the backward takes the shared-memory kernel with REG sub-tiles in registers, in the first
@@ -587,22 +588,26 @@ def test_backward_rows_tile(dtype, block_m, warps):
     torch.testing.assert_close(x.grad.float(), x2.grad, atol=1e-2 if dtype == torch.bfloat16 else 1e-6, rtol=1e-2)
 
 
-def test_backward_long_rows_chunk():
+@pytest.mark.parametrize("log", [False, True])
+def test_backward_long_rows_chunk(log):
     """Many long rows: the backward's register kernels hold BWD_COOP_CHUNK elements of y and dy per program, 8
-    warps (the interpreter); on the GPU the shared-memory kernel takes them, as SMEM_BWD_CONFIG says."""
+    warps (the interpreter); on the GPU the shared-memory kernel takes them, as SMEM_BWD_CONFIG says (log-softmax:
+    with its ring of y)."""
     sms = K.sm_count(torch.device(DEV))
     m = K.DECODE_MAX_ROWS_PER_SM * sms + 1
+    ours, theirs = (oss.log_softmax, torch.log_softmax) if log else (oss.softmax, torch.softmax)
     x = torch.randn(m, 40000, device=DEV, requires_grad=True)
     g = torch.randn(m, 40000, device=DEV)
-    oss.softmax(x, backend="triton").backward(g)
+    ours(x, backend="triton").backward(g)
     rec = K.last_launch()
     if DEV.type == "cuda":
-        chunk, warps, reg = K._smem_bwd_config(m, 40000, 4, False, sms)
-        assert (rec["kernel"], rec["chunk"], rec["num_warps"], rec["reg"]) == ("smem", chunk, warps, reg), rec
+        chunk, warps, reg, ring = K._smem_bwd_config(m, 40000, 4, log, sms)
+        assert (rec["kernel"], rec["chunk"], rec["num_warps"], rec["reg"], rec["ring"]) == \
+            ("smem", chunk, warps, reg, ring) and (ring > 0) == log, rec
     else:
         assert (rec["chunk"], rec["num_warps"]) == (K.BWD_COOP_CHUNK, 8) and rec["path"] in ("coop", "split")
     x2 = x.detach().clone().requires_grad_()
-    torch.softmax(x2, -1).backward(g)
+    theirs(x2, -1).backward(g)
     torch.testing.assert_close(x.grad, x2.grad)
 
 
@@ -877,6 +882,25 @@ def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
     4096, 40000 / 16384: a shorter last chunk; 20000 / 32768: one chunk, masked); dy off a 16-byte boundary takes
     the register kernels. A (fp32, 16-bit) pair of chunks: 32768 16-bit elements (the default's) are 64 KB of
     shared memory per tensor, too many as fp32."""
+    _check_smem_backward(dtype, log, m, n, chunk, warps, reg, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,chunk,warps,reg,ring", [(40, 131072, (16384, 32768), 8, 2, 4),
+                                                       (20, 262144, 8192, 4, 4, 2), (9, 50256, 4096, 2, 2, 2),
+                                                       (9, 40000, 16384, 8, 2, 4), (7, 20000, (16384, 32768), 8, 2, 4),
+                                                       (9, 40000, 2048, 4, 0, 16), (40, 131072, 12288, 4, 4, 1),
+                                                       (24, 131072, 16384, 4, 2, 4)])
+def test_gpu_smem_backward_ring(dtype, m, n, chunk, warps, reg, ring):
+    """Log-softmax's backward with y streamed through a ring of ``ring`` sub-tiles (RING) after step 1, as
+    test_gpu_smem_backward_kernel: a shorter last chunk (50256 / 4096, 40000 / 16384), one masked chunk (20000),
+    a ring longer than the chunk's shared-memory sub-tiles (40000 / 2048 / 16), a ring of one (12288); the defaults
+    (fp32 16384 / 8 / 2 / 4, bf16 16384 / 4 / 2 / 4) among them."""
+    _check_smem_backward(dtype, True, m, n, chunk, warps, reg, ring)
+
+
+def _check_smem_backward(dtype, log, m, n, chunk, warps, reg, ring):
     if isinstance(chunk, tuple):
         chunk = chunk[dtype.itemsize == 2]
     x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
@@ -887,11 +911,11 @@ def test_gpu_smem_backward_kernel(dtype, log, m, n, chunk, warps, reg):
         mm, nn, inner, geos = row_geometry([y, dy, dx], 1)
         cfg = {"path": "coop", "smem": True}
         if kern:
-            cfg.update(chunk=chunk, num_warps=warps, reg=reg)
+            cfg.update(chunk=chunk, num_warps=warps, reg=reg, ring=ring)
         K.backward(y, dy, dx, *geos, mm, nn, inner, log, config=cfg)
         info = K.last_launch()
         assert info.get("kernel") != "smem" if kern is None else \
-            (info["kernel"], info["chunk"], info["reg"]) == ("smem", chunk, reg)
+            (info["kernel"], info["chunk"], info["reg"], info["ring"]) == ("smem", chunk, reg, ring)
         y64, dy64 = y.double(), dy.double()
         ref = dy64 - y64.exp() * dy64.sum(-1, keepdim=True) if log else \
             y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
@@ -975,20 +999,22 @@ print(json.dumps(out))
 def test_smem_backward_defaults_compile_for_sm90_without_spills():
     """The backward smem kernel at its SMEM_BWD_CONFIG defaults (fp32 softmax 10240 / 4 warps / 8 register
     sub-tiles of y and dy: 124 registers; 16-bit 32768 / 8 / 2, bf16 as words, fp16 as elements under
-    SMEM_BWD_F16_MAXNREG: without it ptxas spills) compiles for sm_90a with no stack
-    frame (no spills; cuobjdump's resource usage, read by benchmarks/cubin_tools.py as for the compiler report) and
-    the shared memory of its (chunk - reg sub-tiles) of y and dy. Compiled in a child process, as the forward's
-    compile test."""
-    cases = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False), (torch.float16, False)]
+    SMEM_BWD_F16_MAXNREG: without it ptxas spills; log-softmax with its ring of y, RING) compiles for sm_90a with no
+    stack frame (no spills; cuobjdump's resource usage, read by benchmarks/cubin_tools.py as for the compiler
+    report) and the shared memory of its (chunk - reg sub-tiles) of y and dy (with RING: of dy, and `ring` sub-tiles
+    of y). Compiled in a child process, as the forward's compile test."""
+    cases = [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False), (torch.float16, False),
+             (torch.bfloat16, True), (torch.float16, True)]
     specs = []
     for dtype, log in cases:
-        chunk, warps, reg = K.SMEM_BWD_CONFIG[dtype.itemsize, log][0]
+        chunk, warps, reg, ring = K.SMEM_BWD_CONFIG[dtype.itemsize, log][0]
         vec = 16 // dtype.itemsize
         specs.append(dict(ptr={torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype],
                           maxnreg=K.SMEM_BWD_F16_MAXNREG if dtype == torch.float16 else 0, CHUNK=chunk, VEC=vec,
-                          WARPS=warps, REG=reg, WORDS=dtype == torch.bfloat16, LOG=log,
+                          WARPS=warps, REG=reg, WORDS=dtype == torch.bfloat16, LOG=log, RING=ring,
                           LIBDEVICE=dtype == torch.float32, SUM="fp64" if dtype == torch.float32 else "fp32",
-                          smem=2 * (chunk - reg * vec * 32 * warps) * dtype.itemsize))
+                          smem=((2 - bool(ring)) * (chunk - reg * vec * 32 * warps) + ring * vec * 32 * warps)
+                          * dtype.itemsize))
     probe = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
@@ -1000,7 +1026,7 @@ out = []
 for spec in json.loads(sys.argv[1]):
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
     sig.update(Yp=spec["ptr"], DY=spec["ptr"], DX=spec["ptr"], PART="*" + spec["SUM"], ARRIVE="*i32", GEN="*i32")
-    const = {k: spec[k] for k in ("CHUNK", "VEC", "WARPS", "REG", "WORDS", "LOG", "LIBDEVICE")}
+    const = {k: spec[k] for k in ("CHUNK", "VEC", "WARPS", "REG", "WORDS", "LOG", "LIBDEVICE", "RING")}
     const.update(C_POW2=16, EVEN=True, SUM=getattr(tl, {"fp64": "float64", "fp32": "float32"}[spec["SUM"]]))
     # as the plan launches unit-stride rows of 16-byte aligned tensors (benchmarks/softmax_ptxas.py compiles them
     # so): INNER = 1 a constant, pointers, N and the strides divisible by 16

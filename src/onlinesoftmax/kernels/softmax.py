@@ -98,17 +98,20 @@ SMEM_CONFIG_MASKED = {       # ... where a row's last chunk is shorter than its 
     4: (11264, 4, 0),        # shared-memory-only chunks. Before REG: fp32 92.5 / 89.9 % against 86.8 / 82.0
     2: (8192, 2, 0),         # (registers), bf16 85.0 / 84.0 against 78.4 / 75.3 (bf16x2) (tune-gib-smem-2b9adac.log)
 }
-SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps, reg) of the
-    (4, False): ((10240, 4, 8), (8192, 4, 4)),  # coop kernel with y and dy in shared memory, their first `reg`
-    (4, True): ((16384, 8, 2),),                # sub-tiles in registers (REG, bf16 as words); the first whose
-    (2, False): ((32768, 8, 2),),               # REG the row's last chunk covers (_reg_fits), else the last
-    (2, True): ((32768, 8, 2),),                # with reg = 0. 1 GiB, N = 128K / 256K, against the previous
-}   # default in the same runs (tune-gib-bwdreg-da9bbb6.log, tune-gib-bwdreg2-f9ec1ff.log, tune-gib-bwdreg3-dbea8f8
-    # .log): fp32 softmax 98.7 / 95.6 % (10240, reg 8: 4 programs and 320 KB per SM) and 96.8-97.5 / 94.0-94.6
-    # (8192, reg 4: 256 KB) against 95.0-95.3 / 91.2-91.5 (registers); fp32 log-softmax 94.9 / 91.9 against 89.7
-    # / 87.1 (4096-element chunks, no REG); bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no REG); bf16
-    # log-softmax 90.1 / 86.6 against 81.1 / 79.5 (bf16x2 registers)
-SMEM_BWD_FALLBACK = {4: (4096, 4, 0), 2: (8192, 4, 0)}   # a forced smem=True at decode sizes (no config)
+SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-softmax) -> (chunk, warps, reg, ring) of
+    (4, False): ((10240, 4, 8, 0), (8192, 4, 4, 0)),  # the coop kernel with y and dy in shared memory, their first
+    (4, True): ((16384, 8, 2, 4),),                   # `reg` sub-tiles in registers (REG, bf16 as words), and for
+    (2, False): ((32768, 8, 2, 0),),                  # log-softmax y streamed after step 1 through a ring of `ring`
+    (2, True): ((16384, 4, 2, 4),),                   # sub-tiles (RING): the first entry whose REG the row's last
+}   # chunk covers (_reg_fits), else the last with reg = 0. 1 GiB, N = 128K / 256K, against the previous default in
+    # the same runs (tune-gib-bwdreg-da9bbb6.log, tune-gib-bwdreg2-f9ec1ff.log, tune-gib-bwdreg3-dbea8f8.log): fp32
+    # softmax 98.7 / 95.6 % (10240, reg 8: 4 programs and 320 KB per SM) and 96.8-97.5 / 94.0-94.6 (8192, reg 4:
+    # 256 KB) against 95.0-95.3 / 91.2-91.5 (registers); bf16 softmax 98.4 / 96.0 against 92.9 / 90.9 (8192, no
+    # REG). Log-softmax with RING (tune-gib-ring-*.log; N = 128K / 256K / 32K): fp32 100.0 / 99.4 / 100.5 % against
+    # 95.4 / 91.8 / 99.9 with y held (16384, 8, 2: 2 programs per SM, 3 with the ring), ring 2 94.4 / 92.7 / 95.9;
+    # bf16 (16384, 4, 2, 4: 6 programs per SM) 99.8 / 99.5 / 100.7 against 93.0 / 86.4 / 94.8 with y held (32768,
+    # 8, 2), (32768, 8, 2, 4) 99.7 / 98.9 / 99.7
+SMEM_BWD_FALLBACK = {4: (4096, 4, 0, 0), 2: (8192, 4, 0, 0)}   # a forced smem=True at decode sizes (no config)
 SMEM_BWD_F16_MAXNREG = 128   # fp16 register sub-tiles (held as elements: WORDS is bf16's) get this register bound:
                              # at (32768, 8, 2) ptxas's own choice is 64 registers and an 8-byte stack (spills,
                              # sm_90a), and fp16 N = 128K / 256K measured 94.1 / 91.5 % against bf16's 98.3 / 96.1
@@ -957,14 +960,14 @@ def _bf16x2_bwd_ok(geos, N: int, words: bool) -> bool:
     return words and N % 2 == 0 and all(g[2] == 1 and not (g[0] % 2 or g[1] % 2) for g in geos)
 
 
-def _smem_bwd_config(M: int, N: int, elem_bytes: int, log: bool, sms: int) -> tuple[int, int, int] | None:
-    """(chunk, warps, reg) of softmax_bwd_coop_smem_kernel for many coop rows (SMEM_BWD_CONFIG), or None (decode
+def _smem_bwd_config(M: int, N: int, elem_bytes: int, log: bool, sms: int) -> tuple[int, int, int, int] | None:
+    """(chunk, warps, reg, ring) of softmax_bwd_coop_smem_kernel for many coop rows (SMEM_BWD_CONFIG), or None (decode
     sizes)."""
     if _few_rows(M, sms) or (elem_bytes, log) not in SMEM_BWD_CONFIG:
         return None
     configs = SMEM_BWD_CONFIG[elem_bytes, log]
     return next((c for c in configs if _reg_fits(N, c[0], c[2] * _sub_tile_elems(elem_bytes, c[1]))),
-                (*configs[-1][:2], 0))
+                (*configs[-1][:2], 0, configs[-1][3]))
 
 
 def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
@@ -973,22 +976,23 @@ def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
     return not interpret and aligned and len(set(dtypes)) == 1 and _smem_rows(geos, N, dtypes[0].itemsize)
 
 
-def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg) -> _Plan | None:
+def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg, ring) -> _Plan | None:
     """The backward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS or
     ``reg`` (sub-tiles of y and dy held in registers, as the forward's REG) leaves no sub-tile in shared memory
-    or is not covered by the row's last chunk."""
+    or is not covered by the row's last chunk, or where a ``ring`` of y (RING) is asked of softmax's backward."""
     from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
 
     reg = cfg.pop("reg", reg)
+    ring = cfg.pop("ring", ring)
     maxnreg = cfg.pop("maxnreg", SMEM_BWD_F16_MAXNREG if reg and dtype == torch.float16 else 0)
     chunk, C, vec, warps = _smem_chunking(cfg, dtype.itemsize, N, chunk, warps)
-    if not _smem_chunk_ok(N, chunk, C, _sub_tile_elems(dtype.itemsize, warps), reg):
+    if not _smem_chunk_ok(N, chunk, C, _sub_tile_elems(dtype.itemsize, warps), reg) or (ring and not types["LOG"]):
         return None
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
-                REG=reg, WORDS=bool(reg) and dtype == torch.bfloat16,
+                REG=reg, WORDS=bool(reg) and dtype == torch.bfloat16, RING=ring,
                 **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")}, **({"maxnreg": maxnreg} if maxnreg else {}))
     record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
-                  maxnreg=maxnreg)
+                  ring=ring, maxnreg=maxnreg)
     part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
     return _Plan("coop", [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *(g for geo in geos for g in geo[:2]), C), (M, M * C, part, (2, 0, 1)), record)

@@ -197,16 +197,30 @@ def _reg_tiles(P, base, REG: gl.constexpr, SUB: gl.constexpr, VEC: gl.constexpr,
 
 
 @gluon.jit
+def _copy_sub_tile(dst, row_ptr, s, sm0, offs, N, SUB: gl.constexpr, EVEN: gl.constexpr):
+    """cp.async sub-tile s of the chunk's shared-memory part (elements from sm0 of the row at row_ptr) into dst;
+    columns past N are copied as zeros (nothing is read)."""
+    if EVEN:
+        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs)
+    else:
+        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
+
+
+@gluon.jit
 def softmax_bwd_coop_smem_kernel(
     Yp, DY, DX, PART, ARRIVE, GEN, N, INNER, syo, syi, sdo, sdi, sxo, sxi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, LOG: gl.constexpr,
     LIBDEVICE: gl.constexpr, SUM: gl.constexpr, EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr,
+    RING: gl.constexpr,
 ):
     """Backward of program (row, c): chunks of y and dy held in shared memory (y, dy, dx of one dtype, rows as
     the forward's). 1. s_c = sum_j y_j·dy_j (softmax) or sum_j dy_j (log-softmax), in SUM (fp64 for fp32, see
     kernels/softmax.py `_grad_sum`); 2. s = sum_c s_c at the row barrier; 3. dx from shared memory (`_grad`).
     REG (0 or a power of two, as the forward's): the chunk's first REG sub-tiles of y and dy are held in
-    registers, never masked; WORDS (bf16): as int32 words of two elements."""
+    registers, never masked; WORDS (bf16): as int32 words of two elements.
+    RING (log-softmax only; 0 or more): step 1 needs dy alone, so y's shared-memory sub-tiles are not held through
+    steps 1 and 2 but streamed through a ring of RING sub-tiles, the first RING put in flight before the row
+    barrier: a program holds its chunk of dy and RING sub-tiles of y, and more programs fit on an SM."""
     SUB: gl.constexpr = VEC * 32 * WARPS
     S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
@@ -216,15 +230,13 @@ def softmax_bwd_coop_smem_kernel(
     dy_row = DY + _row_offsets(row, INNER, sdo, sdi) + sm0
     offs = gl.arange(0, SUB, layout=L)
     layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    ys = gl.allocate_shared_memory(Yp.dtype.element_ty, [S, SUB], layout)
+    gl.static_assert(RING == 0 or LOG, "RING: log-softmax only (softmax's s_c needs y)")
+    ys = gl.allocate_shared_memory(Yp.dtype.element_ty, [RING if RING > 0 else S, SUB], layout)
     dys = gl.allocate_shared_memory(DY.dtype.element_ty, [S, SUB], layout)
     for s in gl.static_range(S):            # masked-off elements are copied as zeros: they add nothing to s_c
-        if EVEN:
-            cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs)
-            cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs)
-        else:
-            cp.async_copy_global_to_shared(ys.index(s), y_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
-            cp.async_copy_global_to_shared(dys.index(s), dy_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
+        if RING == 0:
+            _copy_sub_tile(ys.index(s), y_row, s, sm0, offs, N, SUB, EVEN)
+        _copy_sub_tile(dys.index(s), dy_row, s, sm0, offs, N, SUB, EVEN)
         cp.commit_group()
     if REG > 0:
         yr, cols_r = _reg_tiles(Yp, _row_offsets(row, INNER, syo, syi) + start, REG, SUB, VEC, WARPS, WORDS)
@@ -253,6 +265,11 @@ def softmax_bwd_coop_smem_kernel(
             t = (yr.to(gl.float32) * dyr.to(gl.float32)).to(SUM)
         s_c += gl.sum(gl.sum(t, axis=0), axis=0)
     gl.store(PART + pid, s_c)
+    if RING > 0:                            # y's first RING sub-tiles fly while the row gathers
+        for r in gl.static_range(RING):
+            if r < S:
+                _copy_sub_tile(ys.index(r), y_row, r, sm0, offs, N, SUB, EVEN)
+            cp.commit_group()
     gl.thread_barrier()
     # 2. s = sum_c s_c
     _row_barrier(ARRIVE, GEN, row, C)
@@ -261,12 +278,28 @@ def softmax_bwd_coop_smem_kernel(
     # 3. dx = y·(dy - s)  or  dy - e^y·s
     dx_base = DX + _row_offsets(row, INNER, sxo, sxi) + start
     for s in range(S):
-        dx = _grad(ys.index(s).load(L).to(gl.float32), dys.index(s).load(L).to(gl.float32), s_row, LOG, LIBDEVICE)
+        if RING > 0:
+            cp.wait_group(RING - 1)             # sub-tile s of y has landed in slot s % RING
+            y = ys.index(s % RING).load(L)
+        else:
+            y = ys.index(s).load(L)
+        dx = _grad(y.to(gl.float32), dys.index(s).load(L).to(gl.float32), s_row, LOG, LIBDEVICE)
         if EVEN:
             gl.store(dx_base + REG * SUB + s * SUB + offs, dx.to(DX.dtype.element_ty))
         else:
             gl.store(dx_base + REG * SUB + s * SUB + offs, dx.to(DX.dtype.element_ty),
                      mask=sm0 + s * SUB + offs < N)
+        if RING > 0:
+            # refill the slot with sub-tile s + RING: each thread overwrites only the 16-byte pieces it has just
+            # read (and used), so no CTA barrier; past S nothing is copied, but a group is still committed so
+            # that wait_group keeps counting one group per sub-tile
+            nxt = s + RING
+            if EVEN:
+                live = offs < (S - nxt) * SUB
+            else:
+                live = (sm0 + nxt * SUB + offs < N) & (nxt < S)
+            cp.async_copy_global_to_shared(ys.index(s % RING), y_row + nxt * SUB + offs, mask=live)
+            cp.commit_group()
     if REG > 0:
         if WORDS:
             y_lo, y_hi = _bf16_halves(yr, 0)

@@ -1,4 +1,4 @@
-"""Suites ``softmax``, ``log_softmax``, ``logsumexp`` and ``softmax_backward``.
+"""Suites ``softmax``, ``log_softmax``, ``logsumexp``, ``softmax_backward`` and ``log_softmax_backward``.
 
 Shapes: N in {1K, 4K, 16K, 32K, 128K, 256K} with 1 GiB per tensor, and the decode shapes M in {1, 8, 32} x
 N in {128256, 151936, 262144}. The issue's goal shapes ask >= 256 MB per tensor; at 256 MB a kernel's fixed ramp
@@ -99,22 +99,24 @@ def _cases(ctx: BenchContext, op: str):
             elif op == "logsumexp":
                 nbytes = m * n * size + m * size                         # I/O: read x + write lse
                 impls = {"onlinesoftmax": lambda x: logsumexp(x, -1), "torch": lambda x: torch.logsumexp(x, -1)}
-            else:  # softmax_backward: read y and dy, write dx
+            else:  # softmax_backward / log_softmax_backward: read y and dy, write dx
                 nbytes = 3 * m * n * size
+                log = op == "log_softmax_backward"
 
-                def make(m=m, n=n, dtype=dtype):
-                    y = torch.softmax(torch.randn(m, n, device=dev) * 3, -1).to(dtype)
-                    return y, torch.randn(m, n, device=dev).to(dtype)
+                def make(m=m, n=n, dtype=dtype, log=log):
+                    y = (torch.log_softmax if log else torch.softmax)(torch.randn(m, n, device=dev) * 3, -1)
+                    return y.to(dtype), torch.randn(m, n, device=dev).to(dtype)
 
+                torch_bwd = torch._log_softmax_backward_data if log else torch._softmax_backward_data
                 impls = {
-                    "onlinesoftmax": lambda y, dy: torch.ops.onlinesoftmax.softmax_backward(
-                        y, dy, 1, False, y.dtype, "triton" if y.is_cuda else "torch"),
-                    "torch": lambda y, dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
+                    "onlinesoftmax": lambda y, dy, log=log: torch.ops.onlinesoftmax.softmax_backward(
+                        y, dy, 1, log, y.dtype, "triton" if y.is_cuda else "torch"),
+                    "torch": lambda y, dy, f=torch_bwd: f(dy, y, -1, y.dtype),
                 }
             yield Case(label=f"{m}x{n}", shape=(m, n), dtype=dtype, make_inputs=make, impls=impls,
                        peer="torch", bytes=nbytes, x=n if group == "throughput" else None,  # decode: table only
                        group=f"{str(dtype).replace('torch.', '')} {group}", unchecked=("copy of x",))
 
 
-for _op in ("softmax", "log_softmax", "logsumexp", "softmax_backward"):
+for _op in ("softmax", "log_softmax", "logsumexp", "softmax_backward", "log_softmax_backward"):
     register_suite(_op)(functools.partial(_cases, op=_op))
