@@ -23,7 +23,7 @@ for step in $steps; do
              python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/liger_kernel-*.whl \
                && export PYTHONPATH=src:/tmp/site
            fi
-           timeout 420 python -m onlinesoftmax bench ${SUITES:-softmax log_softmax logsumexp softmax_backward} \
+           timeout 420 python -m onlinesoftmax bench ${SUITES:-softmax log_softmax logsumexp softmax_backward log_softmax_backward} \
              --out "$OUT/softmax" 2>&1 | tee "$OUT/bench.log" | tail -60
            tar -C "$OUT" -czf "$OUT/results.tgz" softmax && rm -r "$OUT/softmax" ;;   # at most 8 files come back
     graphtest) timeout 120 python -m pytest -q -p no:warnings tests/test_softmax.py -k "coop_repeated or path" 2>&1 | tail -4 ;;
