@@ -417,6 +417,32 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_ring")
         return
+    if gib == "lrows":    # log-softmax backward, rows up to 32K: the register rows kernel's tiles and warps against
+        # the shared-memory kernel holding the whole row (C = 1: no barrier) with its ring of y, (warps, reg, ring)
+        smem = {(4, 1024): ((2, 0, 2), (2, 1, 2), (1, 0, 2), (4, 0, 1)),
+                (2, 1024): ((1, 0, 2), (1, 1, 2), (2, 0, 1), (1, 0, 4)),
+                (4, 4096): ((4, 0, 2), (4, 2, 2), (2, 2, 4), (8, 0, 2)),
+                (2, 4096): ((2, 0, 2), (2, 2, 2), (4, 0, 2), (1, 2, 4)),
+                (4, 16384): ((8, 2, 4), (4, 4, 4), (4, 2, 4), (16, 0, 2)),
+                (2, 16384): ((4, 2, 4), (8, 2, 4), (2, 2, 4), (4, 0, 4)),
+                (4, 32768): ((8, 2, 4), (8, 4, 4), (16, 2, 4)),
+                (2, 32768): ((4, 2, 4), (8, 2, 4), (8, 2, 8))}
+        rows = {"tile=4096": {"tile": 4096}, "tile=1024": {"tile": 1024}, "w=8": {"num_warps": 8},
+                "waves=8": {"waves": 8}}
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in (1024, 4096, 16384, 32768):
+                m = GIB // (n * torch.finfo(dtype).bits // 8)
+                bsets, bref, nb3 = bwd_baseline(m, n, dtype, log=True)
+                if n < 32768:
+                    for name, cfg in rows.items():
+                        record("lbwd", m, n, dtype, f"rows {name}", bwd_variant(cfg, log=True), bsets, nb3, bref)
+                for w, reg, ring in smem[dtype.itemsize, n]:
+                    record("lbwd", m, n, dtype, f"smem row w={w} reg={reg} ring={ring}",
+                           bwd_variant({"path": "coop", "smem": True, "chunk": n, "num_warps": w, "reg": reg,
+                                        "ring": ring}, log=True), bsets, nb3, bref)
+                del bsets, bref
+        save("tune_gib_lrows")
+        return
     if gib == "mix":      # the ceiling by read / write mix: torch's own elementwise kernels at 1 GiB per tensor,
         # over the 1:1 copy ceiling: a copy (1 read : 1 write, the forward's mix), y + dy (2 : 1, the backward's),
         # a sum (read only, logsumexp's). The backward is scored against the 1:1 copy; this says how far apart

@@ -264,17 +264,20 @@ def softmax_bwd_coop_smem_kernel(
         else:
             t = (yr.to(gl.float32) * dyr.to(gl.float32)).to(SUM)
         s_c += gl.sum(gl.sum(t, axis=0), axis=0)
-    gl.store(PART + pid, s_c)
     if RING > 0:                            # y's first RING sub-tiles fly while the row gathers
         for r in gl.static_range(RING):
             if r < S:
                 _copy_sub_tile(ys.index(r), y_row, r, sm0, offs, N, SUB, EVEN)
             cp.commit_group()
-    gl.thread_barrier()
-    # 2. s = sum_c s_c
-    _row_barrier(ARRIVE, GEN, row, C)
-    k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-    s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
+    # 2. s = sum_c s_c; a row of one chunk has it already
+    if C_POW2 == 1:
+        s_row = s_c.to(gl.float32)
+    else:
+        gl.store(PART + pid, s_c)
+        gl.thread_barrier()
+        _row_barrier(ARRIVE, GEN, row, C)
+        k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+        s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
     # 3. dx = y·(dy - s)  or  dy - e^y·s
     dx_base = DX + _row_offsets(row, INNER, sxo, sxi) + start
     for s in range(S):
