@@ -427,14 +427,14 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 (2, 16384): ((4, 2, 4), (8, 2, 4), (2, 2, 4), (4, 0, 4)),
                 (4, 32768): ((8, 2, 4), (8, 4, 4), (16, 2, 4)),
                 (2, 32768): ((4, 2, 4), (8, 2, 4), (8, 2, 8))}
-        rows = {"tile=4096": {"tile": 4096}, "tile=1024": {"tile": 1024}, "w=8": {"num_warps": 8},
-                "waves=8": {"waves": 8}}
+        register = {"tile=4096": {"tile": 4096}, "tile=1024": {"tile": 1024}, "w=8": {"num_warps": 8},
+                    "waves=8": {"waves": 8}}
         for dtype in (torch.float32, torch.bfloat16):
             for n in (1024, 4096, 16384, 32768):
                 m = GIB // (n * torch.finfo(dtype).bits // 8)
                 bsets, bref, nb3 = bwd_baseline(m, n, dtype, log=True)
                 if n < 32768:
-                    for name, cfg in rows.items():
+                    for name, cfg in register.items():
                         record("lbwd", m, n, dtype, f"rows {name}", bwd_variant(cfg, log=True), bsets, nb3, bref)
                 for w, reg, ring in smem[dtype.itemsize, n]:
                     record("lbwd", m, n, dtype, f"smem row w={w} reg={reg} ring={ring}",
