@@ -443,6 +443,22 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_lrows")
         return
+    if gib == "brows":    # softmax backward, rows up to 16K: the smem kernel holding the whole row (C = 1, y and dy
+        # in shared memory, no ring: softmax's s_c needs both) against the register rows kernel, (warps, reg)
+        smem = {(4, 1024): ((2, 0), (4, 0), (2, 1)), (2, 1024): ((1, 0), (2, 0), (1, 1)),
+                (4, 4096): ((4, 0), (4, 2), (8, 0)), (2, 4096): ((2, 0), (4, 0), (2, 2)),
+                (4, 16384): ((4, 4), (8, 2), (16, 0)), (2, 16384): ((4, 2), (8, 2), (2, 2))}
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in (1024, 4096, 16384):
+                m = GIB // (n * torch.finfo(dtype).bits // 8)
+                bsets, bref, nb3 = bwd_baseline(m, n, dtype)
+                for w, reg in smem[dtype.itemsize, n]:
+                    record("bwd", m, n, dtype, f"smem row w={w} reg={reg}",
+                           bwd_variant({"path": "coop", "smem": True, "chunk": n, "num_warps": w, "reg": reg,
+                                        "ring": 0}), bsets, nb3, bref)
+                del bsets, bref
+        save("tune_gib_brows")
+        return
     if gib == "mix":      # the ceiling by read / write mix: torch's own elementwise kernels at 1 GiB per tensor,
         # over the 1:1 copy ceiling: a copy (1 read : 1 write, the forward's mix), y + dy (2 : 1, the backward's),
         # a sum (read only, logsumexp's). The backward is scored against the 1:1 copy; this says how far apart

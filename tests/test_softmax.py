@@ -575,6 +575,68 @@ def test_smem_keep_e_and_register_bound_on_h200(monkeypatch, dtype, out_dtype, m
     assert plan.launches[0].meta.get("maxnreg", 0) == bound
 
 
+@pytest.mark.parametrize("dtype,n,log,aligned,expect", [
+    (torch.float32, 1024, True, True, ("smem", 4, 0, 1)), (torch.bfloat16, 1024, True, True, ("smem", 1, 0, 2)),
+    (torch.float32, 4096, True, True, ("smem", 4, 0, 2)), (torch.bfloat16, 4096, True, True, ("smem", 2, 0, 2)),
+    (torch.float32, 16384, True, True, ("smem", 4, 2, 4)), (torch.bfloat16, 16384, True, True, ("smem", 2, 2, 4)),
+    (torch.float16, 12672, True, True, ("smem", 2, 2, 4)),
+    (torch.float32, 1000, True, True, None),          # N not a multiple of 16
+    (torch.float32, 512, True, True, None),           # shorter than SMEM_BWD_ROWS
+    (torch.bfloat16, 4096, True, False, None),        # a pointer off 16 bytes
+    (torch.bfloat16, 4096, False, True, None),        # softmax's backward keeps the register rows kernel
+])
+def test_smem_backward_rows_choice_on_h200(monkeypatch, dtype, n, log, aligned, expect):
+    """Log-softmax's backward of rows up to 16K takes the smem kernel holding a whole row (C = 1, SMEM_BWD_ROWS:
+    dy in shared memory, y through its ring), with its warps, reg and ring; the others keep the register rows
+    kernel. Plans on meta tensors, as on an H200."""
+    monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    y = torch.empty(((1 << 30) // (n * dtype.itemsize), n), dtype=dtype, device="meta")
+    M, N, inner, (g1, g2, g3) = row_geometry([y, y, y], 1)
+    rec = K._backward_plan({}, y.device, g1, g2, g3, M, N, inner, log, (dtype,) * 3, aligned=aligned).record
+    assert rec["path"] == "rows", rec
+    if expect is None:
+        assert rec.get("kernel") is None and "block_m" in rec, rec
+    else:
+        assert (rec["kernel"], rec["num_warps"], rec["reg"], rec["ring"]) == expect and rec["chunks"] == 1, rec
+        assert N <= rec["chunk"] < N + 16 // dtype.itemsize * 32 * rec["num_warps"], rec
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n", [(37, 1024), (37, 1040), (19, 4096), (9, 12672), (5, 16384)])
+def test_gpu_smem_backward_rows(dtype, m, n):
+    """Log-softmax's backward through the smem kernel holding whole rows (SMEM_BWD_ROWS) against fp64 dx (error
+    within twice torch's + 4 eps of max |dx|): y holding -inf (x = -inf there), padded row strides, dy 16 bytes in,
+    a partial last sub-tile (1040, 12672); dy one element in falls back to the register rows kernel; autograd
+    through oss.log_softmax takes the same kernel."""
+    x = (torch.randn(m, n + 16, device="cuda") * 3)
+    x[1, 5], x[m - 1, :3] = float("-inf"), float("-inf")
+    y = torch.log_softmax(x[:, :n], -1).to(dtype)
+    gbase = torch.randn(m, n + 16, device="cuda").to(dtype)
+    for dy, smem in ((gbase[:, :n], True), (gbase[:, 16 // dtype.itemsize:n + 16 // dtype.itemsize], True),
+                     (gbase[:, 1:n + 1], False)):
+        dx = torch.empty_like(y)
+        mm, nn, inner, geos = row_geometry([y, dy, dx], 1)
+        K.backward(y, dy, dx, *geos, mm, nn, inner, True)
+        info = K.last_launch()
+        assert info["path"] == "rows" and (info.get("kernel") == "smem") is smem, info
+        y64, dy64 = y.double(), dy.double()
+        ref = dy64 - y64.exp() * dy64.sum(-1, keepdim=True)
+        eager = torch._log_softmax_backward_data(dy, y, -1, dtype)
+        ours, theirs = (dx.double() - ref).abs().max(), (eager.double() - ref).abs().max()
+        assert ours <= 2 * theirs + 4 * torch.finfo(dtype).eps * ref.abs().max(), (ours, theirs)
+    xs = x[:, :n].to(dtype).requires_grad_()
+    oss.log_softmax(xs, -1).backward(gbase[:, :n])
+    assert K.last_launch().get("kernel") == "smem"
+    xt = x[:, :n].to(dtype).requires_grad_()
+    torch.log_softmax(xt, -1).backward(gbase[:, :n])
+    ref = (gbase[:, :n].double() - torch.log_softmax(x[:, :n].to(dtype).double(), -1).exp()
+           * gbase[:, :n].double().sum(-1, keepdim=True))
+    ours, theirs = (xs.grad.double() - ref).abs().max(), (xt.grad.double() - ref).abs().max()
+    assert ours <= 2 * theirs + 4 * torch.finfo(dtype).eps * ref.abs().max(), (ours, theirs)
+
+
 @pytest.mark.parametrize("dtype,block_m,warps", [(torch.bfloat16, 8, 16), (torch.float32, 2, 8)])
 def test_backward_rows_tile(dtype, block_m, warps):
     """Backward `rows` at N = 1K: 16-bit tiles of BWD_ROWS_MEASURED (8 rows, 16 warps), fp32 2 rows with 8 warps."""

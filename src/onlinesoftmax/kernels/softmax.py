@@ -111,6 +111,13 @@ SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-sof
     # 95.4 / 91.8 / 99.9 with y held (16384, 8, 2: 2 programs per SM, 3 with the ring), ring 2 94.4 / 92.7 / 95.9;
     # bf16 (16384, 4, 2, 4: 6 programs per SM) 99.8 / 99.5 / 100.7 against 93.0 / 86.4 / 94.8 with y held (32768,
     # 8, 2), (32768, 8, 2, 4) 99.7 / 98.9 / 99.7
+SMEM_BWD_ROWS = (            # backward, rows of N in [lo, hi] (unit stride, N a multiple of 16, as _smem_bwd_ok):
+    (1024, 2048, {(4, True): (4, 0, 1), (2, True): (1, 0, 2)}),    # one program per row (C = 1: no barrier) of
+    (2049, 8192, {(4, True): (4, 0, 2), (2, True): (2, 0, 2)}),    # the smem kernel, (element bytes, log-softmax)
+    (8193, 16384, {(4, True): (4, 2, 4), (2, True): (2, 2, 4)}),   # -> (warps, reg, ring): log-softmax holds dy,
+)   # y through its ring. 1 GiB, N = 1K / 4K / 16K (tune-gib-lrows-*.log): fp32 102.2 / 101.0 / 100.4 % against the
+    # register rows kernel's 94.0 / 96.6 / 88.0, bf16 101.8 / 100.9 / 100.9 against 97.0 / 95.4 / 82.1 (torch's
+    # own: fp32 101.1 / 99.6 / 80.3, bf16 60.8 / 99.7 / 100.7)
 SMEM_BWD_FALLBACK = {4: (4096, 4, 0, 0), 2: (8192, 4, 0, 0)}   # a forced smem=True at decode sizes (no config)
 SMEM_BWD_F16_MAXNREG = 128   # fp16 register sub-tiles (held as elements: WORDS is bf16's) get this register bound:
                              # at (32768, 8, 2) ptxas's own choice is 64 registers and an 8-byte stack (spills,
@@ -970,16 +977,23 @@ def _smem_bwd_config(M: int, N: int, elem_bytes: int, log: bool, sms: int) -> tu
                 (*configs[-1][:2], 0, configs[-1][3]))
 
 
+def _smem_bwd_rows(N: int, elem_bytes: int, log: bool) -> tuple[int, int, int] | None:
+    """(warps, reg, ring) of the smem backward kernel holding a whole row (SMEM_BWD_ROWS), or None."""
+    return next((t[elem_bytes, log] for lo, hi, t in SMEM_BWD_ROWS if lo <= N <= hi and (elem_bytes, log) in t),
+                None)
+
+
 def _smem_bwd_ok(geos, N: int, dtypes, aligned: bool, interpret: bool) -> bool:
     """softmax_bwd_coop_smem_kernel applies (not in the interpreter): y, dy, dx of one dtype, _smem_rows,
     16-byte aligned."""
     return not interpret and aligned and len(set(dtypes)) == 1 and _smem_rows(geos, N, dtypes[0].itemsize)
 
 
-def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg, ring) -> _Plan | None:
-    """The backward's shared-memory coop plan, or None where a row would need more than COOP_MAX_CHUNKS or
-    ``reg`` (sub-tiles of y and dy held in registers, as the forward's REG) leaves no sub-tile in shared memory
-    or is not covered by the row's last chunk, or where a ``ring`` of y (RING) is asked of softmax's backward."""
+def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg, ring, path="coop") -> _Plan | None:
+    """The backward's shared-memory plan (``rows``: one chunk per row, no barrier), or None where a row would need
+    more than COOP_MAX_CHUNKS or ``reg`` (sub-tiles of y and dy held in registers, as the forward's REG) leaves no
+    sub-tile in shared memory or is not covered by the row's last chunk, or where a ``ring`` of y (RING) is asked
+    of softmax's backward."""
     from .softmax_smem import softmax_bwd_coop_smem_kernel  # it imports this module's building blocks
 
     reg = cfg.pop("reg", reg)
@@ -991,11 +1005,12 @@ def _smem_bwd_plan(cfg, M, N, INNER, geos, dtype, types, chunk, warps, reg, ring
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), EVEN=N % chunk == 0, num_warps=warps,
                 REG=reg, WORDS=bool(reg) and dtype == torch.bfloat16, RING=ring,
                 **{k: types[k] for k in ("LOG", "LIBDEVICE", "SUM")}, **({"maxnreg": maxnreg} if maxnreg else {}))
-    record = dict(path="coop", kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
+    record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
                   ring=ring, maxnreg=maxnreg)
     part = torch.float64 if types["SUM"] == tl.float64 else torch.float32
-    return _Plan("coop", [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
-                 (N, INNER, *(g for geo in geos for g in geo[:2]), C), (M, M * C, part, (2, 0, 1)), record)
+    rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
+    return _Plan(path, [BoundKernel(softmax_bwd_coop_smem_kernel, (M * C,), meta)],
+                 (N, INNER, *(g for geo in geos for g in geo[:2]), C), (rows, parts, part, (2, 0, 1)), record)
 
 
 def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes, words=False,
@@ -1005,6 +1020,13 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     precise = not interpret and dtypes[2] in (torch.float32, torch.float64)       # see _grad
     types = dict(LOG=log, LIBDEVICE=precise, ACC=_acc(*dtypes), SUM=_bwd_sum(*dtypes))
     path = cfg.pop("path", None) or choose_path(M, N, sms, interpret, backward=True)
+    geos = (geo_y, geo_dy, geo_dx)
+    whole = _smem_bwd_rows(N, dtypes[0].itemsize, log)
+    if path == "rows" and cfg.pop("smem", whole is not None) and _smem_bwd_ok(geos, N, dtypes, aligned, interpret):
+        plan = _smem_bwd_plan(cfg, M, N, INNER, geos, dtypes[0], types, None,
+                              *(whole or SMEM_BWD_ROWS[-1][2][dtypes[0].itemsize, True]), path="rows")
+        if plan is not None:
+            return plan
     if path == "rows":
         block_n = _pow2(N)
         tile, warps = BWD_ROWS_MEASURED.get((dtypes[0].itemsize, block_n), (ROW_TILE_ELEMS // BWD_CHUNK_SCALE, None))
@@ -1017,13 +1039,12 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
         return _Plan(path, [BoundKernel(softmax_bwd_rows_kernel, (grid,), meta)],
                      (M, N, INNER, *geo_y, *geo_dy, *geo_dx, grid), None, record)
     smem = _smem_bwd_config(M, N, dtypes[0].itemsize, log, sms)
-    if (path == "coop" and cfg.pop("smem", smem is not None)
-            and _smem_bwd_ok((geo_y, geo_dy, geo_dx), N, dtypes, aligned, interpret)):
-        plan = _smem_bwd_plan(cfg, M, N, INNER, (geo_y, geo_dy, geo_dx), dtypes[0], types,
+    if path == "coop" and cfg.pop("smem", smem is not None) and _smem_bwd_ok(geos, N, dtypes, aligned, interpret):
+        plan = _smem_bwd_plan(cfg, M, N, INNER, geos, dtypes[0], types,
                               *(smem or SMEM_BWD_FALLBACK[dtypes[0].itemsize]))
         if plan is not None:
             return plan
-    eligible = path == "coop" and _bf16x2_bwd_ok((geo_y, geo_dy, geo_dx), N, words)
+    eligible = path == "coop" and _bf16x2_bwd_ok(geos, N, words)
     bf16x2 = eligible and cfg.pop("bf16x2", not _few_rows(M, sms))      # many rows, as the forward
     chunk = cfg.pop("chunk", None) or (BWD_BF16X2_CHUNK if bf16x2 else _chunking(M, N, sms, backward=True)[0])
     C = triton.cdiv(N, chunk)
