@@ -583,12 +583,14 @@ def test_smem_keep_e_and_register_bound_on_h200(monkeypatch, dtype, out_dtype, m
     (torch.float32, 1000, True, True, None),          # N not a multiple of 16
     (torch.float32, 512, True, True, None),           # shorter than SMEM_BWD_ROWS
     (torch.bfloat16, 4096, True, False, None),        # a pointer off 16 bytes
-    (torch.bfloat16, 4096, False, True, None),        # softmax's backward keeps the register rows kernel
+    (torch.float32, 1024, False, True, ("smem", 4, 0, 0)), (torch.bfloat16, 4096, False, True, ("smem", 2, 0, 0)),
+    (torch.float32, 16384, False, True, ("smem", 16, 0, 0)), (torch.bfloat16, 16384, False, True, ("smem", 4, 2, 0)),
+    (torch.float32, 4095, False, True, None),
 ])
 def test_smem_backward_rows_choice_on_h200(monkeypatch, dtype, n, log, aligned, expect):
-    """Log-softmax's backward of rows up to 16K takes the smem kernel holding a whole row (C = 1, SMEM_BWD_ROWS:
-    dy in shared memory, y through its ring), with its warps, reg and ring; the others keep the register rows
-    kernel. Plans on meta tensors, as on an H200."""
+    """The backward of rows of 1K-16K takes the smem kernel holding a whole row (C = 1, SMEM_BWD_ROWS: y and dy in
+    shared memory; log-softmax: dy, y through its ring), with its warps, reg and ring; the others keep the
+    register rows kernel. Plans on meta tensors, as on an H200."""
     monkeypatch.setattr(K, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(K, "interpret_mode", lambda: False)
     y = torch.empty(((1 << 30) // (n * dtype.itemsize), n), dtype=dtype, device="meta")
@@ -604,50 +606,58 @@ def test_smem_backward_rows_choice_on_h200(monkeypatch, dtype, n, log, aligned, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("m,n", [(37, 1024), (37, 1040), (19, 4096), (9, 12672), (5, 16384)])
-def test_gpu_smem_backward_rows(dtype, m, n):
-    """Log-softmax's backward through the smem kernel holding whole rows (SMEM_BWD_ROWS) against fp64 dx (error
-    within twice torch's + 4 eps of max |dx|): y holding -inf (x = -inf there), padded row strides, dy 16 bytes in,
-    a partial last sub-tile (1040, 12672); dy one element in falls back to the register rows kernel; autograd
-    through oss.log_softmax takes the same kernel."""
+def test_gpu_smem_backward_rows(dtype, log, m, n):
+    """The backward through the smem kernel holding whole rows (SMEM_BWD_ROWS; log-softmax with its ring of y)
+    against fp64 dx (error within twice torch's + 4 eps of max |dx|): y from rows holding -inf, padded row strides,
+    dy 16 bytes in, a partial last sub-tile (1040, 12672); dy one element in falls back to the register rows
+    kernel; autograd through oss.softmax / oss.log_softmax takes the same kernel."""
+    fwd, ours_fn = (torch.log_softmax, oss.log_softmax) if log else (torch.softmax, oss.softmax)
+    torch_bwd = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+
+    def ref_of(y64, dy64):
+        return dy64 - y64.exp() * dy64.sum(-1, keepdim=True) if log else \
+            y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+
     x = (torch.randn(m, n + 16, device="cuda") * 3)
     x[1, 5], x[m - 1, :3] = float("-inf"), float("-inf")
-    y = torch.log_softmax(x[:, :n], -1).to(dtype)
+    y = fwd(x[:, :n], -1).to(dtype)
     gbase = torch.randn(m, n + 16, device="cuda").to(dtype)
+    bound = 4 * torch.finfo(dtype).eps
     for dy, smem in ((gbase[:, :n], True), (gbase[:, 16 // dtype.itemsize:n + 16 // dtype.itemsize], True),
                      (gbase[:, 1:n + 1], False)):
         dx = torch.empty_like(y)
         mm, nn, inner, geos = row_geometry([y, dy, dx], 1)
-        K.backward(y, dy, dx, *geos, mm, nn, inner, True)
+        K.backward(y, dy, dx, *geos, mm, nn, inner, log)
         info = K.last_launch()
         assert info["path"] == "rows" and (info.get("kernel") == "smem") is smem, info
-        y64, dy64 = y.double(), dy.double()
-        ref = dy64 - y64.exp() * dy64.sum(-1, keepdim=True)
-        eager = torch._log_softmax_backward_data(dy, y, -1, dtype)
-        ours, theirs = (dx.double() - ref).abs().max(), (eager.double() - ref).abs().max()
-        assert ours <= 2 * theirs + 4 * torch.finfo(dtype).eps * ref.abs().max(), (ours, theirs)
-    xs = x[:, :n].to(dtype).requires_grad_()
-    oss.log_softmax(xs, -1).backward(gbase[:, :n])
+        ref = ref_of(y.double(), dy.double())
+        ours, theirs = (dx.double() - ref).abs().max(), (torch_bwd(dy, y, -1, dtype).double() - ref).abs().max()
+        assert ours <= 2 * theirs + bound * ref.abs().max(), (ours, theirs)
+    g = gbase[:, :n]
+    xs, xt = (x[:, :n].to(dtype).detach().clone().requires_grad_() for _ in range(2))
+    ours_fn(xs, -1).backward(g)
     assert K.last_launch().get("kernel") == "smem"
-    xt = x[:, :n].to(dtype).requires_grad_()
-    torch.log_softmax(xt, -1).backward(gbase[:, :n])
-    ref = (gbase[:, :n].double() - torch.log_softmax(x[:, :n].to(dtype).double(), -1).exp()
-           * gbase[:, :n].double().sum(-1, keepdim=True))
+    fwd(xt, -1).backward(g)
+    ref = ref_of(fwd(x[:, :n].to(dtype).double(), -1), g.double())
     ours, theirs = (xs.grad.double() - ref).abs().max(), (xt.grad.double() - ref).abs().max()
-    assert ours <= 2 * theirs + 4 * torch.finfo(dtype).eps * ref.abs().max(), (ours, theirs)
+    assert ours <= 2 * theirs + bound * ref.abs().max(), (ours, theirs)
 
 
 @pytest.mark.parametrize("dtype,block_m,warps", [(torch.bfloat16, 8, 16), (torch.float32, 2, 8)])
 def test_backward_rows_tile(dtype, block_m, warps):
-    """Backward `rows` at N = 1K: 16-bit tiles of BWD_ROWS_MEASURED (8 rows, 16 warps), fp32 2 rows with 8 warps."""
-    x = torch.randn(64, 1024, device=DEV).to(dtype).requires_grad_()
-    g = torch.randn(64, 1024, device=DEV).to(dtype)
-    oss.softmax(x, backend="triton").backward(g)
+    """The backward's register `rows` kernel at N = 1K (where the smem kernel of SMEM_BWD_ROWS does not run: the
+    interpreter, or smem=False): 16-bit tiles of BWD_ROWS_MEASURED (8 rows, 16 warps), fp32 2 rows with 8 warps."""
+    y = torch.softmax(torch.randn(64, 1024, device=DEV), -1).to(dtype)
+    dy = torch.randn(64, 1024, device=DEV).to(dtype)
+    dx = torch.empty_like(y)
+    m, n, inner, geos = row_geometry([y, dy, dx], 1)
+    K.backward(y, dy, dx, *geos, m, n, inner, False, config={"smem": False})
     rec = K.last_launch()
     assert (rec["path"], rec["block_m"], rec["num_warps"]) == ("rows", block_m, warps), rec
-    x2 = x.detach().float().requires_grad_()
-    torch.softmax(x2, -1).backward(g.float())
-    torch.testing.assert_close(x.grad.float(), x2.grad, atol=1e-2 if dtype == torch.bfloat16 else 1e-6, rtol=1e-2)
+    ref = torch._softmax_backward_data(dy.float(), y.float(), -1, torch.float32)
+    torch.testing.assert_close(dx.float(), ref, atol=1e-2 if dtype == torch.bfloat16 else 1e-6, rtol=1e-2)
 
 
 @pytest.mark.parametrize("log", [False, True])

@@ -112,12 +112,15 @@ SMEM_BWD_CONFIG = {          # backward, many long rows: (element bytes, log-sof
     # bf16 (16384, 4, 2, 4: 6 programs per SM) 99.8 / 99.5 / 100.7 against 93.0 / 86.4 / 94.8 with y held (32768,
     # 8, 2), (32768, 8, 2, 4) 99.7 / 98.9 / 99.7
 SMEM_BWD_ROWS = (            # backward, rows of N in [lo, hi] (unit stride, N a multiple of 16, as _smem_bwd_ok):
-    (1024, 2048, {(4, True): (4, 0, 1), (2, True): (1, 0, 2)}),    # one program per row (C = 1: no barrier) of
-    (2049, 8192, {(4, True): (4, 0, 2), (2, True): (2, 0, 2)}),    # the smem kernel, (element bytes, log-softmax)
-    (8193, 16384, {(4, True): (4, 2, 4), (2, True): (2, 2, 4)}),   # -> (warps, reg, ring): log-softmax holds dy,
-)   # y through its ring. 1 GiB, N = 1K / 4K / 16K (tune-gib-lrows-*.log): fp32 102.2 / 101.0 / 100.4 % against the
-    # register rows kernel's 94.0 / 96.6 / 88.0, bf16 101.8 / 100.9 / 100.9 against 97.0 / 95.4 / 82.1 (torch's
-    # own: fp32 101.1 / 99.6 / 80.3, bf16 60.8 / 99.7 / 100.7)
+    (1024, 2048, {(4, False): (4, 0, 0), (2, False): (2, 0, 0), (4, True): (4, 0, 1), (2, True): (1, 0, 2)}),
+    (2049, 8192, {(4, False): (4, 0, 0), (2, False): (2, 0, 0), (4, True): (4, 0, 2), (2, True): (2, 0, 2)}),
+    (8193, 16384, {(4, False): (16, 0, 0), (2, False): (4, 2, 0), (4, True): (4, 2, 4), (2, True): (2, 2, 4)}),
+)   # one program per row (C = 1: no barrier) of the smem kernel, (element bytes, log-softmax) -> (warps, reg, ring);
+    # log-softmax holds dy, y through its ring. 1 GiB, N = 1K / 4K / 16K, against the register rows kernel in the
+    # same runs: softmax (tune-gib-brows-d6a8ab6.log) fp32 101.9 / 101.3 / 101.8 % against 96.1 / 96.5 / 98.2, bf16
+    # 101.8 / 101.6 / 101.5 against 97.1 / 95.7 / 96.8; log-softmax (tune-gib-lrows-e670f39.log) fp32 102.2 / 101.0
+    # / 100.4 against 94.0 / 96.6 / 88.0, bf16 101.8 / 100.9 / 100.9 against 97.0 / 95.4 / 82.1 (torch's own: fp32
+    # 101.1 / 99.6 / 80.3, bf16 60.8 / 99.7 / 100.7). (A 2 : 1 read/write mix runs 2-3 % over the 1 : 1 copy.)
 SMEM_BWD_FALLBACK = {4: (4096, 4, 0, 0), 2: (8192, 4, 0, 0)}   # a forced smem=True at decode sizes (no config)
 SMEM_BWD_F16_MAXNREG = 128   # fp16 register sub-tiles (held as elements: WORDS is bf16's) get this register bound:
                              # at (32768, 8, 2) ptxas's own choice is 64 registers and an 8-byte stack (spills,
@@ -1024,7 +1027,7 @@ def _backward_plan(cfg, device, geo_y, geo_dy, geo_dx, M, N, INNER, log, dtypes,
     whole = _smem_bwd_rows(N, dtypes[0].itemsize, log)
     if path == "rows" and cfg.pop("smem", whole is not None) and _smem_bwd_ok(geos, N, dtypes, aligned, interpret):
         plan = _smem_bwd_plan(cfg, M, N, INNER, geos, dtypes[0], types, None,
-                              *(whole or SMEM_BWD_ROWS[-1][2][dtypes[0].itemsize, True]), path="rows")
+                              *(whole or SMEM_BWD_ROWS[-1][2][dtypes[0].itemsize, log]), path="rows")
         if plan is not None:
             return plan
     if path == "rows":
