@@ -47,10 +47,12 @@ LSE_CHUNK-element chunks.
 Exponentials: ``_exp`` (ex2.approx.ftz, one MUFU.EX2 per element) on the GPU, except softmax's output in the
 bf16x2 kernel and in the prefetching ``rows`` loop, where it measured slower (a ``rows`` plan records ``fast_exp``).
 
-Backward (read y and dy, write dx): ``rows`` or ``coop`` as above with y and dy in registers; many bf16 long
-rows take y and dy in shared memory and registers (``softmax_bwd_coop_smem_kernel``, SMEM_BWD_CONFIG), or,
-where that does not apply, ``softmax_bwd_coop_bf16x2_kernel`` (bf16 y and dy held as words). Its sums
-accumulate in fp64 for fp32 and fp64 tensors (the terms of sum(dy) cancel).
+Backward (read y and dy, write dx): ``rows`` or ``coop`` as above with y and dy in registers. Unit-stride rows
+of 1K-16K (SMEM_BWD_ROWS) and many long rows (SMEM_BWD_CONFIG) take ``softmax_bwd_coop_smem_kernel``
+(kernels/softmax_smem.py: y and dy in shared memory and registers; a whole row per program for ``rows``, no
+barrier); log-softmax's there holds dy only and streams y after step 1 through a ring (RING), since sum(dy) needs
+no y. Where that does not apply, bf16 long rows take ``softmax_bwd_coop_bf16x2_kernel`` (y and dy held as
+words). Its sums accumulate in fp64 for fp32 and fp64 tensors (the terms of sum(dy) cancel).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The softmax kernels written in Gluon (explicit layouts and shared memory, sm_80+; the GPU only; kernels/softmax.py
-chooses them: SMEM_CONFIG, SMEM_ROWS, SMEM_BWD_CONFIG, LSE_PIPE, LSE_STREAM): the long-row coop kernels, forward and
-backward, which hold their chunks in shared memory, and logsumexp's pipelined rows kernel and streaming kernel (at
-the end of this file; the streaming kernel keeps its tiles in registers).
+chooses them: SMEM_CONFIG, SMEM_ROWS, SMEM_BWD_CONFIG, SMEM_BWD_ROWS, LSE_PIPE, LSE_STREAM): the long-row coop
+kernels, forward and backward, which hold their chunks in shared memory (and whole rows of 4K-32K, 16-bit forward,
+or 1K-16K, backward), and logsumexp's pipelined rows kernel and streaming kernel (at the end of this file; the
+streaming kernel keeps its tiles in registers).
 
 Same scheme as ``softmax_chunks_kernel``'s coop phase (kernels/softmax.py): program (row, c) owns chunk c of its
 row, publishes (m_c, d_c), waits at the row barrier until its C siblings have published, merges with ⊕ and
