@@ -459,26 +459,6 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_brows")
         return
-    if gib == "tail":     # (experiment) forward long rows: the smem coop kernel with the chunk's last `tail`
-        # sub-tiles streamed through registers in step 1 and read again (from L2) in step 3 instead of held (TAIL),
-        # (chunk, warps, reg, tail, maxnreg), against the default
-        cases = {torch.float32: ((24576, 8, 4, 8, 0), (32768, 8, 4, 16, 0), (16384, 4, 4, 16, 0),
-                                 (12288, 4, 4, 8, 0), (24576, 4, 4, 24, 0)),
-                 torch.bfloat16: ((24576, 4, 4, 8, 64), (32768, 4, 4, 16, 64), (16384, 4, 4, 4, 64),
-                                  (49152, 4, 4, 32, 64))}
-        for dtype, variants in cases.items():
-            for n in (131072, 262144):
-                m = GIB // (n * torch.finfo(dtype).bits // 8)
-                sets, ref, nb = fwd_baseline("fwd", m, n, dtype)
-                for chunk, w, reg, tail, bound in variants:
-                    cfg = {"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg, "tail": tail}
-                    if bound:
-                        cfg["maxnreg"] = bound
-                    record("fwd", m, n, dtype, f"chunk={chunk} w={w} reg={reg} tail={tail} maxnreg={bound}",
-                           fwd_variant(cfg), sets, nb, ref)
-                del sets, ref
-        save("tune_gib_tail")
-        return
     if gib == "mix":      # the ceiling by read / write mix: torch's own elementwise kernels at 1 GiB per tensor,
         # over the 1:1 copy ceiling: a copy (1 read : 1 write, the forward's mix), y + dy (2 : 1, the backward's),
         # a sum (read only, logsumexp's). The backward is scored against the 1:1 copy; this says how far apart

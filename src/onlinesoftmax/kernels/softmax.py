@@ -883,10 +883,8 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
     from .softmax_smem import softmax_coop_smem_kernel  # it imports this module's building blocks
 
     reg = cfg.pop("reg", reg)
-    tail = cfg.pop("tail", 0)                   # EXPERIMENT: sub-tiles streamed, not held (TAIL)
     chunk, C, vec, warps = _smem_chunking(cfg, x.element_size(), N, chunk, warps)
-    sub = _sub_tile_elems(x.element_size(), warps)
-    if not _smem_chunk_ok(N, chunk, C, sub, reg) or chunk // sub <= reg + tail:
+    if not _smem_chunk_ok(N, chunk, C, _sub_tile_elems(x.element_size(), warps), reg):
         return None
     words = bool(reg) and x.dtype == out.dtype == torch.bfloat16       # registers hold two bf16 per word
     # KEEP_E: 16-bit softmax (x, y of one dtype) in coop chunks keeps e_j in x's place (rounded to the dtype: y
@@ -897,10 +895,10 @@ def _smem_plan(cfg, x, out, M, N, INNER, geo_x, geo_y, mode, chunk, warps, reg, 
               and x.element_size() == 2)
     maxnreg = cfg.pop("maxnreg", SMEM_BF16_MAXNREG if words else 0)
     meta = dict(CHUNK=chunk, VEC=vec, WARPS=warps, C_POW2=_pow2(C), MODE=mode, EVEN=N % chunk == 0, REG=reg,
-                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, TAIL=tail, num_warps=warps,
+                WORDS=words, FAST=_exp_level(True, mode, out.dtype), KEEP_E=keep_e, num_warps=warps,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     record = dict(path=path, kernel="smem", chunk=chunk, chunks=C, num_warps=warps, grid=M * C, reg=reg,
-                  keep_e=keep_e, maxnreg=maxnreg, tail=tail)
+                  keep_e=keep_e, maxnreg=maxnreg)
     rows, parts = (M, M * C) if C > 1 else (1, 1)          # one chunk per row: the barrier's words go unused
     return _Plan(path, [BoundKernel(softmax_coop_smem_kernel, (M * C,), meta)],
                  (N, INNER, *geo_x[:2], *geo_y[:2], C), (rows, parts, torch.float32, (2, 3, 0, 1)), record)

@@ -62,7 +62,6 @@ def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
     EVEN: gl.constexpr, REG: gl.constexpr, WORDS: gl.constexpr, FAST: gl.constexpr, KEEP_E: gl.constexpr,
-    TAIL: gl.constexpr,
 ):
     """Program (row, c): chunk c of `row` (unit-stride rows; row starts and X, Y 16-byte aligned).
     EVEN: CHUNK divides N, so no element is masked (a compare and a select per element fewer).
@@ -70,13 +69,9 @@ def softmax_coop_smem_kernel(
     every chunk at least that long), the others in shared memory. WORDS (bf16 in and out): those registers hold
     int32 words of two elements, unpacked at each use. FAST: the output's exponential (_exp_level). KEEP_E
     (softmax, 16-bit x and y of one dtype): step 1 overwrites each x_j with e_j = e^(x_j - m_c) rounded to that
-    dtype, and step 3 scales it, y_j = e_j·e^(m_c - m)/d, without a second exponential.
-    TAIL (EXPERIMENT, 0 or more): the chunk's last TAIL sub-tiles are not held: step 1 streams them through
-    registers, each thread folding them into its own running (m_t, d_t) with the next one in flight (as
-    logsumexp_stream_kernel), and step 3 reads them again, the first during the barrier, from L2 where they were
-    read a few microseconds before."""
+    dtype, and step 3 scales it, y_j = e_j·e^(m_c - m)/d, without a second exponential."""
     SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
-    S: gl.constexpr = CHUNK // SUB - REG - TAIL
+    S: gl.constexpr = CHUNK // SUB - REG
     L: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     pid, row, start = _chunk_of_program(C, CHUNK)
     x_row = X + _row_offsets(row, INNER, sxo, sxi) + start + REG * SUB      # the shared-memory sub-tiles
@@ -93,14 +88,6 @@ def softmax_coop_smem_kernel(
         cp.commit_group()
     if REG > 0:
         xr, cols_r = _reg_tiles(X, _row_offsets(row, INNER, sxo, sxi) + start, REG, SUB, VEC, WARPS, WORDS)
-    if TAIL > 0:                                # the tail's sub-tiles as [32·WARPS, VEC]: one row per thread
-        LT: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [WARPS, 1], [1, 0])
-        LTS: gl.constexpr = gl.SliceLayout(1, LT)
-        offs_t = (gl.arange(0, 32 * WARPS, layout=LTS)[:, None] * VEC
-                  + gl.arange(0, VEC, layout=gl.SliceLayout(0, LT))[None, :])
-        t0 = start + (REG + S) * SUB            # the tail's first column
-        x_tail = X + _row_offsets(row, INNER, sxo, sxi) + t0
-        nxt = _tail_tile(x_tail, 0, t0, N, offs_t, SUB, TAIL, EVEN)
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
     mv = gl.full([SUB], float("-inf"), gl.float32, L)
     for s in gl.static_range(S):
@@ -137,27 +124,14 @@ def softmax_coop_smem_kernel(
                 xr = e.to(X.dtype.element_ty)
     else:
         d_c = gl.sum(dv, axis=0)
-    m_p = m_c                                   # the chunk's state: the held part's, ⊕ the tail's
-    d_p = d_c
-    if TAIL > 0:
-        m_t = gl.full([32 * WARPS], float("-inf"), gl.float32, LTS)
-        d_t = gl.zeros([32 * WARPS], gl.float32, LTS)
-        for t in range(TAIL):
-            xt = nxt.to(gl.float32)
-            nxt = _tail_tile(x_tail, (t + 1) % TAIL, t0, N, offs_t, SUB, TAIL, EVEN)   # the last: tile 0 again,
-            m_new = gl.maximum(m_t, gl.max(xt, axis=1))                                # for step 3
-            d_t = d_t * _alpha(m_t, m_new) + gl.sum(_exp(xt - _shift(m_new)[:, None], True), axis=1)
-            m_t = m_new
-        m_p = gl.maximum(m_c, gl.max(m_t, axis=0))
-        d_p = d_c * _alpha(m_c, m_p) + gl.sum(d_t * _alpha(m_t, m_p), axis=0)
     # 2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c); a row of one chunk (the
     #    `rows` path's 16-bit rows, SMEM_ROWS) has its state already
     if C_POW2 == 1:
-        m = m_p
-        d = d_p
+        m = m_c
+        d = d_c
     else:
-        gl.store(PART_M + pid, m_p)
-        gl.store(PART_D + pid, d_p)
+        gl.store(PART_M + pid, m_c)
+        gl.store(PART_D + pid, d_c)
         gl.thread_barrier()
         _row_barrier(ARRIVE, GEN, row, C)
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
@@ -191,30 +165,6 @@ def softmax_coop_smem_kernel(
         else:
             y = _out(xr.to(gl.float32), m, sh, c, MODE, FAST, KEEP_E)
             gl.store(y_base + cols_r, y.to(Y.dtype.element_ty))
-    if TAIL > 0:                                # the tail again (from L2), the next one in flight
-        if MODE == 0:
-            ct = gl.where(m == float("inf"), float("nan"), 1.0 / d)
-        else:
-            ct = gl.where(m == float("inf"), float("nan"), gl.log(d))
-        y_tail = Y + _row_offsets(row, INNER, syo, syi) + t0
-        for t in range(TAIL):
-            xt = nxt.to(gl.float32)
-            nxt = _tail_tile(x_tail, t + 1, t0, N, offs_t, SUB, TAIL, EVEN)            # none past the tail
-            yt = _out(xt, m, sh, ct, MODE, FAST, False)
-            if EVEN:
-                gl.store(y_tail + t * SUB + offs_t, yt.to(Y.dtype.element_ty))
-            else:
-                gl.store(y_tail + t * SUB + offs_t, yt.to(Y.dtype.element_ty), mask=t0 + t * SUB + offs_t < N)
-
-
-@gluon.jit
-def _tail_tile(x_tail, t, t0, N, offs_t, SUB: gl.constexpr, TAIL: gl.constexpr, EVEN: gl.constexpr):
-    """Tail sub-tile t as loaded (-inf past N; nothing is read for t >= TAIL)."""
-    if EVEN:
-        return gl.load(x_tail + t * SUB + offs_t, mask=offs_t < (TAIL - t) * SUB, other=float("-inf"))
-    else:
-        return gl.load(x_tail + t * SUB + offs_t, mask=(t0 + t * SUB + offs_t < N) & (t < TAIL),
-                       other=float("-inf"))
 
 
 @gluon.jit
