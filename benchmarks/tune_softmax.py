@@ -459,6 +459,13 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 del bsets, bref
         save("tune_gib_brows")
         return
+    if gib == "fp16bwd2":  # fp16 backward on bf16 plans (SMEM_BWD_ROWS, SMEM_BWD_CONFIG with RING), both modes
+        for n in (1024, 4096, 16384, 131072, 262144):
+            m = GIB // (n * 2)
+            for log in (False, True):
+                bwd_baseline(m, n, torch.float16, log)
+        save("tune_gib_fp16bwd2")
+        return
     if gib == "mix":      # the ceiling by read / write mix: torch's own elementwise kernels at 1 GiB per tensor,
         # over the 1:1 copy ceiling: a copy (1 read : 1 write, the forward's mix), y + dy (2 : 1, the backward's),
         # a sum (read only, logsumexp's). The backward is scored against the 1:1 copy; this says how far apart
