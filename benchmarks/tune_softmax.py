@@ -111,6 +111,12 @@ def bwd_variant(cfg, log=False):
     return run
 
 
+def smem_bwd_variant(chunk, warps, log=False, **knobs):
+    """A backward launch forced onto the shared-memory kernel (path coop, smem) with ``chunk`` elements per
+    program, ``warps`` warps and further plan ``knobs`` (reg, ring, ...)."""
+    return bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": warps, **knobs}, log)
+
+
 def graph_and_overhead(m, n, dtype, name, fn, x):
     """Decode sizes are launch-bound: time the call replayed from a CUDA graph (GPU time only) and the
     host time per call of a loop of eager calls (what an eager decoder pays)."""
@@ -274,13 +280,12 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             bsets, bref, nb3 = bwd_baseline(m, n, dtype)
             for c, w in bwd_variants[size]:
                 record("bwd", m, n, dtype, f"smem chunk={c} w={w}",
-                       bwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w}), bsets, nb3, bref)
+                       smem_bwd_variant(c, w), bsets, nb3, bref)
             lref = torch._log_softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype)
             record("lbwd", m, n, dtype, "default", bwd_variant(None, log=True), bsets, nb3, lref)
             c, w = bwd_variants[size][0]
             record("lbwd", m, n, dtype, f"smem chunk={c} w={w}",
-                   bwd_variant({"path": "coop", "smem": True, "chunk": c, "num_warps": w}, log=True), bsets, nb3,
-                   lref)
+                   smem_bwd_variant(c, w, log=True), bsets, nb3, lref)
             del bsets, bref
         save("tune_gib_smem")
         return
@@ -363,8 +368,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 bsets, bref, nb3 = bwd_baseline(m, n, dtype)
                 for chunk, w, reg in variants:
                     record("bwd", m, n, dtype, f"smem chunk={chunk} w={w} reg={reg}",
-                           bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg}),
-                           bsets, nb3, bref)
+                           smem_bwd_variant(chunk, w, reg=reg), bsets, nb3, bref)
                 del bsets, bref
         save("tune_gib_bwdreg")
         return
@@ -380,8 +384,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                     bsets, bref, nb3 = bwd_baseline(m, n, dtype, log)
                     for chunk, w, reg in variants[dtype.itemsize]:
                         record("lbwd" if log else "bwd", m, n, dtype, f"smem chunk={chunk} w={w} reg={reg}",
-                               bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg},
-                                           log), bsets, nb3, bref)
+                               smem_bwd_variant(chunk, w, log, reg=reg), bsets, nb3, bref)
                     del bsets, bref
         save("tune_gib_bwdreg2")
         return
@@ -392,8 +395,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
             bsets, bref, nb3 = bwd_baseline(m, n, torch.float32)
             for chunk, w, reg in ((7168, 4, 4), (9216, 4, 4), (10240, 4, 8), (8192, 4, 4)):
                 record("bwd", m, n, torch.float32, f"smem chunk={chunk} w={w} reg={reg}",
-                       bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg}),
-                       bsets, nb3, bref)
+                       smem_bwd_variant(chunk, w, reg=reg), bsets, nb3, bref)
             del bsets, bref
         save("tune_gib_bwdreg3")
         return
@@ -412,8 +414,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                        torch._softmax_backward_data(bsets[0][1], bsets[0][0], -1, dtype))
                 for chunk, w, reg, ring in variants[dtype.itemsize]:
                     record("lbwd", m, n, dtype, f"smem chunk={chunk} w={w} reg={reg} ring={ring}",
-                           bwd_variant({"path": "coop", "smem": True, "chunk": chunk, "num_warps": w, "reg": reg,
-                                        "ring": ring}, log=True), bsets, nb3, bref)
+                           smem_bwd_variant(chunk, w, True, reg=reg, ring=ring), bsets, nb3, bref)
                 del bsets, bref
         save("tune_gib_ring")
         return
@@ -438,8 +439,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                         record("lbwd", m, n, dtype, f"rows {name}", bwd_variant(cfg, log=True), bsets, nb3, bref)
                 for w, reg, ring in smem[dtype.itemsize, n]:
                     record("lbwd", m, n, dtype, f"smem row w={w} reg={reg} ring={ring}",
-                           bwd_variant({"path": "coop", "smem": True, "chunk": n, "num_warps": w, "reg": reg,
-                                        "ring": ring}, log=True), bsets, nb3, bref)
+                           smem_bwd_variant(n, w, True, reg=reg, ring=ring), bsets, nb3, bref)
                 del bsets, bref
         save("tune_gib_lrows")
         return
@@ -454,8 +454,7 @@ def main(out_dir, only_long=False, bf16x2=False, gib=None):
                 bsets, bref, nb3 = bwd_baseline(m, n, dtype)
                 for w, reg in smem[dtype.itemsize, n]:
                     record("bwd", m, n, dtype, f"smem row w={w} reg={reg}",
-                           bwd_variant({"path": "coop", "smem": True, "chunk": n, "num_warps": w, "reg": reg,
-                                        "ring": 0}), bsets, nb3, bref)
+                           smem_bwd_variant(n, w, reg=reg, ring=0), bsets, nb3, bref)
                 del bsets, bref
         save("tune_gib_brows")
         return
