@@ -58,6 +58,16 @@ def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
 
 
 @gluon.jit
+def _copy_sub_tile(dst, row_ptr, s, sm0, offs, N, SUB: gl.constexpr, EVEN: gl.constexpr):
+    """cp.async sub-tile s of the chunk's shared-memory part (elements from sm0 of the row at row_ptr) into dst;
+    columns past N are copied as zeros (nothing is read)."""
+    if EVEN:
+        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs)
+    else:
+        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
+
+
+@gluon.jit
 def softmax_coop_smem_kernel(
     X, Y, PART_M, PART_D, ARRIVE, GEN, N, INNER, sxo, sxi, syo, syi, C,
     CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, C_POW2: gl.constexpr, MODE: gl.constexpr,
@@ -81,10 +91,7 @@ def softmax_coop_smem_kernel(
                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
     # 0. the whole chunk in flight at once, one cp.async group per sub-tile, then the register sub-tiles
     for s in gl.static_range(S):
-        if EVEN:
-            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs)
-        else:
-            cp.async_copy_global_to_shared(smem.index(s), x_row + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
+        _copy_sub_tile(smem.index(s), x_row, s, sm0, offs, N, SUB, EVEN)
         cp.commit_group()
     if REG > 0:
         xr, cols_r = _reg_tiles(X, _row_offsets(row, INNER, sxo, sxi) + start, REG, SUB, VEC, WARPS, WORDS)
@@ -195,16 +202,6 @@ def _reg_tiles(P, base, REG: gl.constexpr, SUB: gl.constexpr, VEC: gl.constexpr,
         cols = (gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
                 + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
         return gl.load(P + base + cols), cols
-
-
-@gluon.jit
-def _copy_sub_tile(dst, row_ptr, s, sm0, offs, N, SUB: gl.constexpr, EVEN: gl.constexpr):
-    """cp.async sub-tile s of the chunk's shared-memory part (elements from sm0 of the row at row_ptr) into dst;
-    columns past N are copied as zeros (nothing is read)."""
-    if EVEN:
-        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs)
-    else:
-        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
 
 
 @gluon.jit
