@@ -747,6 +747,41 @@ def test_gpu_coop_repeated_calls_and_streams():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("reserve", [True, False])
+def test_gpu_graph_capture_workspace(reserve):
+    """Coop launches captured into CUDA graphs take their barrier words from the pre-zeroed reserve (no zeroing
+    inside the graph), or, with the reserve empty, zero them inside the graph; either way every replay, and
+    replays of two graphs alternating, match torch (forward, log-softmax, backward at decode and long-row sizes)."""
+    from onlinesoftmax.kernels import _launch
+
+    xs = [torch.randn(m, n, device="cuda") * 3 for m, n in [(1, 262144), (8, 151936), (64, 131072)]]
+    dy = [torch.randn_like(x) for x in xs]
+    for x in xs:                                     # eager calls first, as a decoder warms up; tops the reserve up
+        oss.softmax(x)
+    if not reserve:
+        _launch._reserve.clear()
+    held = len(_launch._held_by_graphs)
+    graphs, outs = [], []
+    for x, g in zip(xs, dy):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = oss.softmax(x)
+            lp = oss.log_softmax(x)
+            dx = torch.ops.onlinesoftmax.softmax_backward(y, g, 1, False, y.dtype, "triton")
+        graphs.append(graph)
+        outs.append((y, lp, dx))
+    assert len(_launch._held_by_graphs) - held == (min(3 * len(xs), _launch.GRAPH_RESERVE) if reserve else 0)
+    for _ in range(3):
+        for x, g, graph, (y, lp, dx) in zip(xs, dy, graphs, outs):
+            x.copy_(torch.randn_like(x) * 3)
+            graph.replay()
+            ref = torch.softmax(x, -1)
+            torch.testing.assert_close(y, ref)
+            torch.testing.assert_close(lp, torch.log_softmax(x, -1))
+            torch.testing.assert_close(dx, torch._softmax_backward_data(g, ref, -1, x.dtype), atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n,kernel", [(1024, None), (4096, "smem"), (131072, "smem")])
 def test_gpu_more_than_2_31_elements(n, kernel):
     """Offsets past 2^31: 2^31 + 3 rows of bf16 elements; check the rows beyond the 32-bit boundary (N = 1024:
@@ -1226,6 +1261,32 @@ def test_torch_func_transforms_match_torch(backend, name):
     finally:
         cls.forward = staticmethod(real)
     assert calls == [1]
+
+
+def test_captured_scratch_takes_zeroed_words_from_the_reserve(monkeypatch):
+    """What a launch being captured into a CUDA graph gets (_captured_scratch, run here on the CPU): the zeroed
+    views from a pre-zeroed reserve buffer, which is then held for good; the others uninitialised; with the
+    reserve empty or too small, freshly zeroed views. Eager calls top the reserve up."""
+    from onlinesoftmax.kernels import _launch
+
+    dev = torch.device("cpu")
+    monkeypatch.setattr(_launch, "_reserve", {})
+    monkeypatch.setattr(_launch, "_held_by_graphs", [])
+    layout = ((1024, torch.int32), (1024, torch.int32), (70000, torch.float32))
+    a = _launch._captured_scratch(dev, layout, 2)                        # empty reserve: zeroed here
+    assert not _launch._held_by_graphs and [v.numel() for v in a] == [1024, 1024, 70000]
+    assert all(bool((v == 0).all()) for v in a[:2]) and all(v.data_ptr() % 16 == 0 for v in a)
+    _launch._top_up_reserve(dev)
+    assert len(_launch._reserve[dev]) == _launch.GRAPH_RESERVE
+    b = _launch._captured_scratch(dev, layout, 2)
+    assert len(_launch._reserve[dev]) == _launch.GRAPH_RESERVE - 1 and len(_launch._held_by_graphs) == 1
+    assert b[0].data_ptr() == _launch._held_by_graphs[0].data_ptr() and all(bool((v == 0).all()) for v in b[:2])
+    assert b[2].data_ptr() % 16 == 0 and b[2].numel() == 70000
+    big = ((2048, torch.int32), (2048, torch.int32), (8, torch.float32))   # 16 KB of words: past a reserve buffer
+    c = _launch._captured_scratch(dev, big, 2)
+    assert len(_launch._held_by_graphs) == 1 and all(bool((v == 0).all()) for v in c[:2])
+    d = _launch._captured_scratch(dev, layout[2:], 0)                    # nothing zeroed (top-k's workspace)
+    assert len(_launch._held_by_graphs) == 1 and d[0].numel() == 70000
 
 
 def test_stream_scratch_views_aligned_reused_and_grown():

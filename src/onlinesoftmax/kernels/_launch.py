@@ -31,32 +31,76 @@ else:                                                    # a torch built without
 
 
 _scratch: dict = {}
+GRAPH_RESERVE = 4          # pre-zeroed buffers kept per device for workspace captured into CUDA graphs ...
+GRAPH_RESERVE_BYTES = 8192  # ... of this many bytes each (the softmax barrier's two int32 words for 1024 rows)
+_reserve: dict = {}        # device -> pre-zeroed uint8 buffers not yet given to a graph
+_held_by_graphs: list = []  # reserve buffers given to captured graphs: kept alive, a graph may replay at any time
 
 
-def stream_scratch(tag, device: torch.device, layout: tuple) -> tuple:
-    """Workspace: one view per ``(numel, dtype)`` of ``layout``, carved from one zero-initialised buffer cached
-    per (``tag``, device, current stream).
+def _carve(buf: torch.Tensor, layout: tuple) -> tuple:
+    """One view per ``(numel, dtype)`` of ``layout`` from the uint8 ``buf``, each starting 16-byte aligned."""
+    nbytes = [-(-n * dt.itemsize // 16) * 16 for n, dt in layout]
+    starts = [sum(nbytes[:i]) for i in range(len(layout))]
+    return tuple(buf[o:o + n * dt.itemsize].view(dt) for o, (n, dt) in zip(starts, layout))
+
+
+def _zeroed_bytes(layout: tuple) -> int:
+    return sum(-(-n * dt.itemsize // 16) * 16 for n, dt in layout)
+
+
+def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None = None) -> tuple:
+    """Workspace: one view per ``(numel, dtype)`` of ``layout``, cached per (``tag``, device, current stream). The
+    first ``zeroed`` views (all by default) start zero-initialised: kernels must leave them as they found them,
+    nothing is cleared between launches; the others hold whatever the last launch wrote.
 
     Every view starts 16-byte aligned (a :class:`BoundKernel` takes workspace pointers as aligned) and holds at
     least its ``numel``. The views keep their sizes and offsets until a request outgrows one; then all are carved
-    again, no smaller, from a new zeroed buffer. Kernels must leave the buffer as they need to find it: nothing is
-    cleared between launches. While a CUDA graph is being captured the caller gets a fresh buffer of its own.
+    again, no smaller, from a new zeroed buffer.
+
+    While a CUDA graph is being captured the caller gets buffers of its own (the graph may replay on any stream),
+    and nothing is zeroed inside the graph: a zeroing captured there would run before every replay (a 520 KB
+    memset node per softmax call in a graph: 0.8-1.7 µs more per decode-sized replay on the H200, benchmarks/
+    decode_probe.py). The views past ``zeroed`` come from ``torch.empty``; the zeroed ones from a reserve of
+    buffers zeroed outside the capture (GRAPH_RESERVE per device, topped up by eager calls), which are then kept
+    alive for good. Only a capture that finds the reserve empty (no eager call since GRAPH_RESERVE earlier
+    captures) or too small zeroes its words inside the graph.
     """
+    zeroed = len(layout) if zeroed is None else zeroed
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if not capturing:
-        key = (tag, device, current_stream(current_device()) if device.type == "cuda" else None)
-        views = _scratch.get(key)
-        if views is not None:
-            if all(v.numel() >= n for v, (n, _) in zip(views, layout)):
-                return views
-            layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
-    nbytes = [-(-n * dt.itemsize // 16) * 16 for n, dt in layout]
-    buf = torch.zeros(sum(nbytes), dtype=torch.uint8, device=device)
-    starts = [sum(nbytes[:i]) for i in range(len(layout))]
-    views = tuple(buf[o:o + n * dt.itemsize].view(dt) for o, (n, dt) in zip(starts, layout))
-    if not capturing:
-        _scratch[key] = views
+    if capturing:
+        return _captured_scratch(device, layout, zeroed)
+    if zeroed and device.type == "cuda":
+        _top_up_reserve(device)
+    key = (tag, device, current_stream(current_device()) if device.type == "cuda" else None)
+    views = _scratch.get(key)
+    if views is not None:
+        if all(v.numel() >= n for v, (n, _) in zip(views, layout)):
+            return views
+        layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
+    views = _scratch[key] = _carve(torch.zeros(_zeroed_bytes(layout), dtype=torch.uint8, device=device), layout)
     return views
+
+
+def _top_up_reserve(device: torch.device) -> None:
+    free = _reserve.setdefault(device, [])
+    if len(free) < GRAPH_RESERVE:
+        free.extend(torch.zeros(GRAPH_RESERVE_BYTES, dtype=torch.uint8, device=device)
+                    for _ in range(GRAPH_RESERVE - len(free)))
+        if device.type == "cuda":       # zero before any capture (which may replay on another stream) uses them
+            torch.cuda.current_stream(device).synchronize()
+
+
+def _captured_scratch(device: torch.device, layout: tuple, zeroed: int) -> tuple:
+    """stream_scratch's views for a launch being captured into a CUDA graph (see there)."""
+    head, tail = layout[:zeroed], layout[zeroed:]
+    free = _reserve.get(device, [])
+    if head and free and _zeroed_bytes(head) <= GRAPH_RESERVE_BYTES:
+        buf = free.pop()
+        _held_by_graphs.append(buf)
+        views = _carve(buf, head)
+    else:
+        views = _carve(torch.zeros(_zeroed_bytes(head), dtype=torch.uint8, device=device), head) if head else ()
+    return views + _carve(torch.empty(_zeroed_bytes(tail), dtype=torch.uint8, device=device), tail)
 
 
 def _hooks_installed() -> bool:

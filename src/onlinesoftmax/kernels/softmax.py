@@ -287,10 +287,18 @@ def _row_offsets(rows, INNER, stride_o, stride_i):
 
 
 @triton.jit
-def _row_barrier(ARRIVE, GEN, row, C):
+def _row_generation(GEN, row):
+    """The row barrier's generation before this program arrives: only the row's last arrival in this launch
+    moves it. The register kernels read it right after issuing their chunk's loads, so its L2 round trip
+    overlaps them; the shared-memory kernels read it at the barrier."""
+    return tl.atomic_add(GEN + row, 0, sem="acquire")
+
+
+@triton.jit
+def _row_barrier(ARRIVE, GEN, row, C, gen):
     """Wait until all C programs of `row` have arrived. Sense-reversing barrier on two int32 words per row
-    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN."""
-    gen = tl.atomic_add(GEN + row, 0, sem="acquire")
+    that persist across launches: the last to arrive resets ARRIVE and bumps GEN; the others spin on GEN until
+    it leaves ``gen`` (_row_generation)."""
     arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel")
     if arrived == C - 1:
         tl.atomic_xchg(ARRIVE + row, 0, sem="relaxed")
@@ -363,6 +371,8 @@ def softmax_chunks_kernel(
     mask = cols < N
     x_off = _row_offsets(row, INNER, sxo, sxi) + cols.to(tl.int64) * sxn
     x = tl.load(X + x_off, mask=mask, other=float("-inf")).to(ACC)          # read x
+    if PHASE == 0:
+        gen = _row_generation(GEN, row)                                     # (its round trip overlaps x's)
     k = tl.arange(0, C_POW2)
     if PHASE != 2:
         # 1. publish this chunk's state (m_c, d_c)
@@ -378,7 +388,7 @@ def softmax_chunks_kernel(
                 tl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))
     else:
         if PHASE == 0:
-            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row's chunks
+            _row_barrier(ARRIVE, GEN, row, C, gen)                          # 2. wait for the row's chunks
         m, d = _merge_row(PART_M, PART_D, row, C, k)                         # 3. (m, d) = ⊕_c (m_c, d_c)
         if PHASE == 2:
             m_c, _, e = _state(x, 0, FAST)
@@ -452,6 +462,7 @@ def softmax_coop_bf16x2_kernel(
     pid, row, words, mask = _chunk_words(N, C, CHUNK)
     # read x; padding 0xFF80FF80 = (-inf, -inf)
     w = tl.load(_word_row(X, row, INNER, sxo, sxi) + words, mask=mask, other=-8323200)
+    gen = _row_generation(GEN, row)
     # 1. (m_c, d_c) of the chunk's elements, unpacking w once per pass; one reduction each
     lo, hi = _bf16_halves(w, 0)
     m_c = tl.max(tl.maximum(lo, hi), axis=0)
@@ -461,7 +472,7 @@ def softmax_coop_bf16x2_kernel(
     tl.store(PART_M + pid, m_c)
     tl.store(PART_D + pid, d_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row's chunks
+    _row_barrier(ARRIVE, GEN, row, C, gen)                                   # 2. wait for the row's chunks
     m, d = _merge_row(PART_M, PART_D, row, C, tl.arange(0, C_POW2))          # 3. (m, d) = ⊕_c (m_c, d_c)
     lo, hi = _bf16_halves(w, 2)
     if MODE == 0:                                                            # 4. y = e^(x - m) / d
@@ -540,12 +551,14 @@ def softmax_bwd_chunks_kernel(
     c64 = cols.to(tl.int64)
     y = tl.load(Yp + _row_offsets(row, INNER, syo, syi) + c64 * syn, mask=mask, other=0.0).to(ACC)
     dy = tl.load(DY + _row_offsets(row, INNER, sdo, sdi) + c64 * sdn, mask=mask, other=0.0).to(ACC)
+    if PHASE == 0:
+        gen = _row_generation(GEN, row)
     if PHASE != 2:
         tl.store(PART + pid, _grad_sum(y, dy, 0, LOG, SUM))                 # 1. publish s_c
         tl.debug_barrier()
     if PHASE != 1:
         if PHASE == 0:
-            _row_barrier(ARRIVE, GEN, row, C)                               # 2. wait for the row
+            _row_barrier(ARRIVE, GEN, row, C, gen)                          # 2. wait for the row
         k = tl.arange(0, C_POW2)
         s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(ACC)  # 3. s
         dx = _grad(y, dy, s, LOG, LIBDEVICE)                                 # 4. dx from registers
@@ -564,6 +577,7 @@ def softmax_bwd_coop_bf16x2_kernel(
     # read y and dy; padding 0 = (+0.0, +0.0) adds nothing to either sum
     yw = tl.load(_word_row(Yp, row, INNER, syo, syi) + words, mask=mask, other=0)
     dw = tl.load(_word_row(DY, row, INNER, sdo, sdi) + words, mask=mask, other=0)
+    gen = _row_generation(GEN, row)
     dy_lo, dy_hi = _bf16_halves(dw, 0)                                       # 1. publish s_c
     if LOG:
         s_c = tl.sum(dy_lo + dy_hi, axis=0)
@@ -572,7 +586,7 @@ def softmax_bwd_coop_bf16x2_kernel(
         s_c = tl.sum(y_lo * dy_lo + y_hi * dy_hi, axis=0)
     tl.store(PART + pid, s_c)
     tl.debug_barrier()
-    _row_barrier(ARRIVE, GEN, row, C)                                        # 2. wait for the row
+    _row_barrier(ARRIVE, GEN, row, C, gen)                                   # 2. wait for the row
     k = tl.arange(0, C_POW2)
     s = tl.sum(tl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)   # 3. s = sum s_c
     y_lo, y_hi = _bf16_halves(yw, 1)                                         # 4. dx, unpacking y and dy again
@@ -620,11 +634,12 @@ def _workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
     """Barrier words (ARRIVE, GEN: int32 per row) and partial-state buffers (PART_M, PART_D: ``parts`` each).
 
     Every launch leaves ARRIVE as it found it (0) and writes the partial states it reads, so the buffers are
-    cached per (device, stream) and reused without a memset (``stream_scratch``).
+    cached per (device, stream) and reused without a memset (``stream_scratch``); only the barrier words start
+    zeroed (GEN may hold any value).
     """
     rows, parts = max(rows, 1024), max(parts, 1 << 16)
     return stream_scratch(("softmax", dtype), device,
-                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype)))
+                          ((rows, torch.int32), (rows, torch.int32), (parts, dtype), (parts, dtype)), zeroed=2)
 
 
 class _Plan:

@@ -37,7 +37,18 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import _alpha, _bf16_halves, _exp, _grad, _lse, _pack_bf16x2, _row_barrier, _row_offsets, _shift
+from .softmax import (
+    _alpha,
+    _bf16_halves,
+    _exp,
+    _grad,
+    _lse,
+    _pack_bf16x2,
+    _row_barrier,
+    _row_generation,
+    _row_offsets,
+    _shift,
+)
 
 
 @gluon.jit
@@ -140,7 +151,7 @@ def softmax_coop_smem_kernel(
         gl.store(PART_M + pid, m_c)
         gl.store(PART_D + pid, d_c)
         gl.thread_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)
+        _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
         # kernels/softmax.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
         # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
@@ -273,7 +284,7 @@ def softmax_bwd_coop_smem_kernel(
     else:
         gl.store(PART + pid, s_c)
         gl.thread_barrier()
-        _row_barrier(ARRIVE, GEN, row, C)
+        _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
         s_row = gl.sum(gl.load(PART + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0).to(gl.float32)
     # 3. dx = y·(dy - s)  or  dy - e^y·s

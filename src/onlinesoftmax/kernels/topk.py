@@ -688,7 +688,8 @@ def _workspace(device: torch.device, words: int, words2: int = 0) -> tuple[torch
     """Scratch cached per (device, stream), grown when needed (``stream_scratch``): stage 1's states and the
     tree's first-level states. Every launch writes what it reads (stage 1 writes every chunk's state and n_c
     candidates), so nothing is cleared."""
-    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32), (max(words2, 1024), torch.int32)))
+    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32), (max(words2, 1024), torch.int32)),
+                          zeroed=0)
 
 
 @functools.lru_cache(maxsize=4096)
