@@ -37,15 +37,21 @@ _reserve: dict = {}        # device -> pre-zeroed uint8 buffers not yet given to
 _held_by_graphs: list = []  # reserve buffers given to captured graphs: kept alive, a graph may replay at any time
 
 
+def _view_bytes(layout: tuple) -> list[int]:
+    """Bytes each ``(numel, dtype)`` view of ``layout`` takes in a buffer, rounded up to 16."""
+    return [-(-n * dt.itemsize // 16) * 16 for n, dt in layout]
+
+
+def _buffer(layout: tuple, device: torch.device, zeroed: bool) -> torch.Tensor:
+    """A uint8 buffer for ``layout``'s views: ``torch.zeros`` or ``torch.empty``."""
+    return (torch.zeros if zeroed else torch.empty)(sum(_view_bytes(layout)), dtype=torch.uint8, device=device)
+
+
 def _carve(buf: torch.Tensor, layout: tuple) -> tuple:
     """One view per ``(numel, dtype)`` of ``layout`` from the uint8 ``buf``, each starting 16-byte aligned."""
-    nbytes = [-(-n * dt.itemsize // 16) * 16 for n, dt in layout]
+    nbytes = _view_bytes(layout)
     starts = [sum(nbytes[:i]) for i in range(len(layout))]
     return tuple(buf[o:o + n * dt.itemsize].view(dt) for o, (n, dt) in zip(starts, layout))
-
-
-def _zeroed_bytes(layout: tuple) -> int:
-    return sum(-(-n * dt.itemsize // 16) * 16 for n, dt in layout)
 
 
 def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None = None) -> tuple:
@@ -77,7 +83,7 @@ def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None 
         if all(v.numel() >= n for v, (n, _) in zip(views, layout)):
             return views
         layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
-    views = _scratch[key] = _carve(torch.zeros(_zeroed_bytes(layout), dtype=torch.uint8, device=device), layout)
+    views = _scratch[key] = _carve(_buffer(layout, device, zeroed=True), layout)
     return views
 
 
@@ -94,13 +100,14 @@ def _captured_scratch(device: torch.device, layout: tuple, zeroed: int) -> tuple
     """stream_scratch's views for a launch being captured into a CUDA graph (see there)."""
     head, tail = layout[:zeroed], layout[zeroed:]
     free = _reserve.get(device, [])
-    if head and free and _zeroed_bytes(head) <= GRAPH_RESERVE_BYTES:
-        buf = free.pop()
-        _held_by_graphs.append(buf)
-        views = _carve(buf, head)
+    if not head:                        # nothing to zero (top-k): no allocation, no memset
+        views = ()
+    elif free and sum(_view_bytes(head)) <= GRAPH_RESERVE_BYTES:
+        views = _carve(free[-1], head)
+        _held_by_graphs.append(free.pop())
     else:
-        views = _carve(torch.zeros(_zeroed_bytes(head), dtype=torch.uint8, device=device), head) if head else ()
-    return views + _carve(torch.empty(_zeroed_bytes(tail), dtype=torch.uint8, device=device), tail)
+        views = _carve(_buffer(head, device, zeroed=True), head)
+    return views + _carve(_buffer(tail, device, zeroed=False), tail)
 
 
 def _hooks_installed() -> bool:
