@@ -67,8 +67,8 @@ def main(out_dir, old_names, which):
     for name in old_names.split(","):
         K_old = importlib.import_module(f"onlinesoftmax.kernels.{name}")
         # its own workspace: the versions may lay their scratch out differently
-        K_old.stream_scratch = lambda tag, device, layout, name=name: _launch.stream_scratch((name, tag), device,
-                                                                                           layout)
+        K_old.stream_scratch = lambda tag, device, layout, zeroed=None, name=name: _launch.stream_scratch(
+            (name, tag), device, layout, zeroed)
         olds.append((name, K_old))
     env = environment()
     ceiling = copy_ceiling_gbps(torch.device("cuda"))

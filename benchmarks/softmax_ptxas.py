@@ -1,5 +1,7 @@
 """Compiler report for the softmax family: for each goal shape of issue 3 (1 GiB per tensor, as the bench suites),
-the kernels the plan launches on an H200, compiled here for sm_90a (no GPU: Triton's ptxas and cuobjdump), with
+and for the softmax decode shapes (M = 1 / 8 / 32 rows of 128256 / 151936 / 262144, with their grid and the
+fraction of the GPU's program slots it fills), the kernels the plan launches on an H200, compiled here for sm_90a
+(no GPU: Triton's ptxas and cuobjdump), with
 
 - registers, stack frame (spills), shared memory (dynamic included), and the programs per SM they allow;
 - the bytes a program holds (its tile or chunk: in registers, or in shared memory for the Gluon kernels of
@@ -91,9 +93,10 @@ def fake(shape, dtype):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def plan_for(op: str, dtype, n: int):
+def plan_for(op: str, dtype, n: int, m: int | None = None):
+    """The plan of a goal shape: 1 GiB per tensor, or ``m`` rows (decode)."""
     size = torch.finfo(dtype).bits // 8
-    m = GIB // (n * size)
+    m = m or GIB // (n * size)
     x = fake((m, n), dtype)
     if op == "bwd":
         y, dy, dx = x, fake((m, n), dtype), fake((m, n), dtype)
@@ -110,55 +113,60 @@ def plan_for(op: str, dtype, n: int):
 
 def main():
     K.sm_count = lambda device: SMS                   # plan as on the H200
-    K.stream_scratch = lambda tag, device, layout: tuple(fake((n,), dt) for n, dt in layout)
+    K.stream_scratch = lambda tag, device, layout, zeroed=None: tuple(fake((n,), dt) for n, dt in layout)
     print(f"sm_90a, {SMS} SMs at {CLOCK_GHZ} GHz (assumed), copy ceiling {COPY_GBPS} GB/s; 1 GiB per tensor.\n"
           "bound GB/s = bytes per element x element rate bounded by instruction issue (4 warp-instr/clk/SM) or MUFU "
           "(16 lanes/clk/SM)")
     seen = {}
-    for op in ("fwd", "log", "lse", "bwd"):
-        for dtype in (torch.float32, torch.bfloat16):
-            for n in (1024, 4096, 16384, 32768, 131072, 262144):
-                plan, tensors, bpe = plan_for(op, dtype, n)
-                rec = plan.record
-                ws = None
-                if plan.workspace is not None:            # the views _workspace carves, as meta tensors
-                    rows, parts, wdt, pick = plan.workspace
-                    layout = K._workspace(torch.device("meta"), rows, parts, wdt)
-                    ws = tuple(layout[i] for i in pick)
-                for bound in plan.launches:
-                    args = tensors + (ws or ()) + plan.scalars
-                    key = (bound.fn.__name__, tuple(sorted(bound.meta.items(), key=str)),
-                           tuple(a.dtype if isinstance(a, torch.Tensor) else (a == 1, a % 16 == 0) for a in args))
-                    if key not in seen:
-                        seen[key] = compile_launch(bound.fn, args, bound.meta)
-                    (regs, stack, shared), sass = seen[key]
-                    warps = bound.meta["num_warps"]
-                    # elements per program at a time: a chunk, a tile of rows (pipe: one row), or the stream
-                    # kernel's tile (it holds that and the next one in flight)
-                    elems = rec.get("chunk") or rec.get("tile") or rec.get("block_m", 1) * rec["block_n"]
-                    e_thread = elems / (32 * warps)
-                    occ = programs_per_sm(regs, warps, shared)
-                    esz = torch.finfo(dtype).bits // 8
-                    stream = rec.get("kernel") == "stream"
-                    held = elems * esz * (2 if op == "bwd" or stream else 1)
-                    phase = f"PHASE={bound.meta['PHASE']} " if "PHASE" in bound.meta else ""
-                    where = "shared" if bound.fn.is_gluon() and not stream else "regs"
-                    head = (f"{op:3} {str(dtype)[6:]:8} N={n:<6} {rec['path']:5} {bound.fn.__name__:32} {phase}"
-                            f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} shared "
-                            f"{shared // 1024:3} KB | {occ:2} programs/SM, holds ({where}) {held // 1024:4} KB/program "
-                            f"{occ * held // 1024:4} KB/SM | ")
-                    if bound.fn.is_gluon() and not stream:   # run-time loops over sub-tiles: no per-tile counts
-                        print(head + "instructions: n/a (run-time loops over sub-tiles)", flush=True)
-                        continue
-                    ops, looped = opcodes(sass)
-                    total, mufu = sum(ops.values()), ops["MUFU"]
-                    issue_gbps = 128 * e_thread / total * SMS * CLOCK_GHZ * bpe
-                    mufu_gbps = 16 * e_thread / mufu * SMS * CLOCK_GHZ * bpe if mufu else float("inf")
-                    star = "*" if looped else " "
-                    print(head + f"instr/thread{star}{total:5} ({total / e_thread:5.1f}/elem) "
-                          f"MUFU {mufu / e_thread:4.2f}/elem | "
-                          f"issue bound {issue_gbps:6.0f} GB/s ({100 * issue_gbps / COPY_GBPS:4.0f} %), "
-                          f"MUFU bound {mufu_gbps:6.0f} GB/s ({100 * mufu_gbps / COPY_GBPS:4.0f} %)", flush=True)
+    goal = [(op, dtype, None, n) for op in ("fwd", "log", "lse", "bwd") for dtype in (torch.float32, torch.bfloat16)
+            for n in (1024, 4096, 16384, 32768, 131072, 262144)]
+    decode = [("fwd", dtype, m, n) for dtype in (torch.float32, torch.bfloat16) for m in (1, 8, 32)
+              for n in (128256, 151936, 262144)]
+    for op, dtype, m, n in goal + decode:
+        plan, tensors, bpe = plan_for(op, dtype, n, m)
+        rec = plan.record
+        ws = None
+        if plan.workspace is not None:            # the views _workspace carves, as meta tensors
+            rows, parts, wdt, pick = plan.workspace
+            layout = K._workspace(torch.device("meta"), rows, parts, wdt)
+            ws = tuple(layout[i] for i in pick)
+        for bound in plan.launches:
+            args = tensors + (ws or ()) + plan.scalars
+            key = (bound.fn.__name__, tuple(sorted(bound.meta.items(), key=str)),
+                   tuple(a.dtype if isinstance(a, torch.Tensor) else (a == 1, a % 16 == 0) for a in args))
+            if key not in seen:
+                seen[key] = compile_launch(bound.fn, args, bound.meta)
+            (regs, stack, shared), sass = seen[key]
+            warps = bound.meta["num_warps"]
+            # elements per program at a time: a chunk, a tile of rows (pipe: one row), or the stream
+            # kernel's tile (it holds that and the next one in flight)
+            elems = rec.get("chunk") or rec.get("tile") or rec.get("block_m", 1) * rec["block_n"]
+            e_thread = elems / (32 * warps)
+            occ = programs_per_sm(regs, warps, shared)
+            esz = torch.finfo(dtype).bits // 8
+            stream = rec.get("kernel") == "stream"
+            held = elems * esz * (2 if op == "bwd" or stream else 1)
+            phase = f"PHASE={bound.meta['PHASE']} " if "PHASE" in bound.meta else ""
+            where = "shared" if bound.fn.is_gluon() and not stream else "regs"
+            # decode sizes: M rows, the grid and how many times it fills the GPU at this occupancy
+            shape = f"N={n:<6}" if m is None else f"{m}x{n}"
+            waves = "" if m is None else f"grid {rec['grid']:4} ({rec['grid'] / (occ * SMS):.2f} of the GPU) "
+            head = (f"{op:3} {str(dtype)[6:]:8} {shape:8} {rec['path']:5} {bound.fn.__name__:32} {phase}{waves}"
+                    f"elems/program {elems:6} warps {warps:2} | regs {regs:3} stack {stack:3} shared "
+                    f"{shared // 1024:3} KB | {occ:2} programs/SM, holds ({where}) {held // 1024:4} KB/program "
+                    f"{occ * held // 1024:4} KB/SM | ")
+            if bound.fn.is_gluon() and not stream:   # run-time loops over sub-tiles: no per-tile counts
+                print(head + "instructions: n/a (run-time loops over sub-tiles)", flush=True)
+                continue
+            ops, looped = opcodes(sass)
+            total, mufu = sum(ops.values()), ops["MUFU"]
+            issue_gbps = 128 * e_thread / total * SMS * CLOCK_GHZ * bpe
+            mufu_gbps = 16 * e_thread / mufu * SMS * CLOCK_GHZ * bpe if mufu else float("inf")
+            star = "*" if looped else " "
+            print(head + f"instr/thread{star}{total:5} ({total / e_thread:5.1f}/elem) "
+                  f"MUFU {mufu / e_thread:4.2f}/elem | "
+                  f"issue bound {issue_gbps:6.0f} GB/s ({100 * issue_gbps / COPY_GBPS:4.0f} %), "
+                  f"MUFU bound {mufu_gbps:6.0f} GB/s ({100 * mufu_gbps / COPY_GBPS:4.0f} %)", flush=True)
 
 
 if __name__ == "__main__":
