@@ -99,15 +99,24 @@ def _top_up_reserve(device: torch.device) -> None:
 def _captured_scratch(device: torch.device, layout: tuple, zeroed: int) -> tuple:
     """stream_scratch's views for a launch being captured into a CUDA graph (see there)."""
     head, tail = layout[:zeroed], layout[zeroed:]
-    free = _reserve.get(device, [])
-    if not head:                        # nothing to zero (top-k): no allocation, no memset
-        views = ()
-    elif free and sum(_view_bytes(head)) <= GRAPH_RESERVE_BYTES:
-        views = _carve(free[-1], head)
-        _held_by_graphs.append(free.pop())
-    else:
-        views = _carve(_buffer(head, device, zeroed=True), head)
+    views = ()                          # nothing to zero (top-k): no allocation, no memset
+    if head:
+        buf = _take_reserved(device, sum(_view_bytes(head)))
+        views = _carve(buf if buf is not None else _buffer(head, device, zeroed=True), head)   # else: a memset node
     return views + _carve(_buffer(tail, device, zeroed=False), tail)
+
+
+def _take_reserved(device: torch.device, nbytes: int) -> torch.Tensor | None:
+    """A pre-zeroed reserve buffer of at least ``nbytes``, from then on held for good; None where the reserve is
+    empty or its buffers too small. Popped at once: each buffer goes to one capture, whichever thread asks."""
+    if nbytes > GRAPH_RESERVE_BYTES:
+        return None
+    try:
+        buf = _reserve.get(device, []).pop()
+    except IndexError:
+        return None
+    _held_by_graphs.append(buf)
+    return buf
 
 
 def _hooks_installed() -> bool:
