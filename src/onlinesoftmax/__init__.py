@@ -3,10 +3,10 @@
 Importing this package never imports Triton or needs a GPU; kernels load on first use.
 """
 
-from .ops.sampling import sample
-from .ops.softmax import log_softmax, logsumexp, softmax
-from .ops.topk import TopK, softmax_topk
+from .softmax.api import log_softmax, logsumexp, softmax
 from .state import SoftmaxState
+from .topk.api import TopK, softmax_topk
+from .topk.sampling import sample
 
 __version__ = "0.1.0"
 

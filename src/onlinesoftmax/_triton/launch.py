@@ -14,26 +14,12 @@ Triton launch hooks installed (profilers), every call takes Triton's own path.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton import knobs
 
 from ..backend import interpret_mode
-
-CACHE_SIZE = 4096
-
-
-def cached(fn):
-    """The one cache of the package: least-recently-used, CACHE_SIZE entries per function (row geometry, plans,
-    bound launches). Arguments must be hashable; plans and problems are frozen dataclasses."""
-    return functools.lru_cache(maxsize=CACHE_SIZE)(fn)
-
-
-def pow2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1)."""
-    return 1 << (max(int(n), 1) - 1).bit_length()
+from .host import cached, pow2  # noqa: F401  (the families import them from here too)
 
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):      # what Triton's own launcher calls
     current_device = torch._C._cuda_getDevice

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from ...ops.softmax import log_softmax, logsumexp, softmax
+from ...softmax.api import log_softmax, logsumexp, softmax
 from ..harness import BenchContext, Case, register_suite
 
 GOAL_NS = (1024, 4096, 16384, 32768, 131072, 262144)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops.topk import TopK, softmax_topk
+from ...topk.api import TopK, softmax_topk
 from ..harness import BenchContext, Case, register_suite
 
 

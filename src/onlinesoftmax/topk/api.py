@@ -20,23 +20,19 @@ from typing import NamedTuple
 import torch
 
 from .._checks import check_dim, check_float_tensor
-from ..backend import resolve_backend, triton_available
+from ..backend import resolve_backend
+from ..target import Target, target_of
+from .plan import Plan, topk_plan
 
-__all__ = ["TopK", "softmax_topk"]
+__all__ = ["TopK", "explain", "softmax_topk"]
 
-_last_path: str | None = None     # the last call's path: "torch", "filter", "sort"
+TORCH_PLAN = Plan("torch")
 
 
 class TopK(NamedTuple):
     values: torch.Tensor
     indices: torch.Tensor
     lse: torch.Tensor
-
-
-def last_path() -> str | None:
-    """The path the most recent ``softmax_topk`` call ran: ``torch``, or the Triton ``filter`` / ``sort`` (see
-    ``onlinesoftmax.kernels.topk.select_path``)."""
-    return _last_path
 
 
 def _check_k(k, n: int) -> int:
@@ -63,6 +59,18 @@ def _torch_2d(x: torch.Tensor, k: int):
     return p.float(), idx, lse.float()
 
 
+def _rows(x: torch.Tensor, k, dim: int):
+    """x as [rows, n] with ``dim`` last (a view where possible: the kernels take any row and column strides)."""
+    squeeze = x.dim() == 0
+    if squeeze:
+        x = x.unsqueeze(0)
+    dim = check_dim(dim, x.dim(), "softmax_topk: dim")
+    n = x.shape[dim]
+    k = _check_k(k, n)
+    xt = x.movedim(dim, -1)
+    return xt.reshape(-1, n), xt.shape[:-1], dim, k, squeeze
+
+
 def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None = None) -> TopK:
     """The ``k`` largest probabilities of ``softmax(x, dim)``, their indices and ``logsumexp(x, dim)``.
 
@@ -70,45 +78,44 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     ``TopK(values, indices, lse)``: ``values`` float32 and ``indices`` int64 of ``x``'s shape with ``dim`` of
     size ``k`` (sorted descending, ties to the lower index), ``lse`` float32 of ``x``'s shape without ``dim``.
     """
-    global _last_path
-    check_float_tensor(x, "x")
-    if x.dim() == 2 and (dim == -1 or dim == 1) and x.is_cuda and backend is None and x.dtype != torch.float64 \
-            and triton_available():
-        # the decode call, [B, V] on the GPU: no reshapes, the cached plan (host time is the cost here)
-        k = _check_k(k, x.shape[1])
-        from ..kernels import topk as kt
-
-        cfg = kt.plan(x.shape[0], x.shape[1], k, x.dtype)
-        _last_path = cfg.path
-        if cfg.path != "sort":
-            return TopK(*kt.softmax_topk_2d(x, k, cfg))
-    squeeze = x.dim() == 0
-    if squeeze:
-        x = x.unsqueeze(0)
-    dim = check_dim(dim, x.dim(), "dim")
-    n = x.shape[dim]
-    k = _check_k(k, n)
+    check_float_tensor(x, "softmax_topk: x")
     which = resolve_backend(backend, x, "softmax_topk")
-    xt = x.movedim(dim, -1)
-    lead = xt.shape[:-1]
-    x2 = xt.reshape(-1, n)          # a view when possible: the kernels take any row/column strides
-    if which == "torch":
+    if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64:
+        # the decode call, [B, V] on the GPU: no reshapes, the cached plan (host time is the cost here)
+        from .launch import cached_plan, softmax_topk_2d
+
+        k = _check_k(k, x.shape[1])
+        cfg = cached_plan(x.shape[0], x.shape[1], k, x.dtype, x.device)
+        if cfg.path != "sort":
+            return TopK(*softmax_topk_2d(x, k, cfg))
+    x2, lead, dim, k, squeeze = _rows(x, k, dim)
+    if which == "torch" or x2.shape[0] == 0:
         values, indices, lse = _torch_2d(x2, k)
-        _last_path = "torch"
     else:
-        from ..kernels import topk as kt
+        from .launch import cached_plan, softmax_topk_2d
 
         if x2.dtype == torch.float64:
             x2 = x2.float()
-        cfg = kt.plan(x2.shape[0], n, k, x2.dtype)
-        _last_path = cfg.path
-        if cfg.path == "sort":
-            values, indices, lse = _torch_2d(x2, k)
-        else:
-            values, indices, lse = kt.softmax_topk_2d(x2, k, cfg)
+        cfg = cached_plan(x2.shape[0], x2.shape[1], k, x2.dtype, x2.device)
+        values, indices, lse = _torch_2d(x2, k) if cfg.path == "sort" else softmax_topk_2d(x2, k, cfg)
     values = values.reshape(*lead, k).movedim(-1, dim)
     indices = indices.reshape(*lead, k).movedim(-1, dim)
     lse = lse.reshape(lead)
     if squeeze:
         values, indices, lse = values.squeeze(0), indices.squeeze(0), lse.squeeze(0) if lse.dim() else lse
     return TopK(values, indices, lse)
+
+
+def explain(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None = None,
+            target: Target | None = None) -> Plan:
+    """The plan ``softmax_topk(x, k, dim)`` runs, without running it: ``path`` ``"filter"`` (the fused kernels),
+    ``"sort"`` (torch's sort: k too large for them) or ``"torch"`` (the portable backend). ``target`` plans for
+    another GPU than x's (e.g. ``onlinesoftmax.target.H200`` for a CPU or meta tensor)."""
+    check_float_tensor(x, "explain(softmax_topk): x")
+    if target is None and resolve_backend(backend, x, "explain(softmax_topk)") == "torch":
+        return TORCH_PLAN
+    x2, _, _, k, _ = _rows(x, k, dim)
+    if x2.shape[0] == 0:
+        return TORCH_PLAN
+    esize = 4 if x2.dtype == torch.float64 else x2.dtype.itemsize
+    return topk_plan(x2.shape[0], x2.shape[1], k, esize, target or target_of(x.device))

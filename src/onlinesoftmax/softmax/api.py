@@ -1,12 +1,13 @@
-"""softmax, log_softmax and logsumexp: argument checks, backend choice, torch.library ops, autograd.
+"""softmax, log_softmax and logsumexp: the public functions, torch.library ops, autograd and ``explain``.
 
-Layers, bottom up: Triton launchers (``kernels/softmax.py``, imported lazily) and the portable torch path
-(the (m, d) state of ``state.py``) -> custom ops ``onlinesoftmax::softmax``, ``::softmax_backward`` and
-``::logsumexp`` (so ``torch.compile(fullgraph=True)`` sees one op) -> autograd registration -> public functions.
+Layers, bottom up: the Triton launches (``launch.py``, imported on first use) and the portable torch path (the
+(m, d) state of ``state.py``) -> custom ops ``onlinesoftmax::softmax``, ``::softmax_backward`` and ``::logsumexp``
+(so ``torch.compile(fullgraph=True)`` sees one op) -> autograd registration -> public functions.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -14,55 +15,11 @@ import torch
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor
 from ..backend import resolve_backend
 from ..state import SoftmaxState, accumulation_dtype
+from ..target import Target, target_of
+from .geometry import rows_or_copy
+from .plan import LOG_SOFTMAX, LOGSUMEXP, SOFTMAX, TORCH_PLAN, Backward, Forward, Knobs, Plan
 
-SOFTMAX, LOG_SOFTMAX, LOGSUMEXP = 0, 1, 2
-
-
-# ---- the row view: which tensors the kernels can read in place ---------------------------------------
-def row_geometry(tensors, dim: int):
-    """View every tensor (same shape) as M rows of N elements along ``dim``, without copying.
-
-    Returns ``(M, N, INNER, [(stride_outer, stride_inner, stride_n), ...])`` where row ``r`` starts at
-    ``(r // INNER) * stride_outer + (r % INNER) * stride_inner``, or ``None`` when the dims other than
-    ``dim`` do not fold into two strided groups for all tensors (the caller then copies).
-    """
-    shape = tensors[0].shape
-    lead = [i for i in range(len(shape)) if i != dim and shape[i] != 1]
-    groups = []  # [size, [stride per tensor]]
-    for i in lead:
-        strides = [t.stride(i) for t in tensors]
-        if groups and all(g == s * shape[i] for g, s in zip(groups[-1][1], strides)):
-            groups[-1] = [groups[-1][0] * shape[i], strides]
-        else:
-            groups.append([shape[i], strides])
-    if len(groups) > 2:
-        return None
-    n = shape[dim] if len(shape) else 1
-    sn = [t.stride(dim) if len(shape) else 1 for t in tensors]
-    if not groups:
-        return 1, n, 1, [(0, 0, s) for s in sn]
-    if len(groups) == 1:
-        return groups[0][0], n, 1, [(so, 0, s) for so, s in zip(groups[0][1], sn)]
-    (size_o, so), (size_i, si) = groups
-    return size_o * size_i, n, size_i, [(a, b, s) for a, b, s in zip(so, si, sn)]
-
-
-_GEOMETRY: dict = {}       # (dim, shape, strides...) -> row_geometry, computed once per layout
-MAX_GEOMETRIES = 4096
-
-
-def _rows_or_copy(tensors, dim):
-    """The row view of ``tensors``, making them contiguous first only when no view exists."""
-    key = (dim, tensors[0].shape, *(t.stride() for t in tensors))
-    geo = _GEOMETRY.get(key, False)
-    if geo is False:
-        if len(_GEOMETRY) >= MAX_GEOMETRIES:
-            _GEOMETRY.clear()
-        geo = _GEOMETRY[key] = row_geometry(tensors, dim)
-    if geo is None:
-        tensors = [t.contiguous() for t in tensors]
-        geo = row_geometry(tensors, dim)
-    return tensors, geo
+__all__ = ["explain", "log_softmax", "logsumexp", "softmax"]
 
 
 # ---- the portable torch path (any device): the (m, d) state ------------------------------------------
@@ -91,17 +48,12 @@ def _torch_backward(y, dy, dim, log):
 
 
 # ---- custom ops ---------------------------------------------------------------------------------------
-_K = None
-
-
+@functools.cache
 def _kernels():
-    """The Triton kernel module, imported on first use (``import onlinesoftmax`` never imports Triton)."""
-    global _K
-    if _K is None:
-        from ..kernels import softmax
+    """The Triton launches, imported on first use (``import onlinesoftmax`` never imports Triton)."""
+    from . import launch
 
-        _K = softmax
-    return _K
+    return launch
 
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
@@ -120,7 +72,7 @@ def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, 
         return _torch_forward(x, dim, mode, out_dtype)
     K = _kernels()
 
-    (x, y), (M, N, inner, (gx, gy)) = _rows_or_copy([x, torch.empty_like(x, dtype=out_dtype)], dim)
+    (x, y), (M, N, inner, (gx, gy)) = rows_or_copy([x, torch.empty_like(x, dtype=out_dtype)], dim)
     K.forward(x, y, gx, gy, M, N, inner, mode)
     return y
 
@@ -142,7 +94,7 @@ def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool,
     K = _kernels()
 
     dx = torch.empty_like(y, dtype=in_dtype)
-    (y, dy, dx), (M, N, inner, (gy, gdy, gdx)) = _rows_or_copy([y, dy, dx], dim)
+    (y, dy, dx), (M, N, inner, (gy, gdy, gdx)) = rows_or_copy([y, dy, dx], dim)
     K.backward(y, dy, dx, gy, gdy, gdx, M, N, inner, log)
     return dx
 
@@ -203,7 +155,7 @@ def _logsumexp_rows(x: torch.Tensor, dim: int, backend: str, out_dtype: torch.dt
         return _torch_forward(x, dim, LOGSUMEXP, accumulation_dtype(x.dtype)).to(out_dtype).reshape(out_shape)
     K = _kernels()
 
-    (xc,), (M, N, inner, (gx,)) = _rows_or_copy([x], dim)
+    (xc,), (M, N, inner, (gx,)) = rows_or_copy([x], dim)
     # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape
     out = torch.empty(M, dtype=out_dtype, device=x.device)
     K.forward(xc, out, gx, None, M, N, inner, LOGSUMEXP)
@@ -364,3 +316,42 @@ def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
     else:
         out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)
     return out.unsqueeze(dim) if keepdim and x.dim() else out
+
+
+# ---- introspection ------------------------------------------------------------------------------------------------
+_OPS = {"softmax": SOFTMAX, "log_softmax": LOG_SOFTMAX, "logsumexp": LOGSUMEXP}
+
+
+def explain(x: torch.Tensor, dim: int = -1, *, op: str = "softmax", dtype: torch.dtype | None = None,
+            grad: bool = False, backend: str | None = None, target: Target | None = None,
+            knobs: Knobs | None = None) -> Plan:
+    """The plan ``op(x, dim, dtype=dtype)`` runs (its backward's with ``grad=True``), without running it.
+
+    ``op``: ``"softmax"``, ``"log_softmax"`` or ``"logsumexp"``. ``target`` plans for another GPU than x's (e.g.
+    ``onlinesoftmax.target.H200`` for a tensor on the CPU or the meta device; x's data pointer still sets the
+    alignment); ``knobs`` as the tuning tools pass them. The portable path, empty and 0-d tensors give a plan with
+    ``path == "torch"``. logsumexp's backward is written in torch ops: its ``grad=True`` plan is the torch one.
+    """
+    if op not in _OPS:
+        raise ValueError(f"explain: op must be one of {sorted(_OPS)}, got {op!r}")
+    mode = _OPS[op]
+    x, dim, out_dtype, which = _prepare(f"explain({op})", x, dim, dtype, backend if target is None else "torch")
+    if (target is None and which == "torch") or x.numel() == 0 or x.dim() == 0 or (grad and mode == LOGSUMEXP):
+        return TORCH_PLAN
+    from .launch import align_of
+    from .plan import backward_plan, forward_plan
+
+    target = target or target_of(x.device)
+    knobs = knobs or Knobs()
+    meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if grad:                                    # y and dx as the op allocates them, dy as y
+        y = torch.empty_like(meta, dtype=out_dtype)
+        (y, dy, dx), (M, N, inner, geos) = rows_or_copy([y, torch.empty_like(y), torch.empty_like(y, dtype=x.dtype)],
+                                                        dim)
+        return backward_plan(Backward(M, N, inner, *geos, mode == LOG_SOFTMAX, (y.dtype, dy.dtype, dx.dtype)),
+                             target, knobs)
+    tensors = [meta] if mode == LOGSUMEXP else [meta, torch.empty_like(meta, dtype=out_dtype)]
+    (xm, *_), (M, N, inner, geos) = rows_or_copy(tensors, dim)
+    align = align_of(x) if xm is meta else 16          # a copy is aligned
+    geo_y = (0, 0, 0) if mode == LOGSUMEXP else geos[1]
+    return forward_plan(Forward(M, N, inner, geos[0], geo_y, mode, x.dtype, out_dtype, align), target, knobs)

@@ -47,180 +47,26 @@ S = 32); write k·(4 + 8) + 4. The unfused ``softmax → topk`` reads x, writes 
 
 Work per element in stage 1 (fp32, fast path): the load, one max, one exponential and add, one compare, a
 running count and a predicated store: about 15 SASS instructions; the bisection on R values adds a
-per-chunk cost that the chunk size amortises. Dispatch: :func:`select_path`.
+per-chunk cost that the chunk size amortises. Dispatch: ``topk/plan.py``.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
-from ..backend import interpret_mode
-from ._launch import BoundKernel, stream_scratch
+from .._triton.online import LN2, LOG2E
 
-# --- dispatch thresholds (see select_path) ------------------------------------------------------------------
-MAX_FUSED_K = 2048                  # k above this (after rounding up to a power of two) takes the sort path
-MIN_KP = 16                         # candidate lists are at least this long (tl.sort / tl.arange sizes)
-CAP_FACTOR = 2                      # CAP = 2·KP candidate slots per chunk, and survivors in the merge
-COLS_PER_KP = 2                     # R = 2·KP column maxima per chunk: ≈ k·(1 + k/2R) <= 1.25·k candidates
-MAX_COLS = 2048                     # R = 2·KP up to k = 1024 (with R = KP = 1024, t was the smallest column maximum:
-                                    # ≈ 5700 candidates per 16384-element chunk > CAP, every chunk took the exact path)
-COARSE_BITS = 16                    # bits of a threshold that only has to be a lower bound
-RADIX_BITS = 3                      # stage 1: bits per bisection step (2^3 − 1 counts packed in one int64 sum;
-                                    # 2 bits when R >= 512, as a count then needs more than 9 bits)
-ELEMS_PER_THREAD = 64               # elements of x per thread: 64 fit in registers beside the rest (no spills)
-MERGE_TILE = 8192                   # candidate keys the merge holds in registers; more are streamed from L2
-MERGE_MAX_SLOTS = 32768             # S_pow2 · CAP candidate slots of a row, at most
-MERGE_SLOTS_PER_WARP = 2048         # merge warps: min(S_pow2 · CAP, MERGE_TILE) / this, at least 4
-MERGE_FEW_ROWS = 128                # B <= this: twice the merge warps (every row's program runs at once)
-FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
-FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200, run 9: k = 256, 32 x 151936: 54 µs with
-                                    # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2);
-                                    # warps of stage 1 for KP >= FIT_TILE_MIN_KP (R = 2048: 255 registers, no spill)
-TREE_SLOTS_SMALL_K = 2048           # the merge would stream its slots (S·CAP > MERGE_TILE): a two-level merge, first
-TREE_WARPS_SMALL_K = 2              # over groups of this many slots (k <= 64; H200 run 14, 256 x 262144, k = 50:
-                                    # 163 µs against 235 one-level) or of MERGE_TILE slots (KP >= FIT_TILE_MIN_KP)
-BINARY_BISECT_MAX_WARPS = 1         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
-                                    # reduction, REDUX: 16 steps ≈ 290 SASS instructions against ≈ 930 for the
-                                    # 3-bit radix steps' int64 packed counts; 2136 → 1504 static instructions at
-                                    # the goal shape; H200 run 17: stage 1 58 → 50 µs there). 1 = every one-warp
-                                    # stage 1 (k <= 64)
-ROW_BOUND = False                   # the merge starts from the k-th largest chunk maximum when k <= chunks
-                                    # (simulated: ≈ 96 candidates >= it at the goal shape, so no narrowing pass);
-                                    # off: not yet timed on a GPU
-NARROW_KB = 8                       # k > this: stage 1's bound t_c is the chunk's NARROW_KB-th largest column
-NARROW_WIDTH = 32                   # maximum (≈ NARROW_KB candidates, not ≈ k) and the one-level merge loads
-NARROW_PEEL_MAX = 16                # one-warp stage 1 with kb <= this finds t_c by kb warp maxima, not bisection
-                                    # (H200 run 21, goal shape: stage 1 49.0 → 45.0 µs, the call 61.3 → 56.4)
-NARROW_SPARSITY = 4                 # NARROW_WIDTH slots per chunk, checked, with an exact fallback; where
-                                    # k·BLOCK·NARROW_SPARSITY <= NARROW_KB·V (the row's k-th key is then far above
-                                    # the chunks' NARROW_KB-th largest for i.i.d. rows). 0 = off. H200 run 19,
-                                    # 256 x 128256, k = 50: 62.8 µs against 72.9 (radix 0) and 81.5 (run 16's plan)
+COARSE_BITS = 16                    # bits of a threshold that only has to be a lower bound (stage 1's t)
+_COARSE = tl.constexpr(COARSE_BITS)
 
 INT32_MIN = tl.constexpr(-2147483648)    # padding key: below every real key (-inf is 0x807FFFFF)
+
+
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf
+
+
 NAN_KEY = tl.constexpr(0x7FC00000)       # canonical NaN key: above +inf (0x7F800000)
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
-_COARSE = tl.constexpr(COARSE_BITS)
-RADIX_BITS_ = tl.constexpr(RADIX_BITS)
-PATHS = ("filter", "sort")
-
-
-@dataclass(frozen=True)
-class TopKConfig:
-    path: str           # "filter" | "sort"
-    block: int = 0      # elements per stage-1 program
-    cols: int = 0       # R: columns (group maxima) per chunk; G = block // cols elements each
-    kp: int = 0         # k rounded up to a power of two (>= MIN_KP)
-    cap: int = 0        # candidate slots per chunk and survivor slots of the merge: CAP_FACTOR·KP
-    splits: int = 0     # S: programs per row in stage 1
-    num_warps: int = 1
-    merge_warps: int = 4
-    tree: int = 0       # > 0: two-level merge, first over groups of this many chunks (see softmax_topk_2d)
-    tree_warps: int = 0     # warps of the first level's programs
-    exact_apart: bool = False   # a chunk's exact path (1d) in a launch of its own, not inside the merge
-    radix: int = RADIX_BITS     # stage 1: bits per bisection step of t (0: 1-bit steps, one int32 reduction each)
-    maxnreg: int = 0            # stage 1: register cap per thread (0: the compiler's choice)
-    row_bound: bool = False     # the merge's lo also >= the k-th largest chunk maximum (k <= chunks of the program)
-    kb: int = 0                 # stage 1's t_c: the kb-th largest column maximum (0: k; kb < k needs width)
-    width: int = 0              # the merge's tile: the first `width` slots of each chunk (0: all CAP)
-    peel: int = 0               # stage 1's t_c: the peel-th largest distinct column maximum, by peel warp maxima
-
-    @property
-    def group(self) -> int:     # G: elements per column
-        return self.block // self.cols if self.cols else 0
-
-
-def _pow2(n: int) -> int:
-    return 1 << (max(int(n), 1) - 1).bit_length()
-
-
-def select_path(B: int, V: int, k: int, *, path: str | None = None, block: int | None = None,
-                num_warps: int | None = None, tree: int | None = None, tree_warps: int | None = None,
-                merge_warps: int | None = None, exact_apart: bool | None = None, radix: int | None = None,
-                maxnreg: int = 0, row_bound: bool | None = None, kb: int | None = None,
-                width: int | None = None, peel: int | None = None, esize: int = 4) -> TopKConfig:
-    """The kernel configuration ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k``.
-
-    One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
-    on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
-    chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``path`` / ``block`` /
-    ``num_warps`` / ``tree`` / ``tree_warps`` / ``merge_warps`` / ``exact_apart`` / ``radix`` / ``maxnreg`` /
-    ``row_bound`` / ``kb`` / ``width`` / ``peel`` override the choice (tests and the variant timers
-    use them).
-    """
-    if path is not None and path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    kp = max(MIN_KP, _pow2(k))
-    if kp > MAX_FUSED_K or path == "sort":
-        return TopKConfig("sort", kp=kp)
-    cap = CAP_FACTOR * kp
-    vec = 16 // esize                                   # elements per 16-byte load
-    cols = max(min(COLS_PER_KP * kp, MAX_COLS), 32 * vec)
-    max_warps = max(1, cols // (32 * vec))              # every warp along the columns: column maxima in-thread
-    if kp >= FIT_TILE_MIN_KP:
-        max_warps = FIT_MAX_WARPS
-    if block is None:
-        block = max(cols, min(32 * ELEMS_PER_THREAD, _pow2(V)))
-        while _pow2(triton.cdiv(V, block)) * cap > MERGE_MAX_SLOTS:
-            block *= 2
-        while (kp >= FIT_TILE_MIN_KP and block < 32 * ELEMS_PER_THREAD * max_warps
-               and _pow2(triton.cdiv(V, block)) * cap > MERGE_TILE):
-            block *= 2
-    splits = triton.cdiv(V, block)
-    if _pow2(splits) * cap > MERGE_MAX_SLOTS or block > 2 * 32 * ELEMS_PER_THREAD * max_warps:
-        return TopKConfig("sort", kp=kp)
-    cols = min(cols, block)
-    if num_warps is None:
-        num_warps = max(1, min(max_warps, block // (32 * ELEMS_PER_THREAD)))
-    # the merge also runs a chunk's exact path (1d) at 64 elements per thread; few rows (one wave of
-    # programs whatever their size): twice the warps, half the latency
-    mw = max(4, min(_pow2(splits) * cap, MERGE_TILE) // MERGE_SLOTS_PER_WARP, num_warps)
-    if B <= MERGE_FEW_ROWS:
-        mw = min(2 * mw, 16)
-    tw = 0
-    # the narrow merge where x is sparse in the answer (a chunk's kb-th largest is far above the row's k-th) and
-    # its tile fits the registers; it needs no tree
-    narrow = (kb is None and tree is None and 0 < NARROW_KB < k and not (ROW_BOUND if row_bound is None else row_bound)
-              and k * block * NARROW_SPARSITY <= NARROW_KB * V and _pow2(splits) * NARROW_WIDTH <= MERGE_TILE)
-    if tree is None:        # a two-level merge where one program per row would stream its slots from L2
-        tree = 0
-        if _pow2(splits) * cap > MERGE_TILE and not narrow:
-            tree, tw = ((TREE_SLOTS_SMALL_K // cap, TREE_WARPS_SMALL_K) if kp < FIT_TILE_MIN_KP
-                        else (MERGE_TILE // cap, max(4, num_warps)))
-    tree = min(tree, MERGE_TILE // cap, splits)
-    if tree and triton.cdiv(splits, tree) == 1:
-        tree = 0
-    if tree:
-        ng = triton.cdiv(splits, tree)
-        tw = tree_warps or tw or max(1, min(16, _pow2(tree) * cap // MERGE_SLOTS_PER_WARP))
-        mw = max(num_warps if kp >= FIT_TILE_MIN_KP else 1,     # (CAP = 2048, SP = 4: 4 warps spill 544 bytes)
-                 min(16, _pow2(ng) * cap // MERGE_SLOTS_PER_WARP * (2 if B <= MERGE_FEW_ROWS else 1)))
-    mw = merge_warps or mw
-    if exact_apart is None:     # the first level's tile is MERGE_TILE: the exact path's registers would spill it
-        exact_apart = bool(tree) and kp >= FIT_TILE_MIN_KP
-    if radix is None:
-        radix = 0 if num_warps <= BINARY_BISECT_MAX_WARPS else RADIX_BITS
-    if row_bound is None:   # only where a merge program holds k chunks (else no k-th largest maximum exists)
-        row_bound = ROW_BOUND and k <= (min(tree, triton.cdiv(splits, tree)) if tree else splits)
-    if kb is None:
-        kb = NARROW_KB if narrow else 0
-    if width is None:
-        width = NARROW_WIDTH if kb else 0
-    if bool(kb) != bool(width) or width > cap or (kb and (tree or row_bound)):
-        raise ValueError(f"select_path: kb={kb} needs width (<= CAP = {cap}) and a one-level merge, and the reverse")
-    if peel is None:    # the narrow merge's small rank, one warp: peeling instead of bisection
-        peel = kb if kb and num_warps == 1 and kb <= NARROW_PEEL_MAX else 0
-    return TopKConfig("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg,
-                      row_bound, kb, width, peel)
-
-
-# --- device helpers -----------------------------------------------------------------------------------------
 
 @triton.jit
 def _key_of(x):
@@ -365,8 +211,6 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
                                                               0xFFFFFFFF), mask=win)
 
 
-# --- stage 1: per-chunk (m, d) and top-k candidates ---------------------------------------------------------
-
 @triton.jit
 def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
@@ -451,8 +295,6 @@ def _topk_exact_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
     if tl.load(ws_ptr + 2 * BS + pid) < 0:
         _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, pid // S, pid, (pid % S) * BLOCK, BLOCK, R, CAP)
 
-
-# --- stage 2: merge the S chunk states of a row -------------------------------------------------------------
 
 @triton.jit
 def _add3(a1, a2, a3, b1, b2, b3):
@@ -562,7 +404,7 @@ def _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE: tl.constexpr
 def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
                        CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr,
-                       ROWB: tl.constexpr, W: tl.constexpr):
+                       W: tl.constexpr):
     """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
     state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input.
@@ -604,16 +446,6 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     # a smaller rank and the claim is checked before it is used, below.)
     tc = tl.load(ws_ptr + 3 * BS + base_s + so, mask=smask, other=INT32_MIN)
     lo = tl.maximum(tl.max(tc), NEG_INF_KEY)
-    if ROWB:
-        # chunk c holds an element >= its maximum m_c, so k chunks (k <= SC) hold k elements >= the k-th largest
-        # maximum: lo >= it too. m_c is known as mc = fl(m_c·log2 e), so mc·ln 2 is within 4 ulps of it: take a
-        # lower bound (1e-6 relative, and the smallest normal for zero / denormal maxima under flush-to-zero).
-        # A NaN chunk's mc is NaN (its exact path ran above): NaN ranks highest and the chunk holds one.
-        v = mc * LN2
-        lb = tl.where(v == float("inf"), v, v - tl.abs(v) * 1e-6 - 1.1754944e-38)
-        uk = tl.where(smask, _key_of(lb), INT32_MIN)
-        n_ge = tl.sum((uk[None, :] >= uk[:, None]).to(tl.int32), axis=1)      # #{u_j >= u_i}
-        lo = tl.maximum(lo, tl.max(tl.where(n_ge >= k, uk, INT32_MIN)))
     # the candidate slots of the row (CAP per chunk, chunk c holds n_c): int64 = value bits | index << 32
     slots = (ws_ptr + 4 * BS).to(tl.pointer_type(tl.int64))
     cand_ptr = (slots + base_s.to(tl.int64) * CAP).to(tl.pointer_type(tl.int32))
@@ -673,105 +505,3 @@ def _finish(buf, n, m, d, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: tl.
     out = row.to(tl.int64) * k + j
     tl.store(val_ptr + out, p, mask=j < k)
     tl.store(ind_ptr + out, ind.to(tl.int64), mask=j < k)
-
-
-# --- launcher -----------------------------------------------------------------------------------------------
-
-def workspace_words(B: int, cfg: TopKConfig, splits: int | None = None) -> int:
-    """int32 words of scratch: m_c, d_c, n_c, t_c (B·S each), the candidates (B·S·CAP int64: value bits,
-    index) and the merge's survivors (B·CAP int64), 16-byte aligned. ``splits``: S of another level."""
-    bs = B * (cfg.splits if splits is None else splits)
-    return 4 * bs + 2 * (bs + B) * cfg.cap
-
-
-def _workspace(device: torch.device, words: int, words2: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scratch cached per (device, stream), grown when needed (``stream_scratch``): stage 1's states and the
-    tree's first-level states. Every launch writes what it reads (stage 1 writes every chunk's state and n_c
-    candidates), so nothing is cleared."""
-    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32), (max(words2, 1024), torch.int32)),
-                          zeroed=0)
-
-
-@functools.lru_cache(maxsize=4096)
-def plan(B: int, V: int, k: int, dtype: torch.dtype) -> TopKConfig:
-    """:func:`select_path`, cached per problem."""
-    return select_path(B, V, k, esize=torch.finfo(dtype).bits // 8)
-
-
-@functools.lru_cache(maxsize=4096)
-def _launches(cfg: TopKConfig, B: int, V: int, k: int, stride_b: int, stride_v: int, fast: bool) -> tuple:
-    """The launches of ``cfg`` for one problem, bound once (``BoundKernel``: no per-call argument binding):
-    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out)`` giving the run-time arguments. Stage 1 first."""
-    S = cfg.splits
-    BS = B * S
-    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
-    opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
-    head = (stride_b, stride_v, V)
-    out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, PEEL=cfg.peel,
-                                                         num_warps=cfg.num_warps, **opt)),
-            lambda x, ws, ws2, o: (x, ws, *head, cfg.kb or k, S, BS))]
-    if cfg.exact_apart:
-        out.append((BoundKernel(_topk_exact_kernel, (BS,), dict(blk, num_warps=cfg.num_warps)),
-                    lambda x, ws, ws2, o: (x, ws, *head, k, S, BS)))
-    merge = dict(blk, FAST=fast, ROWB=cfg.row_bound)
-    exact = not cfg.exact_apart
-    S2 = S
-    if cfg.tree:
-        ng = triton.cdiv(S, cfg.tree)
-        sp = _pow2(cfg.tree)
-        out.append((BoundKernel(_topk_merge_kernel, (B * ng,), dict(merge, SP=sp, CT=sp, EXACT=exact, OUT_STATE=True,
-                                                                    W=cfg.cap, num_warps=cfg.tree_warps)),
-                    lambda x, ws, ws2, o: (x, *head, ws, ws2, *o, k, S, BS, cfg.tree, ng)))
-        S2, exact = ng, False
-    sp = _pow2(S2)
-    final = BoundKernel(_topk_merge_kernel, (B,), dict(merge, SP=sp, CT=max(1, min(sp, MERGE_TILE // cfg.cap)),
-                                                       EXACT=exact, OUT_STATE=False, W=cfg.width or cfg.cap,
-                                                       num_warps=cfg.merge_warps))
-    out.append((final, lambda x, ws, ws2, o: (x, *head, *(2 * (ws2 if cfg.tree else ws,)), *o, k, S2, B * S2, S2, 1)))
-    return tuple(out)
-
-
-def _run(x: torch.Tensor, launches, ws, ws2, out):
-    for kernel, args in launches:
-        kernel(args(x, ws, ws2, out), (x,), x.device)
-
-
-def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: TopKConfig, fast: bool):
-    """Launch stage 1 for ``x`` ``[B, V]`` into the workspace ``ws`` (also timed alone by the benchmarks)."""
-    B, V = x.shape
-    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), fast)[:1], ws, None, None)
-
-
-def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: int, cfg: TopKConfig, fast: bool):
-    """The launches after stage 1 (the exact path apart, the merge or its two levels) into ``out`` = (values,
-    indices, lse); also timed alone by the benchmarks."""
-    B, V = x.shape
-    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), fast)[1:], ws, ws2, out)
-
-
-def softmax_topk_2d(x: torch.Tensor, k: int, cfg: TopKConfig | None = None):
-    """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
-
-    Launches: stage 1 (B·S programs); with ``exact_apart`` the chunks' exact paths (B·S, most return at once);
-    the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks each, then B over the
-    NG group states."""
-    B, V = x.shape
-    cfg = cfg or plan(B, V, k, x.dtype)
-    if cfg.path == "sort":
-        raise ValueError("softmax_topk_2d: the sort path is not a kernel; the op runs it")
-    dev = x.device
-    values = torch.empty((B, k), device=dev, dtype=torch.float32)
-    indices = torch.empty((B, k), device=dev, dtype=torch.int64)
-    lse = torch.empty((B,), device=dev, dtype=torch.float32)
-    if B == 0:
-        return values, indices, lse
-    ws, ws2 = workspaces(B, cfg, dev)
-    fast = dev.type == "cuda" and not interpret_mode()
-    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), fast), ws, ws2, (values, indices, lse))
-    return values, indices, lse
-
-
-def workspaces(B: int, cfg: TopKConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage 1's scratch and the tree's first-level scratch for ``cfg`` (cached per device and stream)."""
-    ng = triton.cdiv(cfg.splits, cfg.tree) if cfg.tree else 1
-    return _workspace(device, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)

@@ -1,25 +1,14 @@
-"""The softmax kernels written in Gluon (explicit layouts and shared memory, sm_80+; the GPU only; kernels/softmax.py
-chooses them: SMEM_CONFIG, SMEM_ROWS, SMEM_BWD_CONFIG, SMEM_BWD_ROWS, LSE_PIPE, LSE_STREAM): the long-row coop
-kernels, forward and backward, which hold their chunks in shared memory (and whole rows of 4K-32K, 16-bit forward,
-or 1K-16K, backward), and logsumexp's pipelined rows kernel and streaming kernel (at the end of this file; the
-streaming kernel keeps its tiles in registers).
+"""The coop path with each chunk held in shared memory (Gluon: explicit layouts and ``cp.async``; sm_90, the GPU
+only), forward (``softmax_coop_smem_kernel``) and backward (``softmax_bwd_coop_smem_kernel``).
 
-Same scheme as ``softmax_chunks_kernel``'s coop phase (kernels/softmax.py): program (row, c) owns chunk c of its
-row, publishes (m_c, d_c), waits at the row barrier until its C siblings have published, merges with ⊕ and
-writes y from the chunk it still holds: one read of x, one write of y. The difference is where the chunk waits.
-The register kernels hold at most about 128 KB per SM (four 8192-element fp32 chunks at 57 registers), and the
-coop path's speed followed those bytes (docs/softmax.md: 64 KB per SM ≈ 55 %, 128 KB ≈ 75 %, 160 KB ≈ 81 %).
-Here the chunk is copied global → shared by ``cp.async`` (no registers held while the bytes are in flight or
-while the program waits), so an SM holds up to its 227 KB of shared memory, and a program needs few registers.
-Measured (H200, 1 GiB per tensor, one run each, benchmarks/results/softmax/tune-gib-smem-*.log): fp32 N = 128K /
-256K 92.5 / 89.9 % of the copy ceiling against 86.8 / 82.0 % for the register kernel; bf16 85.0 / 84.0 % against
-78.4 / 75.3 % for the bf16x2 kernel. The forward also keeps the chunk's first REG sub-tiles in registers, which
-shared memory leaves idle (bf16 as int32 words of two elements, WORDS): fp32 94.4-94.6 / 92.3-92.6 %, bf16 86.0 /
-85.8 % (tune-gib-hybrid-*.log).
-
-The `rows` path runs the same kernel with one chunk per row (C = 1: step 2 is skipped, no barrier) for 16-bit
-rows of 4K-32K elements (kernels/softmax.py: SMEM_ROWS): bf16 96.4-97.8 % of the copy ceiling against 83.6-96.7 %
-for the register kernels (benchmarks/results/softmax/tune-gib-slots-c1d6159.log, bench-d1ae531.log).
+Same scheme as ``softmax_chunks_kernel``: program (row, c) owns chunk c of its row, publishes (m_c, d_c), waits at
+the row barrier until its C siblings have published, merges with ⊕ and writes y from the chunk it still holds: one
+read of x, one write of y. The difference is where the chunk waits. Register kernels hold at most about 128 KB per
+SM, and the coop path's speed follows the bytes an SM holds. Here the chunk is copied global → shared by
+``cp.async`` (no registers held while the bytes are in flight or while the program waits), so an SM holds up to its
+227 KB of shared memory; the chunk's first REG sub-tiles are also kept in registers, which shared memory leaves
+idle (bf16 as int32 words of two elements, WORDS). With one chunk per row (C = 1: step 2 is skipped, no barrier)
+the same kernel holds whole 16-bit rows of 4K-32K (forward) or rows of 1K-16K (backward) for the ``rows`` path.
 
 Steps, in the paper's notation, for chunk c of CHUNK = (REG + S) x SUB elements:
     0. cp.async the S sub-tiles into shared memory, one commit group each (and load the REG ones into registers);
@@ -27,8 +16,7 @@ Steps, in the paper's notation, for chunk c of CHUNK = (REG + S) x SUB elements:
     2. publish (m_c, d_c), wait for the row's C chunks, (m, d) = ⊕_c (m_c, d_c);
     3. y_j = e^(x_j - m) / d  (softmax) or (x_j - m) - log d  (log-softmax), read from shared memory again.
 With KEEP_E (16-bit softmax in coop chunks) step 1 writes e_j = e^(x_j - m_c) over x_j and step 3 is
-y_j = e_j · e^(m_c - m) / d: one exponential per element (bf16 N = 128K / 256K 93.4 / 91.7 % against 87.9 / 88.4 %,
-tune-gib-keep-217fc5e.log).
+y_j = e_j · e^(m_c - m) / d: one exponential per element.
 """
 
 from __future__ import annotations
@@ -37,18 +25,17 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .softmax import (
+from ..._triton.online import (
     _alpha,
     _bf16_halves,
     _exp,
-    _grad,
-    _lse,
     _pack_bf16x2,
     _row_barrier,
     _row_generation,
     _row_offsets,
     _shift,
 )
+from .common import _grad
 
 
 @gluon.jit
@@ -153,7 +140,7 @@ def softmax_coop_smem_kernel(
         gl.thread_barrier()
         _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        # kernels/softmax.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
+        # common.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
         # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
         pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
         pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
@@ -224,7 +211,7 @@ def softmax_bwd_coop_smem_kernel(
 ):
     """Backward of program (row, c): chunks of y and dy held in shared memory (y, dy, dx of one dtype, rows as
     the forward's). 1. s_c = sum_j y_j·dy_j (softmax) or sum_j dy_j (log-softmax), in SUM (fp64 for fp32, see
-    kernels/softmax.py `_grad_sum`); 2. s = sum_c s_c at the row barrier; 3. dx from shared memory (`_grad`).
+    common.py `_grad_sum`); 2. s = sum_c s_c at the row barrier; 3. dx from shared memory (`_grad`).
     REG (0 or a power of two, as the forward's): the chunk's first REG sub-tiles of y and dy are held in
     registers, never masked; WORDS (bf16): as int32 words of two elements.
     RING (log-softmax only; 0 or more): step 1 needs dy alone, so y's shared-memory sub-tiles are not held through
@@ -322,102 +309,3 @@ def softmax_bwd_coop_smem_kernel(
         else:
             dx = _grad(yr.to(gl.float32), dyr.to(gl.float32), s_row, LOG, LIBDEVICE)
             gl.store(dx_base + cols_r, dx.to(DX.dtype.element_ty))
-
-
-@gluon.jit
-def _copy_row(smem, X, row, M, N, INNER, sxo, sxi, cols, EVEN: gl.constexpr):
-    """0. cp.async row `row` of X into smem ([S, SUB], this thread's own 16-byte pieces), one commit group; rows
-    past M and columns past N are copied as zeros."""
-    src = X + _row_offsets(row, INNER, sxo, sxi) + cols
-    if EVEN:
-        # cols >= 0 only broadcasts row < M and folds away: no column compare per copy (sm_90a SASS of the pipe
-        # kernel 584 against 728 instructions at fp32 N = 32K with cols < N here)
-        cp.async_copy_global_to_shared(smem, src, mask=(cols >= 0) & (row < M))
-    else:
-        cp.async_copy_global_to_shared(smem, src, mask=(cols < N) & (row < M))
-    cp.commit_group()
-
-
-@gluon.jit
-def logsumexp_rows_pipe_kernel(
-    X, Y, M, N, INNER, sxo, sxi, GRID,
-    BLOCK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr, EVEN: gl.constexpr,
-):
-    """logsumexp of whole rows with the next row's read in flight: a persistent program takes rows pid,
-    pid + GRID, ... Row i waits in shared memory; the program moves it to registers, at once puts row i + GRID in
-    flight into the same shared memory (each thread overwrites only the bytes it has just read, so no barrier),
-    and reduces row i while that copy lands, so an SM's reads never pause for the reduction (the register `rows`
-    kernel's do). BLOCK = S x SUB elements (a power of two, >= N); EVEN: BLOCK == N. Y: one fp value per row.
-    (Softmax and log-softmax through the same pipeline measured 82-92 % of the copy ceiling against 94.7-98.1 %
-    for their kernels: benchmarks/results/softmax/tune-gib-pipe-77f31cb.log.)"""
-    SUB: gl.constexpr = VEC * 32 * WARPS                      # one 16-byte cp.async per thread per sub-tile
-    S: gl.constexpr = BLOCK // SUB
-    L: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
-    cols = (gl.arange(0, S, layout=gl.SliceLayout(1, L))[:, None] * SUB
-            + gl.arange(0, SUB, layout=gl.SliceLayout(0, L))[None, :])
-    smem = gl.allocate_shared_memory(X.dtype.element_ty, [S, SUB],
-                                     gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-    pid = gl.program_id(0)
-    _copy_row(smem, X, pid, M, N, INNER, sxo, sxi, cols, EVEN)
-    for row in range(pid, M, GRID):
-        cp.wait_group(0)
-        x = smem.load(L).to(gl.float32)
-        _copy_row(smem, X, row + GRID, M, N, INNER, sxo, sxi, cols, EVEN)     # 0. the next row, in flight
-        if not EVEN:
-            x = gl.where(cols < N, x, float("-inf"))
-        # (axis 0 of [S, SUB] is each thread's own: fold it first)
-        m = gl.max(gl.max(x, axis=0), axis=0)                                    # 1. m = max_j x_j
-        sh = _shift(m)
-        d = gl.sum(gl.sum(_exp(x - sh, True), axis=0), axis=0)                   # 2. d = sum_j e^(x_j - m)
-        gl.store(Y + row, _lse(m, d).to(Y.dtype.element_ty))                    # 3. logsumexp = m + log d
-
-
-@gluon.jit
-def _load_tile(X, row, t, M, N, INNER, sxo, sxi, offs, TILE: gl.constexpr):
-    """0. Tile t of row `row` into registers (as stored); rows past M and columns past N read as -inf."""
-    col = t * TILE + offs
-    return gl.load(X + _row_offsets(row, INNER, sxo, sxi) + col, mask=(col < N) & (row < M), other=float("-inf"))
-
-
-@gluon.jit
-def logsumexp_stream_kernel(
-    X, Y, M, N, INNER, sxo, sxi, GRID, T,
-    PER: gl.constexpr, WARPS: gl.constexpr,
-):
-    """logsumexp of long rows streamed once, the paper's online normalizer per thread. A persistent program takes
-    rows pid, pid + GRID, ..., each as T tiles of TILE = 32·WARPS·PER elements, each thread PER contiguous ones;
-    the next tile (of this row or the next) is loaded before the current one is folded in, so a tile is always
-    in flight in registers (no shared memory, no barrier until the row's end). Per tile each thread folds its PER
-    elements into its (m_t, d_t):
-        1. m' = max(m_t, max_v x_v)
-        2. d_t = d_t·e^(m_t - m') + sum_v e^(x_v - m')        (PER + 1 exponentials per PER elements)
-    3. at the row's end the program merges its threads' states with ⊕ and writes m + log d.
-    Measured (kernels/softmax.py: LSE_STREAM): bf16 at 97.7-98.9 % of the copy ceiling from N = 20000 to 256K.
-    The same loop through a shared-memory cp.async ring, with compiler-inserted CTA barriers around the ring,
-    reached 94.8-96.2 % at its best configurations (tune-gib-stream-66b5de2.log and -22abb0b.log; in git at
-    22abb0b)."""
-    R: gl.constexpr = 32 * WARPS
-    TILE: gl.constexpr = R * PER
-    L: gl.constexpr = gl.BlockedLayout([1, PER], [32, 1], [WARPS, 1], [1, 0])
-    LS: gl.constexpr = gl.SliceLayout(1, L)
-    offs = gl.arange(0, R, layout=LS)[:, None] * PER + gl.arange(0, PER, layout=gl.SliceLayout(0, L))[None, :]
-    pid = gl.program_id(0)
-    nxt = _load_tile(X, pid, 0, M, N, INNER, sxo, sxi, offs, TILE)
-    pr = pid + (1 // T) * GRID                            # the next tile to load: tile pt of row pr
-    pt = 1 % T
-    for row in range(pid, M, GRID):
-        m = gl.full([R], float("-inf"), gl.float32, LS)
-        d = gl.zeros([R], gl.float32, LS)
-        for _t in range(T):
-            x = nxt.to(gl.float32)
-            nxt = _load_tile(X, pr, pt, M, N, INNER, sxo, sxi, offs, TILE)      # 0. the next tile, in flight
-            pt += 1
-            if pt == T:
-                pt = 0
-                pr += GRID
-            m_new = gl.maximum(m, gl.max(x, axis=1))                               # 1. m' = max(m_t, x_v)
-            d = d * _alpha(m, m_new) + gl.sum(_exp(x - _shift(m_new)[:, None], True), axis=1)  # 2. d_t, relative to m'
-            m = m_new
-        m_row = gl.max(m, axis=0)                                                  # 3. ⊕ over the threads
-        d_row = gl.sum(d * _alpha(m, m_row), axis=0)
-        gl.store(Y + row, _lse(m_row, d_row).to(Y.dtype.element_ty))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import onlinesoftmax
-from onlinesoftmax.ops.sampling import sample
+from onlinesoftmax.topk import sample
 
 LOGITS = torch.tensor([2.0, 1.5, 1.2, 0.9, 0.3, -0.1, 0.05, -1.0, float("-inf"), -2.5, 0.6, 1.45])
 

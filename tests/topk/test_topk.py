@@ -1,5 +1,6 @@
-"""softmax_topk: fp64 reference (paper §4), torch path, Triton kernels (interpreter, GPU), dispatch."""
+"""softmax_topk: fp64 reference (paper §4), torch path, Triton kernels (interpreter, GPU), plans."""
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -10,11 +11,22 @@ import pytest
 import torch
 
 import onlinesoftmax
-from onlinesoftmax.ops import topk as ops_topk
-from onlinesoftmax.ops.topk import TopK, softmax_topk
+from onlinesoftmax._triton.host import pow2
 from onlinesoftmax.reference import softmax_topk as ref_topk
+from onlinesoftmax.target import A100, H200, INTERPRETER, L4, target_of
+from onlinesoftmax.topk import TopK, explain, softmax_topk
+from onlinesoftmax.topk import plan as tp
 
 NAN, INF = float("nan"), float("inf")
+
+
+def _select(B, V, k, esize=4, target=H200, **knobs):
+    """The plan for (B, V, k) on ``target`` (the H200 by default), with knobs."""
+    return tp.topk_plan(B, V, k, esize, target, tp.Knobs.of(**knobs))
+
+
+def _launch():
+    return pytest.importorskip("onlinesoftmax.topk.launch")
 
 
 def _brute(x: np.ndarray, k: int):
@@ -100,7 +112,7 @@ def test_torch_path_matches_reference(dtype):
     x = torch.cat([torch.randn(4, 101, generator=gen), _special_rows(101, gen)]).to(dtype)
     for k in (1, 5, 101):
         assert_matches_ref(softmax_topk(x, k, backend="torch"), x, k)
-    assert ops_topk.last_path() == "torch"
+    assert explain(x, 1, backend="torch").path == "torch"
 
 
 def test_torch_path_dims_and_strides():
@@ -162,51 +174,50 @@ def test_public_api_and_no_triton_on_cpu():
 # --- dispatch -----------------------------------------------------------------------------------------------
 
 def test_select_path_thresholds():
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    c = kt.select_path(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
+    c = _select(256, 128256, 50)                    # the goal shape: one warp per 2048-element chunk
     assert (c.path, c.kp, c.cap, c.block, c.cols, c.group, c.num_warps) == ("filter", 64, 128, 2048, 128, 16, 1)
     assert c.splits == math.ceil(128256 / 2048) and c.merge_warps == 4 and not c.tree and not c.exact_apart
-    assert c.radix == 0 and not c.row_bound and not c.maxnreg              # 1-bit bisection steps (run 17)
-    assert (c.kb, c.width, c.peel) == (kt.NARROW_KB, kt.NARROW_WIDTH, kt.NARROW_KB)   # narrow merge, peeling
-    c = kt.select_path(256, 128256, 50, radix=0, row_bound=True, maxnreg=144)              # the options
-    assert (c.radix, c.row_bound, c.maxnreg) == (0, True, 144)
-    c = kt.select_path(256, 262144, 50)                    # the narrow merge's tile fits: one level
-    assert (c.kb, c.tree) == (kt.NARROW_KB, 0)
-    c = kt.select_path(256, 262144, 50, kb=0, width=0)     # 128 x 128 slots would stream: a two-level merge
-    assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (kt.TREE_SLOTS_SMALL_K // 128, 2, 1, False)
-    c = kt.select_path(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
+    assert c.radix == 0 and not c.maxnreg and c.fast              # 1-bit bisection steps
+    assert (c.kb, c.width, c.peel) == (tp.NARROW_KB, tp.NARROW_WIDTH, tp.NARROW_KB)   # narrow merge, peeling
+    c = _select(256, 128256, 50, radix=3, maxnreg=144)              # the options
+    assert (c.radix, c.maxnreg) == (3, 144)
+    c = _select(256, 262144, 50)                    # the narrow merge's tile fits: one level
+    assert (c.kb, c.tree) == (tp.NARROW_KB, 0)
+    c = _select(256, 262144, 50, kb=0, width=0)     # 128 x 128 slots would stream: a two-level merge
+    assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (tp.TREE_SLOTS_SMALL_K // 128, 2, 1, False)
+    c = _select(1, 128256, 8, esize=2)              # 16-bit x: 8 per 16-byte load, R = 256 columns
     assert (c.block, c.cols, c.cap, c.num_warps) == (2048, 256, 32, 1)
-    c = kt.select_path(32, 262144, 256)                    # R = 2·KP = 512 columns; the merge fits its tile
+    c = _select(32, 262144, 256)                    # R = 2·KP = 512 columns; the merge fits its tile
     assert (c.block, c.cols, c.cap, c.num_warps, c.splits) == (16384, 512, 512, 8, 16)
-    c = kt.select_path(1, 151936, 1024)                    # R = 2·KP = MAX_COLS; groups of 4 chunks, then the row
+    c = _select(1, 151936, 1024)                    # R = 2·KP = MAX_COLS; groups of 4 chunks, then the row
     assert (c.block, c.cols, c.cap, c.splits, c.num_warps) == (16384, 2048, 2048, 10, 8)
     assert (c.tree, c.tree_warps, c.merge_warps, c.exact_apart) == (4, 8, 8, True)
-    assert kt.select_path(4, 5000, 5000).path == "sort"            # k beyond MAX_FUSED_K
-    assert kt.select_path(2, 10, 10).block == 128 and kt.select_path(2, 10, 10).cols == 128
-    assert kt.select_path(1, 10 ** 7, 2048).path == "sort"         # too many slots for one merge program
+    assert _select(4, 5000, 5000).path == "sort"            # k beyond MAX_FUSED_K
+    assert _select(2, 10, 10).block == 128 and _select(2, 10, 10).cols == 128
+    assert _select(1, 10 ** 7, 2048).path == "sort"         # too many slots for one merge program
     for B in (1, 32, 256):
         for V in (128256, 151936, 262144):
             for k in (1, 8, 50, 256, 1024):
-                c = kt.select_path(B, V, k)
-                assert c.path == "filter" and c.cols >= min(2 * c.kp, kt.MAX_COLS) and c.cap == 2 * c.kp
-                assert c.block // (32 * c.num_warps) == kt.ELEMS_PER_THREAD          # 64 elements per thread
-                assert kt._pow2(c.splits) * c.cap <= kt.MERGE_MAX_SLOTS
+                c = _select(B, V, k)
+                assert c.path == "filter" and c.cols >= min(2 * c.kp, tp.MAX_COLS) and c.cap == 2 * c.kp
+                assert c.block // (32 * c.num_warps) == tp.ELEMS_PER_THREAD          # 64 elements per thread
+                assert pow2(c.splits) * c.cap <= tp.MERGE_MAX_SLOTS
                 assert (c.block, c.num_warps) == ((2048, 1) if k <= 50 else (c.block, c.num_warps))
-                streams = kt._pow2(c.splits) * c.cap > kt.MERGE_TILE
-                assert bool(c.kb) == (k == 50) and c.width == (kt.NARROW_WIDTH if k == 50 else 0)
+                streams = pow2(c.splits) * c.cap > tp.MERGE_TILE
+                assert bool(c.kb) == (k == 50) and c.width == (tp.NARROW_WIDTH if k == 50 else 0)
                 assert bool(c.tree) == (streams and not c.kb) and c.exact_apart == (streams and k >= 256)
-                assert c.tree * c.cap <= kt.MERGE_TILE
-                assert c.radix == (0 if c.num_warps <= kt.BINARY_BISECT_MAX_WARPS else kt.RADIX_BITS)
-                assert c.row_bound == (kt.ROW_BOUND and k <= (min(c.tree, -(-c.splits // c.tree)) if c.tree
-                                                               else c.splits))
+                assert c.tree * c.cap <= tp.MERGE_TILE
+                assert c.radix == (0 if c.num_warps <= tp.BINARY_BISECT_MAX_WARPS else tp.RADIX_BITS)
+                # the kernels are portable: every CUDA target gets the H200's plan; the interpreter's exact exp
+                assert _select(B, V, k, target=A100) == c == _select(B, V, k, target=L4)
+                assert _select(B, V, k, target=INTERPRETER) == dataclasses.replace(c, fast=False)
 
 
 # --- the Triton kernels (interpreter on CPU, small sizes) ---------------------------------------------------
 
 def _run_cfg(x, k, **over):
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    cfg = kt.select_path(x.shape[0], x.shape[1], k, **over)
-    v, i, l = kt.softmax_topk_2d(x, k, cfg)
+    cfg = tp.topk_plan(x.shape[0], x.shape[1], k, x.dtype.itemsize, target_of(x.device), tp.Knobs.of(**over))
+    v, i, l = _launch().softmax_topk_2d(x, k, cfg)
     return cfg, TopK(v, i, l)
 
 
@@ -252,11 +263,10 @@ def test_kernel_tree_and_exact_apart(kernel_device, over, k):
     assert_matches_ref(out, x, k)
 
 
-@pytest.mark.parametrize("over", [{"row_bound": True, "radix": 0}, {"row_bound": False, "radix": 3}])
-def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
-    """Many chunks per row, k <= chunks: the merge starts from the k-th largest chunk maximum (``row_bound``),
-    or not, and stage 1 bisects with 1-bit steps (``radix`` 0) or 3-bit steps. Rows whose chunk maxima are
-    ties, negative denormals (flushed to zero in the base-2 maxima on the GPU), NaN, +inf, or where one chunk
+@pytest.mark.parametrize("over", [{"radix": 0}, {"radix": 3}])
+def test_kernel_stage1_variants(kernel_device, over):
+    """Many chunks per row: stage 1 bisects with 1-bit steps (``radix`` 0) or 3-bit steps. Rows whose chunk maxima
+    are ties, negative denormals (flushed to zero in the base-2 maxima on the GPU), NaN, +inf, or where one chunk
     holds the whole top-k."""
     gen = torch.Generator().manual_seed(11)
     n = 1000
@@ -268,7 +278,7 @@ def test_kernel_row_bound_and_stage1_variants(kernel_device, over):
     for k in (1, 6):
         cfg, out = _run_cfg(rows.to(kernel_device), k, block=128, **over)
         assert cfg.splits == 8 and cfg.num_warps == 1
-        assert (cfg.row_bound, cfg.radix) == (over["row_bound"], over["radix"])
+        assert cfg.radix == over["radix"]
         assert_matches_ref(out, rows, k)
 
 
@@ -286,14 +296,13 @@ def test_kernel_narrow_merge(kernel_device, kb, width, peel):
     one_chunk[256:296] += 10.0                                         # chunk 1 holds the top 40
     x = torch.cat([torch.randn(3, n, generator=gen), _special_rows(n, gen), i.float()[None], -i.float()[None],
                    one_chunk[None]]).to(kernel_device)
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     for k in (5, 30):
         cfg, out = _run_cfg(x, k, block=256, kb=kb, width=width, peel=peel)
         assert (cfg.kb, cfg.width, cfg.peel, cfg.tree, cfg.splits) == (kb, width, peel, 0, 12)
         assert_matches_ref(out, x, k)
         # which path ran: n_c as the merge left it (a chunk re-read by the fallback holds exactly k)
         BS = x.shape[0] * cfg.splits
-        n_c = kt.workspaces(x.shape[0], cfg, x.device)[0][2 * BS:3 * BS].view(x.shape[0], -1).cpu()
+        n_c = _launch().workspaces(x.shape[0], cfg, x.device)[0][2 * BS:3 * BS].view(x.shape[0], -1).cpu()
         if k == 5 and kb == 2:
             assert (n_c[1:3] < k).all()                         # two random rows: the narrow tile, nothing re-read
             assert 0 < int((n_c[0] == k).sum()) < cfg.splits    # one fell back: only chunks with t_c > kh re-read
@@ -301,41 +310,28 @@ def test_kernel_narrow_merge(kernel_device, kb, width, peel):
             assert n_c[-1, 1] == k                              # the chunk holding the top 40 was re-read
 
 
-def test_narrow_dispatch(monkeypatch):
-    """NARROW_KB on: k above it with a one-level merge takes the narrow tile; the tree, the row bound and small k
-    do not. An inconsistent override is refused."""
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    monkeypatch.setattr(kt, "NARROW_KB", 8)
-    c = kt.select_path(256, 128256, 50)
-    assert (c.kb, c.width, c.tree) == (8, kt.NARROW_WIDTH, 0)
-    assert kt.select_path(256, 128256, 8).kb == 0                      # k <= NARROW_KB
-    assert kt.select_path(256, 50000, 50).kb == 0                      # k·BLOCK·SPARSITY > kb·V
-    assert kt.select_path(256, 262144, 50, tree=4).kb == 0             # a tree asked for
+def test_narrow_dispatch():
+    """k above NARROW_KB with a one-level merge takes the narrow tile; the tree and small k do not. An inconsistent
+    override is refused, and so is an unknown knob."""
+    c = _select(256, 128256, 50)
+    assert (c.kb, c.width, c.tree) == (8, tp.NARROW_WIDTH, 0)
+    assert _select(256, 128256, 8).kb == 0                      # k <= NARROW_KB
+    assert _select(256, 50000, 50).kb == 0                      # k·BLOCK·SPARSITY > kb·V
+    assert _select(256, 262144, 50, tree=4).kb == 0             # a tree asked for
     with pytest.raises(ValueError, match="kb="):
-        kt.select_path(256, 128256, 50, kb=8, width=0)
+        _select(256, 128256, 50, kb=8, width=0)
+    with pytest.raises(TypeError):
+        tp.Knobs.of(row_bound=True)                             # no such knob
+    assert _select(256, 128256, 50).radix == 0 and _select(1, 128256, 1024).radix == tp.RADIX_BITS
 
 
-def test_row_bound_dispatch(monkeypatch):
-    """With ``ROW_BOUND`` on, the merge takes the row bound only where a program merges at least k chunks."""
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    monkeypatch.setattr(kt, "ROW_BOUND", True)
-    assert kt.select_path(1, 1000, 8, block=128).row_bound                  # 8 chunks, k = 8
-    assert not kt.select_path(1, 1000, 9, block=128).row_bound              # k = 9 > 8 chunks
-    assert kt.select_path(256, 128256, 50).row_bound                        # the goal shape: 63 chunks
-    assert not kt.select_path(256, 262144, 50).row_bound                    # tree: groups of 16 chunks < k
-    monkeypatch.setattr(kt, "BINARY_BISECT_MAX_WARPS", 1)
-    assert kt.select_path(256, 128256, 50).radix == 0 and kt.select_path(1, 128256, 1024).radix == kt.RADIX_BITS
-
-
-def test_kernel_merge_streams_tiles(kernel_device, monkeypatch):
-    """More candidate slots than MERGE_TILE: the merge counts them TILE at a time."""
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    monkeypatch.setattr(kt, "MERGE_TILE", 256)
+def test_kernel_merge_streams_tiles(kernel_device):
+    """More candidate slots than the merge's register tile: the merge counts them a tile at a time."""
     gen = torch.Generator().manual_seed(9)
     x = torch.cat([torch.randn(1, 3000, generator=gen), _special_rows(3000, gen)[[3, 8]]]).to(kernel_device)
     for k in (33,):
-        cfg, out = _run_cfg(x, k, block=256, tree=0)
-        assert kt._pow2(cfg.splits) * cfg.cap > 256 and not cfg.tree
+        cfg, out = _run_cfg(x, k, block=256, tree=0, merge_tile=256)
+        assert pow2(cfg.splits) * cfg.cap > 256 and not cfg.tree
         assert_matches_ref(out, x, k)
 
 
@@ -343,7 +339,7 @@ def test_kernel_k_equals_n_and_odd_v(kernel_device):
     gen = torch.Generator().manual_seed(4)
     x = torch.cat([torch.randn(2, 37, generator=gen), _special_rows(37, gen)]).to(kernel_device)
     out = softmax_topk(x, 37, backend="triton")
-    assert ops_topk.last_path() == "filter"
+    assert explain(x, 37, backend="triton").path == "filter"
     assert_matches_ref(out, x, 37)
     torch.testing.assert_close(out.values[2:].sum(-1)[[3, 4, 5, 7, 8]], torch.ones(5, device=kernel_device))
 
@@ -367,11 +363,10 @@ def test_kernel_strides_and_dim(kernel_device):
 
 
 def test_kernel_sort_path_and_lse(kernel_device):
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
-    n = kt.MAX_FUSED_K + 1
+    n = tp.MAX_FUSED_K + 1
     x = torch.randn(2, n).to(kernel_device)
     out = softmax_topk(x, n, backend="triton")
-    assert ops_topk.last_path() == "sort"
+    assert explain(x, n, backend="triton").path == "sort"
     v, i, l = _brute(x.cpu().numpy(), n)         # the paper's O(N·k) insertion is slow at k = 2049
     np.testing.assert_array_equal(out.indices.cpu().numpy(), i)
     np.testing.assert_allclose(out.values.cpu().numpy(), v, rtol=2e-5, atol=1e-12)
@@ -384,46 +379,43 @@ def test_kernel_sort_path_and_lse(kernel_device):
 @pytest.mark.parametrize("V,k", [(128256, 50), (151936, 8), (262144, 1024), (1000, 1000), (100003, 50),
                                  (37, 37), (151936, 50)])
 def test_gpu_matches_reference(V, k):
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     gen = torch.Generator().manual_seed(V + k)
     x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]]])
     out = softmax_topk(x.cuda(), k)
-    assert ops_topk.last_path() == "filter"
-    cfg = kt.plan(x.shape[0], V, k, x.dtype)                 # the two-level merge at k = 1024, the narrow at k = 50
+    cfg = explain(x.cuda(), k)
+    # the two-level merge at k = 1024, the narrow at k = 50
+    assert cfg.path == "filter" and cfg == _launch().cached_plan(x.shape[0], V, k, x.dtype, torch.device("cuda"))
     assert bool(cfg.tree) == ((V, k) == (262144, 1024)) and bool(cfg.kb) == (k == 50)
     assert cfg.exact_apart == ((V, k) == (262144, 1024))
     assert_matches_ref(out, x, k)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("over", [{"radix": 0, "row_bound": True}, {"radix": 0, "row_bound": True, "maxnreg": 144},
-                                  {"radix": 0, "row_bound": False, "kb": 8, "width": 32, "peel": 0},
-                                  {"radix": 0, "row_bound": False, "kb": 8, "width": 32, "peel": 8}])
-def test_gpu_stage1_bisect_and_row_bound(over):
-    """Run 17's options and run 19's narrow merge on the GPU (flush-to-zero, REDUX, register caps): every
-    k <= 50 goal k at V = 128256 (63 chunks, so the row bound applies), special rows, a row of negative
-    denormals."""
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
+@pytest.mark.parametrize("over", [{"radix": 0}, {"radix": 0, "maxnreg": 144},
+                                  {"radix": 0, "kb": 8, "width": 32, "peel": 0},
+                                  {"radix": 0, "kb": 8, "width": 32, "peel": 8}])
+def test_gpu_stage1_bisect_and_narrow(over):
+    """1-bit bisection, a register cap and the narrow merge on the GPU (flush-to-zero, REDUX): every k <= 50 goal
+    k at V = 128256, special rows, a row of negative denormals."""
     gen = torch.Generator().manual_seed(17)
     V = 128256
     den = -1e-40 * (1 + torch.arange(V) % 7).float()
     x = torch.cat([torch.randn(3, V, generator=gen) * 3, _special_rows(V, gen)[[0, 1, 3, 4, 8]], den[None]])
     for k in (1, 8, 50):
-        cfg = kt.select_path(x.shape[0], V, k, **over)
-        assert cfg.path == "filter" and cfg.row_bound == over["row_bound"] and cfg.radix == 0 and not cfg.tree
+        cfg = _select(x.shape[0], V, k, **over)
+        assert cfg.path == "filter" and cfg.radix == 0 and not cfg.tree
         assert (cfg.kb, cfg.peel) == (over.get("kb", 0), over.get("peel", 0))
-        out = TopK(*kt.softmax_topk_2d(x.cuda(), k, cfg))
+        out = TopK(*_launch().softmax_topk_2d(x.cuda(), k, cfg))
         assert_matches_ref(out, x, k)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 256])
 def test_gpu_batch_paths(B):
-    kt = pytest.importorskip("onlinesoftmax.kernels.topk")
     x = torch.randn(B, 128256, device="cuda").to(torch.bfloat16)
     for k, over in ((1, {}), (50, {}), (50, {"block": 4096, "num_warps": 2}), (1024, {})):
-        cfg = kt.select_path(B, 128256, k, esize=2, **over)
-        v, i, l = kt.softmax_topk_2d(x, k, cfg)
+        cfg = _select(B, 128256, k, esize=2, **over)
+        v, i, l = _launch().softmax_topk_2d(x, k, cfg)
         ref = softmax_topk(x, k, backend="torch")                       # stable sort on the GPU
         torch.testing.assert_close(i, ref.indices)
         torch.testing.assert_close(v, ref.values, rtol=1e-5, atol=1e-8)
@@ -432,8 +424,8 @@ def test_gpu_batch_paths(B):
 
 @pytest.mark.gpu
 def test_gpu_same_shape_other_dtypes():
-    # the launches are cached by shape, not dtype (kernels/topk.py: _launches): each dtype must still run a kernel
-    # compiled for it (kernels/_launch.py: BoundKernel keys on the tensors' dtypes). Before that key, an fp16
+    # the launches are cached by shape, not dtype (topk/launch.py: _launches): each dtype must still run a kernel
+    # compiled for it (_triton/launch.py: BoundKernel keys on the tensors' dtypes). Before that key, an fp16
     # call followed by a bf16 one of the same shape read the bf16 bits as fp16 (right indices, wrong values)
     gen = torch.Generator().manual_seed(11)
     base = torch.randn(3, 1500, generator=gen) * 2

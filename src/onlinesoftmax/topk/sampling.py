@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_float_tensor
-from .topk import softmax_topk
+from .api import softmax_topk
 
 __all__ = ["sample"]
 

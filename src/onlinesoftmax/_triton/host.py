@@ -1,0 +1,18 @@
+"""Host-side helpers of the Triton machinery that import no Triton (plans and the row view use them)."""
+
+from __future__ import annotations
+
+import functools
+
+CACHE_SIZE = 4096
+
+
+def cached(fn):
+    """The one cache of the package: least-recently-used, CACHE_SIZE entries per function (row geometry, plans,
+    bound launches). Arguments must be hashable; plans and problems are frozen dataclasses."""
+    return functools.lru_cache(maxsize=CACHE_SIZE)(fn)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()

@@ -1,1 +1,0 @@
-"""PyTorch-facing ops: argument checks, backend choice, custom-op registration, autograd."""

@@ -1,0 +1,110 @@
+"""A top-k plan bound to its kernels: workspace, launches (bound once per problem), and the 2-D entry point."""
+
+from __future__ import annotations
+
+import torch
+
+from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
+from ..target import target_of
+from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_merge_kernel
+from .plan import Plan, topk_plan
+
+
+@cached
+def cached_plan(B: int, V: int, k: int, dtype: torch.dtype, device: torch.device) -> Plan:
+    """:func:`topk_plan` for x's device, cached per problem."""
+    return topk_plan(B, V, k, dtype.itemsize, target_of(device))
+
+
+def workspace_words(B: int, cfg: Plan, splits: int | None = None) -> int:
+    """int32 words of scratch: m_c, d_c, n_c, t_c (B·S each), the candidates (B·S·CAP int64: value bits,
+    index) and the merge's survivors (B·CAP int64), 16-byte aligned. ``splits``: S of another level."""
+    bs = B * (cfg.splits if splits is None else splits)
+    return 4 * bs + 2 * (bs + B) * cfg.cap
+
+
+def _workspace(device: torch.device, words: int, words2: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch cached per (device, stream), grown when needed (``stream_scratch``): stage 1's states and the
+    tree's first-level states. Every launch writes what it reads (stage 1 writes every chunk's state and n_c
+    candidates), so nothing is cleared."""
+    return stream_scratch("topk", device, ((max(words, 1 << 20), torch.int32), (max(words2, 1024), torch.int32)),
+                          zeroed=0)
+
+
+@cached
+def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int) -> tuple:
+    """The launches of ``cfg`` for one problem, bound once (``BoundKernel``: no per-call argument binding):
+    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out)`` giving the run-time arguments. Stage 1 first."""
+    S = cfg.splits
+    fast = cfg.fast
+    BS = B * S
+    blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
+    opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
+    head = (stride_b, stride_v, V)
+    out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, PEEL=cfg.peel,
+                                                         num_warps=cfg.num_warps, **opt)),
+            lambda x, ws, ws2, o: (x, ws, *head, cfg.kb or k, S, BS))]
+    if cfg.exact_apart:
+        out.append((BoundKernel(_topk_exact_kernel, (BS,), dict(blk, num_warps=cfg.num_warps)),
+                    lambda x, ws, ws2, o: (x, ws, *head, k, S, BS)))
+    merge = dict(blk, FAST=fast)
+    exact = not cfg.exact_apart
+    S2 = S
+    if cfg.tree:
+        ng = -(-S // cfg.tree)
+        sp = pow2(cfg.tree)
+        out.append((BoundKernel(_topk_merge_kernel, (B * ng,), dict(merge, SP=sp, CT=sp, EXACT=exact, OUT_STATE=True,
+                                                                    W=cfg.cap, num_warps=cfg.tree_warps)),
+                    lambda x, ws, ws2, o: (x, *head, ws, ws2, *o, k, S, BS, cfg.tree, ng)))
+        S2, exact = ng, False
+    sp = pow2(S2)
+    final = BoundKernel(_topk_merge_kernel, (B,), dict(merge, SP=sp, CT=max(1, min(sp, cfg.merge_tile // cfg.cap)),
+                                                       EXACT=exact, OUT_STATE=False, W=cfg.width or cfg.cap,
+                                                       num_warps=cfg.merge_warps))
+    out.append((final, lambda x, ws, ws2, o: (x, *head, *(2 * (ws2 if cfg.tree else ws,)), *o, k, S2, B * S2, S2, 1)))
+    return tuple(out)
+
+
+def _run(x: torch.Tensor, launches, ws, ws2, out):
+    for kernel, args in launches:
+        kernel(args(x, ws, ws2, out), (x,), x.device)
+
+
+def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: Plan):
+    """Launch stage 1 for ``x`` ``[B, V]`` into the workspace ``ws`` (also timed alone by the benchmarks)."""
+    B, V = x.shape
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1))[:1], ws, None, None)
+
+
+def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: int, cfg: Plan):
+    """The launches after stage 1 (the exact path apart, the merge or its two levels) into ``out`` = (values,
+    indices, lse); also timed alone by the benchmarks."""
+    B, V = x.shape
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1))[1:], ws, ws2, out)
+
+
+def softmax_topk_2d(x: torch.Tensor, k: int, cfg: Plan | None = None):
+    """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
+
+    Launches: stage 1 (B·S programs); with ``exact_apart`` the chunks' exact paths (B·S, most return at once);
+    the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks each, then B over the
+    NG group states."""
+    B, V = x.shape
+    cfg = cfg or cached_plan(B, V, k, x.dtype, x.device)
+    if cfg.path == "sort":
+        raise ValueError("softmax_topk_2d: the sort path is not a kernel; the op runs it")
+    dev = x.device
+    values = torch.empty((B, k), device=dev, dtype=torch.float32)
+    indices = torch.empty((B, k), device=dev, dtype=torch.int64)
+    lse = torch.empty((B,), device=dev, dtype=torch.float32)
+    if B == 0:
+        return values, indices, lse
+    ws, ws2 = workspaces(B, cfg, dev)
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1)), ws, ws2, (values, indices, lse))
+    return values, indices, lse
+
+
+def workspaces(B: int, cfg: Plan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's scratch and the tree's first-level scratch for ``cfg`` (cached per device and stream)."""
+    ng = -(-cfg.splits // cfg.tree) if cfg.tree else 1
+    return _workspace(device, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)

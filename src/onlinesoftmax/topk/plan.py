@@ -1,0 +1,188 @@
+"""Which launches ``softmax_topk`` runs: a pure function of (B, V, k, element size, target).
+
+``filter``: stage 1 over chunks of the row, then the merge (one or two levels; see ``kernels.py``). ``sort``: k too
+large for the fused kernels (or their slots): the API runs torch's sort instead. Every table was measured on the
+H200; the kernels are portable Triton, so every CUDA target gets the same plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .._triton.host import pow2
+from ..target import Target
+
+MAX_FUSED_K = 2048                  # k above this (after rounding up to a power of two) takes the sort path
+MIN_KP = 16                         # candidate lists are at least this long (tl.sort / tl.arange sizes)
+CAP_FACTOR = 2                      # CAP = 2·KP candidate slots per chunk, and survivors in the merge
+COLS_PER_KP = 2                     # R = 2·KP column maxima per chunk: ≈ k·(1 + k/2R) <= 1.25·k candidates
+MAX_COLS = 2048                     # R = 2·KP up to k = 1024 (with R = KP = 1024, t was the smallest column maximum:
+                                    # ≈ 5700 candidates per 16384-element chunk > CAP, every chunk took the exact path)
+RADIX_BITS = 3                      # stage 1: bits per bisection step (2^3 − 1 counts packed in one int64 sum;
+                                    # 2 bits when R >= 512, as a count then needs more than 9 bits)
+ELEMS_PER_THREAD = 64               # elements of x per thread: 64 fit in registers beside the rest (no spills)
+MERGE_TILE = 8192                   # candidate keys the merge holds in registers; more are streamed from L2
+MERGE_MAX_SLOTS = 32768             # S_pow2 · CAP candidate slots of a row, at most
+MERGE_SLOTS_PER_WARP = 2048         # merge warps: min(S_pow2 · CAP, MERGE_TILE) / this, at least 4
+MERGE_FEW_ROWS = 128                # B <= this: twice the merge warps (every row's program runs at once)
+FIT_TILE_MIN_KP = 256               # from this KP, chunks (and warps, up to FIT_MAX_WARPS) grow until the merge's
+FIT_MAX_WARPS = 8                   # slots fit MERGE_TILE (H200: k = 256, 32 x 151936: 54 µs with
+                                    # 16384-element chunks and 8 warps, 76 µs with 8192 / 4, 130 µs with 4096 / 2);
+                                    # warps of stage 1 for KP >= FIT_TILE_MIN_KP (R = 2048: 255 registers, no spill)
+TREE_SLOTS_SMALL_K = 2048           # the merge would stream its slots (S·CAP > MERGE_TILE): a two-level merge, first
+TREE_WARPS_SMALL_K = 2              # over groups of this many slots (k <= 64; H200, 256 x 262144, k = 50:
+                                    # 163 µs against 235 one-level) or of MERGE_TILE slots (KP >= FIT_TILE_MIN_KP)
+BINARY_BISECT_MAX_WARPS = 1         # stage 1 with this many warps or fewer: 1-bit bisection steps (each one int32 warp
+                                    # reduction, REDUX: 16 steps ≈ 290 SASS instructions against ≈ 930 for the
+                                    # 3-bit radix steps' int64 packed counts; 2136 → 1504 static instructions at
+                                    # the goal shape; H200: stage 1 58 → 50 µs there). 1 = every one-warp
+                                    # stage 1 (k <= 64)
+NARROW_KB = 8                       # k > this: stage 1's bound t_c is the chunk's NARROW_KB-th largest column
+NARROW_WIDTH = 32                   # maximum (≈ NARROW_KB candidates, not ≈ k) and the one-level merge loads
+NARROW_PEEL_MAX = 16                # one-warp stage 1 with kb <= this finds t_c by kb warp maxima, not bisection
+                                    # (H200, goal shape: stage 1 49.0 → 45.0 µs, the call 61.3 → 56.4)
+NARROW_SPARSITY = 4                 # NARROW_WIDTH slots per chunk, checked, with an exact fallback; where
+                                    # k·BLOCK·NARROW_SPARSITY <= NARROW_KB·V (the row's k-th key is then far above
+                                    # the chunks' NARROW_KB-th largest for i.i.d. rows). 0 = off. H200,
+                                    # 256 x 128256, k = 50: 62.8 µs against 72.9 (radix 0) and 81.5 (the wide merge)
+
+PATHS = ("filter", "sort")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The launches of one top-k problem (see ``kernels.py`` for the stages these fields configure)."""
+
+    path: str           # "filter" | "sort"
+    block: int = 0      # elements per stage-1 program
+    cols: int = 0       # R: columns (group maxima) per chunk; G = block // cols elements each
+    kp: int = 0         # k rounded up to a power of two (>= MIN_KP)
+    cap: int = 0        # candidate slots per chunk and survivor slots of the merge: CAP_FACTOR·KP
+    splits: int = 0     # S: programs per row in stage 1
+    num_warps: int = 1
+    merge_warps: int = 4
+    tree: int = 0       # > 0: two-level merge, first over groups of this many chunks (see softmax_topk_2d)
+    tree_warps: int = 0     # warps of the first level's programs
+    exact_apart: bool = False   # a chunk's exact path (1d) in a launch of its own, not inside the merge
+    radix: int = RADIX_BITS     # stage 1: bits per bisection step of t (0: 1-bit steps, one int32 reduction each)
+    maxnreg: int = 0            # stage 1: register cap per thread (0: the compiler's choice)
+    kb: int = 0                 # stage 1's t_c: the kb-th largest column maximum (0: k; kb < k needs width)
+    width: int = 0              # the merge's tile: the first `width` slots of each chunk (0: all CAP)
+    peel: int = 0               # stage 1's t_c: the peel-th largest distinct column maximum, by peel warp maxima
+    merge_tile: int = MERGE_TILE    # candidate keys a merge program holds in registers at a time
+    fast: bool = True           # ex2.approx and FMA forms (the GPU); the interpreter's exact exponentials otherwise
+
+    @property
+    def group(self) -> int:     # G: elements per column
+        return self.block // self.cols if self.cols else 0
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Overrides of :func:`topk_plan`'s choices (tests, tools); None leaves a choice to the plan. An unknown knob
+    is an error (``Knobs.of`` goes through ``dataclasses.replace``)."""
+
+    path: str | None = None
+    block: int | None = None
+    num_warps: int | None = None
+    tree: int | None = None
+    tree_warps: int | None = None
+    merge_warps: int | None = None
+    exact_apart: bool | None = None
+    radix: int | None = None
+    maxnreg: int | None = None
+    kb: int | None = None
+    width: int | None = None
+    peel: int | None = None
+    merge_tile: int | None = None
+
+    @staticmethod
+    def of(**overrides) -> Knobs:
+        return dataclasses.replace(NO_KNOBS, **overrides)
+
+
+NO_KNOBS = Knobs()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def topk_plan(B: int, V: int, k: int, esize: int, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
+    """The plan ``softmax_topk`` runs for a ``[B, V]`` input of ``esize``-byte floats and ``k`` on ``target``.
+
+    One warp per 2048-element chunk for k <= 64 (R = 128 columns of 16 elements; 16-byte loads, the bisection
+    on R values is warp shuffles only); larger k needs R = 2·KP columns, so more warps and larger chunks. The
+    chunk grows only as far as the merge's register tile needs (``MERGE_MAX_SLOTS``). ``knobs`` override the
+    choice. The kernels are portable Triton: the same plan on every CUDA target (the tables were measured on the
+    H200); the interpreter takes the exact exponentials (``fast`` off).
+    """
+    path, block, num_warps, tree, tree_warps = knobs.path, knobs.block, knobs.num_warps, knobs.tree, knobs.tree_warps
+    merge_warps, exact_apart, radix, kb, width, peel = (knobs.merge_warps, knobs.exact_apart, knobs.radix, knobs.kb,
+                                                        knobs.width, knobs.peel)
+    maxnreg = knobs.maxnreg or 0
+    tile = knobs.merge_tile or MERGE_TILE
+    fast = not target.interpret
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    kp = max(MIN_KP, pow2(k))
+    if kp > MAX_FUSED_K or path == "sort":
+        return Plan("sort", kp=kp)
+    cap = CAP_FACTOR * kp
+    vec = 16 // esize                                   # elements per 16-byte load
+    cols = max(min(COLS_PER_KP * kp, MAX_COLS), 32 * vec)
+    max_warps = max(1, cols // (32 * vec))              # every warp along the columns: column maxima in-thread
+    if kp >= FIT_TILE_MIN_KP:
+        max_warps = FIT_MAX_WARPS
+    if block is None:
+        block = max(cols, min(32 * ELEMS_PER_THREAD, pow2(V)))
+        while pow2(_cdiv(V, block)) * cap > MERGE_MAX_SLOTS:
+            block *= 2
+        while (kp >= FIT_TILE_MIN_KP and block < 32 * ELEMS_PER_THREAD * max_warps
+               and pow2(_cdiv(V, block)) * cap > tile):
+            block *= 2
+    splits = _cdiv(V, block)
+    if pow2(splits) * cap > MERGE_MAX_SLOTS or block > 2 * 32 * ELEMS_PER_THREAD * max_warps:
+        return Plan("sort", kp=kp)
+    cols = min(cols, block)
+    if num_warps is None:
+        num_warps = max(1, min(max_warps, block // (32 * ELEMS_PER_THREAD)))
+    # the merge also runs a chunk's exact path (1d) at 64 elements per thread; few rows (one wave of
+    # programs whatever their size): twice the warps, half the latency
+    mw = max(4, min(pow2(splits) * cap, tile) // MERGE_SLOTS_PER_WARP, num_warps)
+    if B <= MERGE_FEW_ROWS:
+        mw = min(2 * mw, 16)
+    tw = 0
+    # the narrow merge where x is sparse in the answer (a chunk's kb-th largest is far above the row's k-th) and
+    # its tile fits the registers; it needs no tree
+    narrow = (kb is None and tree is None and 0 < NARROW_KB < k
+              and k * block * NARROW_SPARSITY <= NARROW_KB * V and pow2(splits) * NARROW_WIDTH <= tile)
+    if tree is None:        # a two-level merge where one program per row would stream its slots from L2
+        tree = 0
+        if pow2(splits) * cap > tile and not narrow:
+            tree, tw = ((TREE_SLOTS_SMALL_K // cap, TREE_WARPS_SMALL_K) if kp < FIT_TILE_MIN_KP
+                        else (tile // cap, max(4, num_warps)))
+    tree = min(tree, tile // cap, splits)
+    if tree and _cdiv(splits, tree) == 1:
+        tree = 0
+    if tree:
+        ng = _cdiv(splits, tree)
+        tw = tree_warps or tw or max(1, min(16, pow2(tree) * cap // MERGE_SLOTS_PER_WARP))
+        mw = max(num_warps if kp >= FIT_TILE_MIN_KP else 1,     # (CAP = 2048, SP = 4: 4 warps spill 544 bytes)
+                 min(16, pow2(ng) * cap // MERGE_SLOTS_PER_WARP * (2 if B <= MERGE_FEW_ROWS else 1)))
+    mw = merge_warps or mw
+    if exact_apart is None:     # the first level's tile is full: the exact path's registers would spill it
+        exact_apart = bool(tree) and kp >= FIT_TILE_MIN_KP
+    if radix is None:
+        radix = 0 if num_warps <= BINARY_BISECT_MAX_WARPS else RADIX_BITS
+    if kb is None:
+        kb = NARROW_KB if narrow else 0
+    if width is None:
+        width = NARROW_WIDTH if kb else 0
+    if bool(kb) != bool(width) or width > cap or (kb and tree):
+        raise ValueError(f"topk_plan: kb={kb} needs width (<= CAP = {cap}) and a one-level merge, and the reverse")
+    if peel is None:    # the narrow merge's small rank, one warp: peeling instead of bisection
+        peel = kb if kb and num_warps == 1 and kb <= NARROW_PEEL_MAX else 0
+    return Plan("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg, kb,
+                width, peel, tile, fast)
