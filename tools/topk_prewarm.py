@@ -1,11 +1,11 @@
 """Compile the kernels of the ``topk`` (and ``topk-paper``) bench suites before they run, in parallel processes.
 
-Cold, the suite's 21 distinct kernels take about 86 s of one CPU core to compile (4 k = 1024 merges 50 s of it;
-``benchmarks/topk_ptxas.py`` with an empty Triton cache, on the development machine), all inside the suite's
+Cold, the suite's 21 distinct kernels take about 86 s of one CPU core to compile (4 k = 1024 merges 50 s of it,
+with an empty Triton cache on the development machine), all inside the suite's
 first calls. Here each worker process calls ``softmax_topk`` once per shape of its share, so Triton's on-disk cache
 holds every kernel, with the very specialisations of the suite's calls, when the suite starts.
 
-``PYTHONPATH=src python benchmarks/topk_prewarm.py [--jobs 12] [--paper] [--dry-run]``
+``PYTHONPATH=src python tools/topk_prewarm.py [--jobs 12] [--paper] [--dry-run]``
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ PAPER_SHAPES = [(B, V, 5) for B in (4000, 10) for V in (100, 300, 1000, 3000, 10
 def launch_key(B: int, V: int, k: int):
     """What decides which compiled kernels a call needs: the plan, and whether each launch integer is 1 or
     divisible by 16 (Triton specialises on both)."""
-    import torch
+    from onlinesoftmax.target import H200
+    from onlinesoftmax.topk.plan import topk_plan
 
-    from onlinesoftmax.kernels import topk as kt
-
-    cfg = kt.plan(B, V, k, torch.float32)
+    cfg = topk_plan(B, V, k, 4, H200)
     ng = -(-cfg.splits // cfg.tree) if cfg.tree else 1     # the two-level merge's groups per row
     return cfg, tuple((n == 1, n % 16 == 0) for n in (V, k, cfg.splits, B * cfg.splits, ng, B * ng))
 

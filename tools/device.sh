@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# What a maintainer runs on the GPU machine from the source tree; logs and results under $OUT.
+#   bash tools/device.sh [tests|bench|report]...      (default: tests bench)
+#   tests : every test with CUDA (the GPU tests and the Triton kernels at real sizes)
+#   bench : the committed suites (SUITES, default all but the ladder), results tarred into $OUT/results.tgz;
+#           Liger-Kernel is installed from .whl/ when its wheel was carried (see the device README)
+#   report: the compiler report for sm_90a (tools/compiler_report.py), no GPU needed
+set -u
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee "$OUT/gpu.txt"
+for step in ${*:-tests bench}; do
+  case $step in
+    tests) timeout ${T_TESTS:-420} python -m pytest -q -p no:warnings -x tests 2>&1 | tee "$OUT/tests.log" | tail -30 ;;
+    bench) if ls .whl/*.whl >/dev/null 2>&1; then
+             python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+               && export PYTHONPATH=$PWD/src:/tmp/site
+           fi
+           timeout ${T_PREWARM:-120} python tools/topk_prewarm.py --jobs 12 --paper > "$OUT/prewarm.log" 2>&1
+           mkdir -p "$OUT/results"
+           timeout ${T_BENCH:-480} python -m onlinesoftmax bench ${SUITES:-softmax log_softmax logsumexp \
+             softmax_backward log_softmax_backward topk topk-paper} --out "$OUT/results" 2>&1 | tee "$OUT/bench.log" \
+             | tail -80
+           tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -r "$OUT/results" ;;   # at most 8 files come back
+    report) timeout ${T_REPORT:-300} python tools/compiler_report.py --json "$OUT/report.json" > "$OUT/report.txt" 2>&1
+            tail -3 "$OUT/report.txt" ;;
+  esac
+done
