@@ -143,3 +143,22 @@ def test_bad_arguments():
         SoftmaxState.from_tensor(torch.zeros(2, 2), dim=3)
     with pytest.raises(TypeError, match="floating"):
         SoftmaxState.from_tensor(torch.zeros(2, dtype=torch.int64))
+
+
+def test_reduce_takes_a_sequence_and_plus_is_refused():
+    """``reduce([s1, s2])`` merges a list of states (it used to fail unpacking it); ``s + s`` used to return a
+    4-tuple (NamedTuple concatenation) and now says what to use instead."""
+    gen = torch.Generator().manual_seed(3)
+    a, b, c = (SoftmaxState.from_tensor(torch.randn(4, 9, generator=gen)) for _ in range(3))
+    r = SoftmaxState.reduce([a, b, c])
+    want = a | b | c
+    torch.testing.assert_close(r.m, want.m)
+    torch.testing.assert_close(r.d, want.d)
+    with pytest.raises(TypeError, match=r"a \| b"):
+        a + b
+    with pytest.raises(TypeError):
+        a * 2
+    with pytest.raises(ValueError, match="no states"):
+        SoftmaxState.reduce([])
+    with pytest.raises(TypeError, match="sequence of SoftmaxState"):
+        SoftmaxState.reduce([a.m, a.d, b.m])

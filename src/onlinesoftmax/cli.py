@@ -1,9 +1,9 @@
-"""``onlinesoftmax info``, ``onlinesoftmax bench [SUITE ...] [--quick] [--out DIR]`` and
-``onlinesoftmax replot RESULTS.json ...``."""
+"""The command line: onlinesoftmax info | bench [SUITE ...] [--quick] [--out DIR] | replot RESULTS.json ..."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 
@@ -47,9 +47,24 @@ def info() -> None:
           f"{'GPU present' if cuda else 'no GPU (compile only)'}")
 
 
+class UserError(Exception):
+    """A mistake in the command line: printed as one line, exit status 2, no traceback."""
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="onlinesoftmax", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    try:
+        return _main(argv)
+    except UserError as e:
+        print(f"onlinesoftmax: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="onlinesoftmax",
+        description="Softmax-shaped GPU kernels on the online (m, d) normalizer: device info, benchmarks, plots.")
+    p.add_argument("--version", action="version", version=f"onlinesoftmax {__import__('onlinesoftmax').__version__}")
+    sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="print the device, versions and usable backends")
     b = sub.add_parser("bench", help="run benchmark suites (all when none named)")
     b.add_argument("suites", nargs="*", help="suite names; --list shows them")
@@ -61,6 +76,9 @@ def main(argv=None) -> int:
     r = sub.add_parser("replot", help="draw the PNG of results JSON files again, beside each")
     r.add_argument("json", nargs="+", help="results JSON written by `onlinesoftmax bench --out`")
     args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help()
+        return 0
     if args.cmd == "info":
         info()
         return 0
@@ -68,6 +86,8 @@ def main(argv=None) -> int:
         from .bench import report, suites  # noqa: F401  (suites register their plot labels on import)
 
         for path in args.json:
+            if not os.path.isfile(path):
+                raise UserError(f"replot: no such file: {path}")
             print(f"wrote {report.replot(path)}")
         return 0
     from .bench import runner
@@ -76,7 +96,17 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(sorted(SUITES)))
         return 0
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise UserError(f"bench: --device {args.device!r} is not a device ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("bench: --device cuda, but torch sees no CUDA device here (use --device cpu)")
+    if device.type not in ("cuda", "cpu"):
+        raise UserError(f"bench: --device must be cuda or cpu, got {args.device!r}")
+    unknown = [n for n in args.suites if n not in SUITES]
+    if unknown:
+        raise UserError(f"bench: unknown suite(s) {', '.join(unknown)}; `onlinesoftmax bench --list` shows them")
     dtypes = tuple(_DTYPES[d] for d in args.dtype) if args.dtype else None
     runner.run(args.suites, device=device, quick=args.quick, out_dir=args.out, dtypes=dtypes)
     return 0

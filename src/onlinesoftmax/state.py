@@ -87,10 +87,31 @@ class SoftmaxState(NamedTuple):
         """``m + log d``: ``-inf`` for the identity and for all ``-inf`` sets."""
         return self.m + torch.log(self.d)
 
+    def __add__(self, other):
+        raise TypeError("SoftmaxState: + is not the merge of two states; use a | b (or a.combine(b))")
+
+    __radd__ = __add__
+
+    def __mul__(self, other):
+        raise TypeError("SoftmaxState: * is not defined on states")
+
+    __rmul__ = __mul__
+
     @staticmethod
-    def reduce(states: torch.Tensor | SoftmaxState, dim: int = 0) -> SoftmaxState:
-        """Merge a stack of states along ``dim`` in one step (``m`` = max, then rescaled sum)."""
-        m_all, d_all = states
+    def reduce(states, dim: int = 0) -> SoftmaxState:
+        """Merge states in one step (``m`` = max, then the rescaled sum): a sequence of states of one shape, merged
+        elementwise, or one state whose ``m`` and ``d`` hold a stack of states along ``dim``. An empty sequence is an
+        error (the identity's shape is unknown)."""
+        if isinstance(states, SoftmaxState):
+            m_all, d_all = states
+        elif isinstance(states, (list, tuple)) and all(isinstance(t, SoftmaxState) for t in states):
+            if not states:
+                raise ValueError("SoftmaxState.reduce: got no states")
+            m_all = torch.stack([t.m for t in states], dim)
+            d_all = torch.stack([t.d for t in states], dim)
+        else:
+            raise TypeError("SoftmaxState.reduce: states must be a SoftmaxState or a sequence of SoftmaxState, got "
+                            f"{type(states).__name__}")
         m = m_all.amax(dim=dim)
         d = (d_all * _rescale(m_all, m.unsqueeze(dim))).sum(dim=dim)
         return SoftmaxState(m, d)

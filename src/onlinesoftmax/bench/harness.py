@@ -36,6 +36,13 @@ CPU_CACHE_BYTES = 64 << 20          # stands in for L2 on a CPU
 GPU_CEILING_BYTES = 2 << 30         # copy ceiling: 2 GiB source (4 GiB moved per call)
 CPU_CEILING_BYTES = 256 << 20
 MAX_INPUT_SETS = 16
+CPU_WARMUP = 3                      # CPU timing: calls before the clock starts, then samples until the budget
+CPU_MIN_SAMPLES = 15
+HOST_CALLS = 200                    # host timing: eager calls per sample (a loop the host, not the device, bounds)
+
+
+class Skip(Exception):
+    """Raised by a suite that cannot run on this device; the runner prints the reason instead of a table."""
 
 
 def register_suite(name: str, x_label: str = "N"):
@@ -79,6 +86,7 @@ class Case:
     x: float | None = None      # x-axis value for the suite's plot (e.g. N)
     group: str = ""             # plot panel (e.g. "fp32, M*N = 64M")
     check: Callable | None = None   # check(out, peer_out): raise on mismatch; default torch.testing
+    timing: str = "device"      # "device": the op's time on the device; "host": host time per eager call
     impl_info: dict[str, dict] = field(default_factory=dict)   # impl -> extra columns, copied to Row.info
     unchecked: tuple[str, ...] = ()  # impls timed as a yardstick, not the op (e.g. a copy of x): output not checked
     # inputs [0..k) are read-only; outputs the op allocates itself are what the timing includes.
@@ -130,6 +138,7 @@ def environment() -> dict:
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["onlinesoftmax"] + sys.argv[1:]) if sys.argv else "",
         "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+        "cpu_threads": torch.get_num_threads(),
     }
 
 
@@ -155,20 +164,39 @@ def cache_bytes(device: torch.device) -> int:
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, quick: bool = False) -> float:
-    """Median time of ``fn()`` in milliseconds."""
+    """Median time of ``fn()`` in milliseconds: ``triton.testing.do_bench`` on the GPU; on the CPU a median
+    wall-clock time after CPU_WARMUP calls, over at least CPU_MIN_SAMPLES calls and a time budget."""
     if device.type == "cuda":
         from triton.testing import do_bench
         return float(do_bench(fn, warmup=10 if quick else 25, rep=40 if quick else 100,
                               return_mode="median"))
-    fn()  # warm up
-    budget_s = 0.05 if quick else 0.25
+    for _ in range(CPU_WARMUP):
+        fn()
+    budget_s = 0.1 if quick else 0.5
     times = []
     t_end = time.perf_counter() + budget_s
-    while len(times) < 5 or (time.perf_counter() < t_end and len(times) < 200):
+    while len(times) < CPU_MIN_SAMPLES or (time.perf_counter() < t_end and len(times) < 400):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def host_ms(fn: Callable[[], object], device: torch.device, quick: bool = False) -> float:
+    """Host time per call of a loop of eager calls (what a Python loop of tiny ops pays), in milliseconds: the
+    median over several samples of HOST_CALLS calls each, the device synchronised before and after a sample."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(20):
+        fn()
+    samples = []
+    for _ in range(3 if quick else 7):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t0) / HOST_CALLS)
+    return statistics.median(samples) * 1e3
 
 
 def copy_ceiling_gbps(device: torch.device, quick: bool = False) -> float:
@@ -237,7 +265,7 @@ def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dic
             state["i"] += 1
             return fn(*args)
 
-        ms = time_ms(call, ctx.device, ctx.quick)
+        ms = (host_ms if case.timing == "host" else time_ms)(call, ctx.device, ctx.quick)
         results[name] = (ms, ok, note)
     peer_ms = results.get(case.peer, (None,))[0]
     for name in names:
@@ -247,7 +275,8 @@ def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dic
         rows.append(Row(
             suite=suite, case=case.label, impl=name, shape="x".join(map(str, case.shape)),
             dtype=str(case.dtype).replace("torch.", ""), ms=ms, gbps=gbps, tflops=tflops,
-            pct_ceiling=100 * gbps / ceiling if gbps else None,
+            pct_ceiling=100 * gbps / ceiling if gbps and ctx.is_cuda else None,   # a CPU op reads from cache
             speedup_vs_peer=peer_ms / ms if ms and peer_ms else None, peer=case.peer, ok=ok,
-            note=note, x=case.x, group=case.group, meta=env, info=dict(case.impl_info.get(name, {}))))
+            note=note, x=case.x, group=case.group, meta=env,
+            info=dict(case.impl_info.get(name, {}), **({"timing": "host"} if case.timing == "host" else {}))))
     return rows

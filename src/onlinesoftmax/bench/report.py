@@ -26,7 +26,7 @@ HEADERS = ["case", "dtype", "impl", "ms", "GB/s", "TFLOP/s", "% copy", "× peer"
 def table_rows(rows: list[Row]) -> list[list[str]]:
     out = []
     for r in rows:
-        out.append([r.case, r.dtype, r.impl, _fmt(r.ms, ".4f"), _fmt(r.gbps, ".0f"), _fmt(r.tflops, ".1f"),
+        out.append([r.case, r.dtype, r.impl, _fmt(r.ms, ".4g"), _fmt(r.gbps, ".4g"), _fmt(r.tflops, ".4g"),
                     _fmt(r.pct_ceiling, ".1f"), _fmt(r.speedup_vs_peer, ".2f"), r.peer,
                     "yes" if r.ok else f"NO {r.note}"])
     return out
@@ -39,8 +39,12 @@ def markdown(suite: str, rows: list[Row], env: dict, ceiling: float) -> str:
              f"- torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, Python {env['python']}",
              f"- commit {env['commit']}, {env['timestamp']}",
              f"- command: `{env['command']}`",
-             f"- copy ceiling measured in this run: **{ceiling:.0f} GB/s** (read + write)",
-             "- ms: median; GB/s counts the fewest bytes the op must move; × peer = peer time / this time",
+             f"- copy ceiling measured in this run: **{ceiling:.0f} GB/s** (read + write)"
+             + ("" if "CPU" not in env["device"] else f"; CPU, {env.get('cpu_threads')} thread(s): no % of it (a "
+                "CPU op's inputs sit in cache), and `onlinesoftmax` there is its portable path (torch's ops)"),
+             "- ms: median; GB/s counts the fewest bytes the op must move; × peer = peer time / this time"
+             + ("; host-timed rows: host time per eager call" if any(r.info.get("timing") == "host"
+                                                                    for r in rows) else ""),
              ""]
     lines.append(tabulate(table_rows(rows), headers=HEADERS, tablefmt="github"))
     info_keys = list(dict.fromkeys(k for r in rows for k in r.info))

@@ -8,13 +8,12 @@ Layers, bottom up: the Triton launches (``launch.py``, imported on first use) an
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor
 from ..backend import resolve_backend
-from ..state import SoftmaxState, accumulation_dtype
+from ..state import accumulation_dtype
 from ..target import Target, target_of
 from .geometry import rows_or_copy
 from .plan import LOG_SOFTMAX, LOGSUMEXP, SOFTMAX, TORCH_PLAN, Backward, Forward, Knobs, Plan
@@ -22,22 +21,20 @@ from .plan import LOG_SOFTMAX, LOGSUMEXP, SOFTMAX, TORCH_PLAN, Backward, Forward
 __all__ = ["explain", "log_softmax", "logsumexp", "softmax"]
 
 
-# ---- the portable torch path (any device): the (m, d) state ------------------------------------------
+# ---- the portable torch path (any device): torch's own ops, where the semantics are the same ---------------------
 def _torch_forward(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype) -> torch.Tensor:
-    xf = x.to(torch.float64 if torch.float64 in (x.dtype, out_dtype) else torch.float32)   # as the kernels
-    s = SoftmaxState.from_tensor(xf, dim)
-    m, d = s.m.unsqueeze(dim), s.d.unsqueeze(dim)
+    """softmax / log_softmax / logsumexp by torch's kernels: the same special values as ours (NaN rows, +inf, all
+    -inf), 16-bit inputs accumulated in fp32 and rounded once. logsumexp is taken of fp32 (fp64) values, as ours."""
     if mode == LOGSUMEXP:
-        return s.logsumexp().to(out_dtype)
-    nan = torch.full_like(m, math.nan)
-    if mode == SOFTMAX:
-        y = torch.exp(xf - m) * torch.where(m == math.inf, nan, 1.0 / d)   # y = e^(x - m) / d
-    else:
-        y = (xf - m) - torch.where(m == math.inf, nan, torch.log(d))  # y = x - m - log d
-    return y.to(out_dtype).reshape(x.shape)
+        acc = torch.float64 if torch.float64 in (x.dtype, out_dtype) else torch.float32
+        lse = torch.logsumexp(x if x.dtype == acc else x.to(acc), dim)
+        return lse if lse.dtype == out_dtype else lse.to(out_dtype)
+    fn = torch.softmax if mode == SOFTMAX else torch.log_softmax
+    return fn(x, dim, dtype=None if out_dtype == x.dtype else out_dtype)
 
 
 def _torch_backward(y, dy, dim, log):
+    """dx in differentiable torch ops, accumulated in fp32 (fp64 for fp64): what torch.func transforms trace."""
     acc = accumulation_dtype(y.dtype)
     yf, dyf = y.to(acc), dy.to(acc)
     if log:
@@ -45,6 +42,31 @@ def _torch_backward(y, dy, dim, log):
     else:
         dx = yf * (dyf - (yf * dyf).sum(dim, keepdim=True))
     return dx
+
+
+def _torch_backward_fast(y, dy, dim, log, in_dtype):
+    """The portable backward by torch's kernels where y and dy share a dtype."""
+    if y.dtype != dy.dtype:
+        return _torch_backward(y, dy, dim, log).to(in_dtype)
+    fn = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+    return fn(dy, y, dim, y.dtype).to(in_dtype)
+
+
+def _double_backward(y, dy, g, dim, log):
+    """Gradients of dx = softmax_backward(y, dy) (or log-softmax's) with respect to y and dy, given g = dL/ddx, in
+    differentiable torch ops. softmax, dx = y·(dy − s), s = Σ y·dy: d/ddy = y·(g − Σ g·y),
+    d/dy = g·(dy − s) − dy·Σ g·y. log-softmax, dx = dy − e^y·Σ dy: d/ddy = g − Σ g·e^y, d/dy = −g·e^y·Σ dy."""
+    acc = accumulation_dtype(y.dtype)
+    yf, dyf, gf = y.to(acc), dy.to(acc), g.to(acc)
+    if log:
+        e = torch.exp(yf)
+        gdy = gf - (gf * e).sum(dim, keepdim=True)
+        gy = -gf * e * dyf.sum(dim, keepdim=True)
+    else:
+        gsum = (gf * yf).sum(dim, keepdim=True)
+        gdy = yf * (gf - gsum)
+        gy = gf * (dyf - (yf * dyf).sum(dim, keepdim=True)) - dyf * gsum
+    return gy.to(y.dtype), gdy.to(dy.dtype)
 
 
 # ---- custom ops ---------------------------------------------------------------------------------------
@@ -57,13 +79,6 @@ def _kernels():
 
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-
-
-def _eager_direct(x: torch.Tensor) -> bool:
-    """Calls that need neither autograd nor tracing skip the custom-op dispatcher (tens of µs per call, which is
-    most of the time of a decode-sized softmax); the result is the same function. (torch.func transforms are
-    routed before this: see _SoftmaxFunction.)"""
-    return not (x.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling()
 
 
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
@@ -85,18 +100,21 @@ def _(x, dim, mode, out_dtype, backend):
     return torch.empty_like(x, dtype=out_dtype)
 
 
-@torch.library.custom_op("onlinesoftmax::softmax_backward", mutates_args=())
-def _softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, in_dtype: torch.dtype,
-                         backend: str) -> torch.Tensor:
+def _softmax_backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: bool, in_dtype: torch.dtype,
+                           backend: str) -> torch.Tensor:
     dim %= max(y.dim(), 1)
     if backend == "torch" or y.numel() == 0 or y.dim() == 0:
-        return _torch_backward(y, dy, dim, log).to(in_dtype)
+        return _torch_backward_fast(y, dy, dim, log, in_dtype)
     K = _kernels()
 
     dx = torch.empty_like(y, dtype=in_dtype)
     (y, dy, dx), (M, N, inner, (gy, gdy, gdx)) = rows_or_copy([y, dy, dx], dim)
     K.backward(y, dy, dx, gy, gdy, gdx, M, N, inner, log)
     return dx
+
+
+_softmax_backward_op = torch.library.custom_op("onlinesoftmax::softmax_backward", _softmax_backward_impl,
+                                               mutates_args=())
 
 
 @_softmax_backward_op.register_fake
@@ -117,6 +135,49 @@ def _backward(ctx, dy):
 
 
 torch.library.register_autograd("onlinesoftmax::softmax", _backward, setup_context=_setup)
+
+
+def _bwd_setup(ctx, inputs, output):
+    y, dy, dim, log, in_dtype, backend = inputs
+    ctx.save_for_backward(y, dy)
+    ctx.dim, ctx.log = dim, log
+
+
+def _bwd_backward(ctx, g):
+    y, dy = ctx.saved_tensors
+    return (*_double_backward(y, dy, g, ctx.dim, ctx.log), None, None, None, None)
+
+
+torch.library.register_autograd("onlinesoftmax::softmax_backward", _bwd_backward, setup_context=_bwd_setup)
+
+
+# ---- eager autograd: an autograd.Function around the kernels (the custom op's registered autograd costs about
+# ten times torch's host time per call); the backward is itself differentiable (double backward) -------------------
+class _EagerSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, mode, out_dtype, backend):
+        y = _softmax_impl(x, dim, mode, out_dtype, backend)
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.log, ctx.in_dtype, ctx.backend = dim, mode == LOG_SOFTMAX, x.dtype, backend
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return _EagerSoftmaxBackward.apply(y, dy, ctx.dim, ctx.log, ctx.in_dtype, ctx.backend), None, None, None, None
+
+
+class _EagerSoftmaxBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, dy, dim, log, in_dtype, backend):
+        ctx.save_for_backward(y, dy)
+        ctx.dim, ctx.log = dim, log
+        return _softmax_backward_impl(y, dy, dim, log, in_dtype, backend)
+
+    @staticmethod
+    def backward(ctx, g):
+        y, dy = ctx.saved_tensors
+        return (*_double_backward(y, dy, g, ctx.dim, ctx.log), None, None, None, None)
 
 
 # ---- torch.vmap: the batch dim goes first and ``dim`` moves one to the right -------------------------------
@@ -150,10 +211,10 @@ def _(info, in_dims, y, dy, dim, log, in_dtype, backend):
 def _logsumexp_rows(x: torch.Tensor, dim: int, backend: str, out_dtype: torch.dtype) -> torch.Tensor:
     """logsumexp over ``dim`` (removed), accumulated in fp32 (fp64 for fp64), rounded to ``out_dtype`` once."""
     dim %= max(x.dim(), 1)
-    out_shape = x.shape[:dim] + x.shape[dim + 1:]
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
-        return _torch_forward(x, dim, LOGSUMEXP, accumulation_dtype(x.dtype)).to(out_dtype).reshape(out_shape)
+        return _torch_forward(x, dim, LOGSUMEXP, out_dtype)       # accumulates in fp32 (fp64) all the same
     K = _kernels()
+    out_shape = x.shape[:dim] + x.shape[dim + 1:]
 
     (xc,), (M, N, inner, (gx,)) = rows_or_copy([x], dim)
     # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape
@@ -191,6 +252,30 @@ def _lse_backward(ctx, dlse):
 
 
 torch.library.register_autograd("onlinesoftmax::logsumexp", _lse_backward, setup_context=_lse_setup)
+
+
+class _EagerLogsumexp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, backend):
+        lse = _logsumexp_impl(x, dim, backend)
+        ctx.save_for_backward(x, lse)
+        ctx.dim = dim
+        return lse
+
+    backward = staticmethod(_lse_backward)
+
+
+def _raw_apply(fn):
+    """``fn.apply`` without its Python wrapper (which binds default arguments and unwraps torch.func's dead
+    wrappers: neither applies to these eager calls, which torch.func transforms never reach): 2-3 µs less host
+    time per call. Falls back to ``fn.apply`` where torch's autograd.Function base does not expose it."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    apply = getattr(base, "__dict__", {}).get("apply")
+    return apply.__get__(None, fn) if apply is not None else fn.apply
+
+
+_eager_softmax = _raw_apply(_EagerSoftmax)
+_eager_logsumexp = _raw_apply(_EagerLogsumexp)
 
 
 @torch.library.register_vmap("onlinesoftmax::logsumexp")
@@ -283,12 +368,14 @@ def _softmax_call(name, mode, x, dim, dtype, backend):
     x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
     if _functorch_active():
         return _SoftmaxFunction.apply(x, dim, mode, out_dtype, backend)
-    if _eager_direct(x):
-        return _softmax_impl(x, dim, mode, out_dtype, backend)
-    return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
+    if torch.compiler.is_compiling():
+        return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _eager_softmax(x, dim, mode, out_dtype, backend)
+    return _softmax_impl(x, dim, mode, out_dtype, backend)
 
 
-def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
+def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
             backend: str | None = None) -> torch.Tensor:
     """``torch.softmax`` on the online state: ``y = e^(x - m) / d`` along ``dim``.
 
@@ -299,22 +386,24 @@ def softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
     return _softmax_call("softmax", SOFTMAX, x, dim, dtype, backend)
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1, *, dtype: torch.dtype | None = None,
+def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
                 backend: str | None = None) -> torch.Tensor:
     """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments as :func:`softmax`."""
     return _softmax_call("log_softmax", LOG_SOFTMAX, x, dim, dtype, backend)
 
 
-def logsumexp(x: torch.Tensor, dim: int = -1, *, keepdim: bool = False,
+def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False, *,
               backend: str | None = None) -> torch.Tensor:
     """``torch.logsumexp`` over one ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf."""
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
     if _functorch_active():
         out = _LogsumexpFunction.apply(x, dim, backend).to(x.dtype)
-    elif _eager_direct(x):          # no autograd: the kernel writes x's dtype (no second launch to cast)
-        out = _logsumexp_rows(x, dim, backend, x.dtype)
-    else:
+    elif torch.compiler.is_compiling():
         out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)
+    elif x.requires_grad and torch.is_grad_enabled():
+        out = _eager_logsumexp(x, dim, backend).to(x.dtype)
+    else:                           # no autograd: the kernel writes x's dtype (no second launch to cast)
+        out = _logsumexp_rows(x, dim, backend, x.dtype)
     return out.unsqueeze(dim) if keepdim and x.dim() else out
 
 

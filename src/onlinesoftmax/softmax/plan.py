@@ -182,7 +182,7 @@ def chunking(M: int, N: int, target: Target, backward: bool, words: bool = False
     elif decode:
         chunk = T.DECODE_MIN_CHUNK
         while chunk < T.COOP_CHUNK and (M * _cdiv(N, chunk) > T.DECODE_PROGRAMS_PER_SM * target.sm_count
-                                        or _cdiv(N, chunk) > T.COOP_MAX_CHUNKS):
+                                        or _cdiv(N, chunk) > max_chunks(target)):
             chunk *= 2
     elif words:
         chunk = T.BF16X2_SHORT_CHUNK if N <= T.BF16X2_SHORT_N else T.COOP_BF16X2_CHUNK

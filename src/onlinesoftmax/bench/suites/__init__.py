@@ -1,5 +1,5 @@
 """Benchmark suites. Each module registers itself with ``@register_suite``; import it here."""
 
-from . import softmax  # noqa: F401
+from . import cpu, host, softmax  # noqa: F401
 from .ladder import suite as _ladder_suite  # noqa: F401
 from .topk import suite as _topk_suite  # noqa: F401

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..harness import BenchContext, Case, register_suite
+from ..harness import BenchContext, Case, Skip, register_suite
 
 SEED_SHAPES = ((4096, 4096), (32768, 4096))
 SEED_SHAPES_QUICK = ((4096, 4096),)
@@ -51,8 +51,10 @@ def _make(ctx: BenchContext, m: int, n: int):
 
 @register_suite("ladder")
 def suite(ctx: BenchContext):
-    if not ctx.is_cuda or not ctx.want(torch.float32):
-        return   # CUDA C++ kernels: nothing to run on a CPU
+    if not ctx.is_cuda:
+        raise Skip("the seed's CUDA C++ kernels need a CUDA GPU")
+    if not ctx.want(torch.float32):
+        raise Skip("fp32 only")
     import onlinesoftmax
     from onlinesoftmax import ladder
 

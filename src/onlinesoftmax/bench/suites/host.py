@@ -1,0 +1,39 @@
+"""Suite ``host``: host time per eager call, ours and torch's side by side, with and without autograd (a 4 x 1024
+softmax: the device work is a few µs, so a Python loop of such calls is bound by what the host spends per call:
+argument checks, plan look-up, the launch, and with a gradient the autograd graph node). Goal: with a gradient,
+at most 2x torch's host time."""
+
+from __future__ import annotations
+
+import torch
+
+from ...softmax.api import log_softmax, logsumexp, softmax
+from ..harness import BenchContext, Case, register_suite
+
+SHAPE = (4, 1024)
+
+
+@register_suite("host", x_label="-")
+def suite(ctx: BenchContext):
+    dev = ctx.device
+    for dtype in (torch.float32,):
+        for grad in (False, True):
+            def make(grad=grad, dtype=dtype):
+                return (torch.randn(*SHAPE, device=dev, dtype=dtype).requires_grad_(grad),)
+
+            tag = "requires_grad" if grad else "no grad"
+            for op, ours, theirs in (("softmax", softmax, torch.softmax), ("log_softmax", log_softmax,
+                                                                             torch.log_softmax),
+                                     ("logsumexp", logsumexp, torch.logsumexp)):
+                yield Case(label=f"{op} {tag}", shape=SHAPE, dtype=dtype, make_inputs=make, timing="host",
+                           impls={"onlinesoftmax": lambda x, f=ours: f(x, -1), "torch": lambda x, f=theirs: f(x, -1)},
+                           peer="torch", group=tag)
+            if grad:     # forward and backward, as a training step calls them
+                def fwd_bwd(x, f):
+                    y = f(x, -1)
+                    (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
+                    return g
+                yield Case(label="softmax forward + backward", shape=SHAPE, dtype=dtype, make_inputs=make,
+                           timing="host", peer="torch", group=tag,
+                           impls={"onlinesoftmax": lambda x: fwd_bwd(x, softmax),
+                                  "torch": lambda x: fwd_bwd(x, torch.softmax)})
