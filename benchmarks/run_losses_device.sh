@@ -14,5 +14,6 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${T_TESTS:-100} python3 -m pytest -q -m gpu tests/losses -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1
   tail -15 "$OUT/gpu-tests.log" | tee -a "$LOG"
 fi
+if [ "${PROBE:-0}" = 1 ]; then echo "== probe" | tee -a "$LOG"; timeout ${T_PROBE:-60} python3 benchmarks/losses_probe.py 2>&1 | tee "$OUT/probe.log"; fi
 echo "== bench losses" | tee -a "$LOG"
 timeout ${T_BENCH:-300} python3 -m onlinesoftmax bench losses --out "$OUT/res" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
