@@ -162,17 +162,26 @@ def _(dx, g):
 
 
 def _setup(ctx, inputs, output):
-    ctx.save_for_backward(output[1])
+    if torch.compiler.is_compiling():
+        ctx.save_for_backward(output[1])
+        ctx.dx = None
+    else:
+        # eager: dx is held by ctx alone (a detached alias, no reference cycle) and handed over in the backward,
+        # so that autograd's AccumulateGrad can take it as logits.grad instead of cloning it (a saved tensor
+        # still referenced there is copied: N·V more memory and one more read + write)
+        ctx.dx = output[1].detach()
     ctx.used = False
 
 
 def _backward(ctx, dloss, _ddx):
-    (dx,) = ctx.saved_tensors
-    if not torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        (dx,) = ctx.saved_tensors
+    else:
         if ctx.used:
             raise RuntimeError("cross_entropy: a second backward through the same loss is not supported (the "
                                "gradient is written by the forward pass and scaled in place); call it again")
         ctx.used = True
+        dx, ctx.dx = ctx.dx, None
     torch.ops.onlinesoftmax.cross_entropy_scale_(dx, dloss)
     return dx, None, None, None, None, None, None, None, None, None, None, None, None, None
 
@@ -191,7 +200,7 @@ def _prepare(name, logits, target, weight, ignore_index, reduction, label_smooth
     if knobs is not None and knobs.path == "torch":
         backend = "torch"
     V = logits.shape[-1]
-    x2 = logits.reshape(-1, V)
+    x2 = logits if logits.dim() == 2 else logits.reshape(-1, V)
     return x2, target.reshape(-1), backend
 
 

@@ -211,10 +211,13 @@ def _setup(ctx, inputs, output):
     ctx.has_b = b is not None
     ctx.args = (ignore_index, eps, z_loss, softcap, need_dh, need_dW, need_db and b is not None, backend, *knobs)
     ctx.used = False
+    ctx.grads = None
     if reduction == "none":
         ctx.save_for_backward(h, W, b, t)
-    else:
+    elif torch.compiler.is_compiling():
         ctx.save_for_backward(*output[1:])
+    else:       # held by ctx alone and handed over in the backward: AccumulateGrad takes them without a copy
+        ctx.grads = tuple(g.detach() for g in output[1:])
 
 
 def _backward(ctx, dloss, *_):
@@ -227,7 +230,10 @@ def _backward(ctx, dloss, *_):
                 raise RuntimeError("linear_cross_entropy: a second backward through the same loss is not supported "
                                    "(the gradients are written by the forward pass and scaled in place)")
             ctx.used = True
-        dh, dW, db = ctx.saved_tensors
+        if ctx.grads is not None:
+            (dh, dW, db), ctx.grads = ctx.grads, None
+        else:
+            dh, dW, db = ctx.saved_tensors
         torch.ops.onlinesoftmax.linear_cross_entropy_scale_(dh, dW, db, dloss)
     need_dh, need_dW, need_db = ctx.args[4:7]
     return (dh if need_dh else None, dW if need_dW else None, db if need_db else None,
@@ -266,7 +272,8 @@ def _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_
     backend = resolve_backend(backend, hidden, name)
     k = knobs or LCEKnobs()
     kargs = (k.chunk_tokens or 0, k.tile_bytes or 0, (k.ce.path or "") if k.ce is not None else "")
-    return hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1), backend, kargs
+    h = hidden if hidden.dim() == 2 else hidden.reshape(-1, hidden.shape[-1])
+    return h, target.reshape(-1), backend, kargs
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
@@ -284,7 +291,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     h, t, backend, kargs = _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                     z_loss, softcap, backend, knobs)
     h, t = h.contiguous(), t.contiguous()
-    w = weight.contiguous()
+    w = weight if weight.is_contiguous() else weight.contiguous()
     grad_on = torch.is_grad_enabled()
     need = (hidden.requires_grad and grad_on, weight.requires_grad and grad_on,
             bias is not None and bias.requires_grad and grad_on)
