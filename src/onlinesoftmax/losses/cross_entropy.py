@@ -162,6 +162,10 @@ def _(dx, g):
 
 
 def _setup(ctx, inputs, output):
+    # dx is an output only to hand it to the backward: no gradient flows into it, and none is materialised (a
+    # zero-filled N × V tensor per backward otherwise: 617 µs and 2 GB at 8192 × 128256 bf16 on the H200)
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
     if torch.compiler.is_compiling():
         ctx.save_for_backward(output[1])
         ctx.dx = None

@@ -22,7 +22,8 @@ Kernels, readable one first:
 * ``ce_split_stats_kernel`` + ``ce_split_grad_kernel``: a row split over C programs (rows too few to fill the GPU,
   or too long). The first writes each chunk's partial state (m, d, Σ w·z); the second merges the C states by ⊕,
   re-reads its chunk and writes dx. Traffic: x read twice, dx written once.
-* ``scale_rows_kernel``: the backward's dx *= dloss, skipped (no traffic) where dloss == 1, the usual case.
+* ``scale_rows_kernel``: the backward's dx *= dloss, one program per row, skipped (one word read) where
+  dloss == 1, the usual case.
 
 All row offsets are 64-bit (row·stride passes 2^31 at 16K × 152K). DX may be X (the linear cross-entropy
 overwrites each logits tile with its gradient): every element is read before the same program writes it.
@@ -292,14 +293,17 @@ def ce_split_grad_kernel(X, stride_x, T, W, COEF, PM, PD, PS, LOSS, LSE, DX, str
 
 @triton.jit
 def scale_rows_kernel(DX, stride_dx, G, stride_g, V, BLOCK: tl.constexpr):
-    """dx[row] *= g[row · stride_g] (stride_g = 0: one scalar). Where g == 1 nothing is read or written."""
+    """dx[row] *= g[row · stride_g] (stride_g = 0: one scalar), one program per row. Where g == 1 nothing is read
+    or written: the program loads one word and ends."""
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     g = tl.load(G + row * stride_g).to(tl.float32)
     if g != 1.0:
-        ptr = DX + row * stride_dx + cols
-        dx = tl.load(ptr, mask=cols < V, other=0.0).to(tl.float32)
-        tl.store(ptr, (dx * g).to(DX.dtype.element_ty), mask=cols < V)
+        cols = tl.arange(0, BLOCK)
+        for start in range(0, V, BLOCK):
+            ptr = DX + row * stride_dx + start + cols
+            mask = start + cols < V
+            dx = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+            tl.store(ptr, (dx * g).to(DX.dtype.element_ty), mask=mask)
 
 
 # ---- host launchers ---------------------------------------------------------------------------------------
@@ -361,8 +365,8 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
 
 
 @cached
-def _bound_scale(n_rows: int, n_blocks: int, block: int) -> BoundKernel:
-    return BoundKernel(scale_rows_kernel, (n_rows, n_blocks), dict(BLOCK=block, num_warps=4))
+def _bound_scale(n_rows: int, block: int) -> BoundKernel:
+    return BoundKernel(scale_rows_kernel, (n_rows,), dict(BLOCK=block, num_warps=8))
 
 
 def scale_rows_(t: torch.Tensor, g: torch.Tensor) -> None:
@@ -374,4 +378,4 @@ def scale_rows_(t: torch.Tensor, g: torch.Tensor) -> None:
     block = min(4096, triton.next_power_of_2(V))
     g = g.reshape(-1)
     stride_g = 0 if g.numel() == 1 else g.stride(0)
-    _bound_scale(rows, triton.cdiv(V, block), block)((t2, t2.stride(0), g, stride_g, V), (t2, g), t2.device)
+    _bound_scale(rows, block)((t2, t2.stride(0), g, stride_g, V), (t2, g), t2.device)

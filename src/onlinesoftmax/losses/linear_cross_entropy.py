@@ -211,6 +211,8 @@ def _setup(ctx, inputs, output):
     ctx.has_b = b is not None
     ctx.args = (ignore_index, eps, z_loss, softcap, need_dh, need_dW, need_db and b is not None, backend, *knobs)
     ctx.used = False
+    ctx.mark_non_differentiable(*output[1:])     # no zero-filled gradients materialised for them
+    ctx.set_materialize_grads(False)
     ctx.grads = None
     if reduction == "none":
         ctx.save_for_backward(h, W, b, t)
