@@ -2,4 +2,5 @@
 
 from . import cpu, host, softmax  # noqa: F401
 from .ladder import suite as _ladder_suite  # noqa: F401
+from .losses import suite as _losses_suite  # noqa: F401
 from .topk import suite as _topk_suite  # noqa: F401

@@ -1,0 +1,168 @@
+"""Plans of the losses family: frozen dataclasses chosen by small pure functions of (problem, target).
+
+Overrides (tests, tuning) are frozen knobs applied with ``dataclasses.replace``: a knob the plan does not have is a
+``TypeError``. The public functions take ``knobs=`` and :func:`onlinesoftmax.losses.explain` returns the plan a call
+would run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..target import Target
+
+__all__ = ["CEKnobs", "CEPlan", "CEProblem", "LCEKnobs", "LCEPlan", "LCEProblem", "plan_cross_entropy",
+           "plan_linear_cross_entropy"]
+
+# The whole row stays in registers up to this many classes (one read of the logits): 32768 fp32 values over
+# 32 warps is 32 per thread. Measured on the H200; other targets keep the smaller, always-safe size.
+ONE_BLOCK_MAX_SM90 = 32768
+ONE_BLOCK_MAX = 16384
+# Rows split over programs when one program per row would leave SMs idle (fewer rows than ROWS_PER_SM per SM).
+ROWS_PER_SM = 4
+SPLIT_CHUNK = 16384          # classes per program of the split path
+TILE = 8192                  # classes per tile of the two-pass row kernel and the split kernels (GPU)
+# H200 (8192 rows, V = 128K-262K, bf16, fwd + bwd): 32K tiles over 32 warps ran 2.15 / 2.60 / 4.48 ms against
+# 2.26 / 2.69 / 4.59 ms with 8K tiles over 16 warps: one program per SM keeps the rows in flight inside L2
+# for the second pass. The one-block row at V = 32000 ran 35 µs faster with 16 warps than with 32.
+TILE_SM90, TILE_WARPS_SM90 = 32768, 32
+ONE_BLOCK_WARPS_MAX_SM90 = 16
+INTERPRET_TILE = 256         # ... and in the interpreter (small tiles: the tests exercise the loops and masks)
+INTERPRET_ONE_BLOCK_MAX = 1024
+
+
+@dataclass(frozen=True)
+class CEProblem:
+    n_rows: int
+    vocab: int
+    itemsize: int            # bytes per logit
+    need_grad: bool
+
+
+@dataclass(frozen=True)
+class CEPlan:
+    """``path``: ``"torch"`` (F.cross_entropy and torch autograd), ``"row"`` (one program per row; ``one_block``:
+    the row in registers, read once) or ``"split"`` (``chunks`` programs per row of ``chunk`` classes each)."""
+
+    path: str
+    block: int = 0
+    one_block: bool = False
+    num_warps: int = 4
+    chunks: int = 1
+    chunk: int = 0
+    fast_exp: bool = True    # ex2.approx.ftz (GPU); the interpreter takes tl.exp
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class CEKnobs:
+    """Overrides of a :class:`CEPlan`; None leaves the planned value."""
+
+    path: str | None = None
+    block: int | None = None
+    one_block: bool | None = None
+    num_warps: int | None = None
+    chunk: int | None = None
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def _warps(block: int, target: Target) -> int:
+    """Threads for a register-resident row: 32 fp32 values each (64 on the H200, measured), 4 to 32 warps."""
+    if target.sm90:
+        return max(4, min(ONE_BLOCK_WARPS_MAX_SM90, block // 2048))
+    return max(4, min(32, block // 1024))
+
+
+def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = None) -> CEPlan:
+    """The cross-entropy plan for ``p`` on ``target``; ``knobs`` override it (a path's sizes are re-derived)."""
+    k = knobs or CEKnobs()
+    tile = INTERPRET_TILE if target.interpret else TILE_SM90 if target.sm90 else TILE
+    tile_warps = 4 if target.interpret else TILE_WARPS_SM90 if target.sm90 else 16
+    one_max = (INTERPRET_ONE_BLOCK_MAX if target.interpret
+               else ONE_BLOCK_MAX_SM90 if target.sm90 else ONE_BLOCK_MAX)
+    fast = not target.interpret
+    path = k.path
+    if path is None:
+        if p.vocab <= one_max:
+            path, reason = "row", f"V = {p.vocab} <= {one_max}: the row in registers, read once"
+        elif p.n_rows >= ROWS_PER_SM * max(target.sm_count, 1):
+            path, reason = "row", f"{p.n_rows} rows fill {target.sm_count} SMs: one program per row, two passes"
+        else:
+            path, reason = "split", f"{p.n_rows} rows < {ROWS_PER_SM} per SM: each row split over programs"
+    else:
+        reason = "knobs"
+    if path == "torch":
+        return CEPlan("torch", fast_exp=False, reason=reason)
+    if path == "row":
+        one = k.one_block if k.one_block is not None else p.vocab <= one_max
+        block = k.block or (_pow2(p.vocab) if one else min(tile, _pow2(p.vocab)))
+        if one and block < p.vocab:
+            raise ValueError(f"cross_entropy knobs: one_block needs block >= V = {p.vocab}, got {block}")
+        warps = k.num_warps or (_warps(block, target) if one else tile_warps)
+        return CEPlan("row", block=block, one_block=one, num_warps=warps, fast_exp=fast, reason=reason)
+    if path == "split":
+        block = k.block or min(TILE if not target.interpret else tile, _pow2(p.vocab))
+        chunk = k.chunk or (INTERPRET_TILE * 2 if target.interpret else SPLIT_CHUNK)
+        chunk = max(block, -(-chunk // block) * block)           # a whole number of tiles
+        chunks = -(-p.vocab // chunk)
+        warps = k.num_warps or (4 if target.interpret else 16)
+        return CEPlan("split", block=block, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
+                      reason=reason)
+    raise ValueError(f"cross_entropy knobs: path must be 'torch', 'row' or 'split', got {path!r}")
+
+
+# ---- linear cross-entropy ---------------------------------------------------------------------------------
+
+# The logits tile (tokens × V in the logits' dtype) is the one buffer the op adds: it is sized to this budget.
+# A larger tile amortises the grad-weight accumulation (read + write of V × Hd per tile) over more tokens.
+LCE_TILE_BYTES = 56 << 20
+LCE_TOKEN_MULTIPLE = 16
+
+
+@dataclass(frozen=True)
+class LCEProblem:
+    n_tokens: int
+    hidden: int
+    vocab: int
+    itemsize: int
+    need_grad: bool
+
+
+@dataclass(frozen=True)
+class LCEPlan:
+    """Tokens are taken ``chunk_tokens`` at a time: logits tile = hidden[chunk] @ weightᵀ (+ bias), its loss and
+    gradient by ``ce`` (written over the tile), then grad_hidden[chunk] = dtile @ weight and
+    grad_weight += dtileᵀ @ hidden[chunk]."""
+
+    chunk_tokens: int
+    tile_bytes: int
+    ce: CEPlan
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class LCEKnobs:
+    chunk_tokens: int | None = None
+    tile_bytes: int | None = None
+    ce: CEKnobs | None = None
+
+
+def plan_linear_cross_entropy(p: LCEProblem, target: Target, knobs: LCEKnobs | None = None) -> LCEPlan:
+    k = knobs or LCEKnobs()
+    budget = k.tile_bytes or LCE_TILE_BYTES
+    row_bytes = max(p.vocab * p.itemsize, 1)
+    fit = max(LCE_TOKEN_MULTIPLE, budget // row_bytes // LCE_TOKEN_MULTIPLE * LCE_TOKEN_MULTIPLE)
+    chunk = k.chunk_tokens or min(max(p.n_tokens, 1), fit)
+    reason = (f"knobs: {chunk} tokens" if k.chunk_tokens else
+              f"{chunk} tokens × V = {p.vocab} fill the {budget >> 20} MiB logits tile")
+    ce = plan_cross_entropy(CEProblem(chunk, p.vocab, p.itemsize, p.need_grad), target, k.ce)
+    return LCEPlan(chunk_tokens=chunk, tile_bytes=chunk * row_bytes, ce=ce, reason=reason)
+
+
+def with_knobs(knobs, **changes):
+    """``dataclasses.replace`` for knobs: an unknown name is a TypeError."""
+    return dataclasses.replace(knobs, **changes)

@@ -1,0 +1,249 @@
+"""cross_entropy: torch path against F.cross_entropy, Triton kernels (interpreter on CPU) against the fp64 reference,
+plans, custom op under torch.compile, errors."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import onlinesoftmax as oss
+from onlinesoftmax.losses import CEKnobs, explain
+from onlinesoftmax.losses.plan import CEProblem, plan_cross_entropy, with_knobs
+from onlinesoftmax.reference import losses as ref
+from onlinesoftmax.target import A100, H200, INTERPRETER
+
+# The Triton paths, forced small so the interpreter walks every loop and mask: one block; two passes of 256-wide
+# tiles; the row split over programs of 512 classes.
+PATHS = {"one": CEKnobs(path="row"), "two": CEKnobs(path="row", one_block=False, block=256),
+         "split": CEKnobs(path="split", block=128, chunk=256)}
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def _inputs(N, V, dtype=torch.float32, ignore_every=5):
+    x = (torch.randn(N, V) * 3).to(dtype)
+    t = torch.randint(0, V, (N,))
+    if ignore_every:
+        t[::ignore_every] = -100
+    return x, t
+
+
+def _run(x, t, **kw):
+    xl = x.clone().requires_grad_()
+    loss = oss.cross_entropy(xl, t, **kw)
+    (loss.sum() * 1.5).backward()
+    return loss.detach(), xl.grad
+
+
+def _ref(x, t, **kw):
+    kw.pop("backend", None), kw.pop("knobs", None)
+    xd = x.detach().double().requires_grad_()
+    loss = ref.cross_entropy(xd, t, **kw)
+    (loss.sum() * 1.5).backward()
+    return loss.detach(), xd.grad
+
+
+OPTIONS = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(label_smoothing=0.1),
+           dict(weight="rand"), dict(weight="rand", label_smoothing=0.2, reduction="sum"),
+           dict(ignore_index=3), dict(z_loss=1e-2), dict(softcap=5.0), dict(z_loss=1e-3, softcap=3.0,
+                                                                               reduction="none")]
+
+
+def _opts(kw, V):
+    kw = dict(kw)
+    if kw.get("weight") == "rand":
+        kw["weight"] = torch.rand(V) + 0.1
+    return kw
+
+
+@pytest.mark.parametrize("kw", OPTIONS, ids=lambda k: ",".join(k) or "default")
+def test_torch_backend_equals_torch(kw):
+    x, t = _inputs(13, 40)
+    kw = _opts(kw, 40)
+    if kw.get("ignore_index") == 3:
+        t[t == -100] = 3
+    loss, g = _run(x, t, backend="torch", **kw)
+    lr, gr = _ref(x, t, **kw)
+    if not kw.get("z_loss") and kw.get("softcap") is None:     # then it is F.cross_entropy itself
+        xx = x.clone().requires_grad_()
+        lt = F.cross_entropy(xx, t, **kw)
+        (lt.sum() * 1.5).backward()
+        torch.testing.assert_close(loss, lt, rtol=0, atol=0)
+        torch.testing.assert_close(g, xx.grad, rtol=0, atol=0)
+    assert loss.dtype == torch.float32
+    assert _rel(loss, lr) < 1e-6 and _rel(g, gr) < 1e-5
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("kw", OPTIONS, ids=lambda k: ",".join(k) or "default")
+def test_triton_vs_fp64(path, kw):
+    V = 1000 if path != "one" else 700
+    x, t = _inputs(6, V)
+    kw = _opts(kw, V)
+    if kw.get("ignore_index") == 3:
+        t[t == -100] = 3
+    loss, g = _run(x, t, backend="triton", knobs=PATHS[path], **kw)
+    lr, gr = _ref(x, t, **kw)
+    assert loss.dtype == torch.float32 and g.dtype == x.dtype
+    assert _rel(loss, lr) < 2e-6
+    assert _rel(g, gr) < 2e-5
+
+
+@pytest.mark.parametrize("V", [1, 3, 1000])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_small_vocab_bf16(V, path):
+    x, t = _inputs(5, V, torch.bfloat16, ignore_every=4)
+    loss, g = _run(x, t, backend="triton", knobs=PATHS[path], label_smoothing=0.05)
+    lr, gr = _ref(x, t, label_smoothing=0.05)
+    assert g.dtype == torch.bfloat16
+    assert _rel(loss, lr) < 1e-5
+    assert _rel(g, gr) < 8e-3          # bf16 rounding of dlogits
+
+
+@pytest.mark.parametrize("V", [50257, 128256])
+def test_llm_vocab(V):
+    """Real vocabularies: the torch path and the Triton two-pass / split kernels at 2 rows (large tiles)."""
+    x, t = _inputs(2, V, torch.bfloat16, ignore_every=0)
+    lr, gr = _ref(x, t)
+    for kw in (dict(backend="torch"), dict(backend="triton", knobs=CEKnobs(path="row", block=16384)),
+               dict(backend="triton", knobs=CEKnobs(path="split", block=16384, chunk=32768))):
+        loss, g = _run(x, t, **kw)
+        assert _rel(loss, lr) < 1e-5, kw
+        assert _rel(g, gr) < 8e-3, kw
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_extremes(path):
+    """±1e4 logits and -inf entries off the target; loss and gradients finite and as the reference."""
+    x, t = _inputs(6, 300, ignore_every=0)
+    x[0, :3] = 1e4
+    x[1, :3] = -1e4
+    x[2] = 1e4
+    x[3, ::2] = float("-inf")
+    t[3] = 1
+    loss, g = _run(x, t, backend="triton", knobs=PATHS[path], reduction="none")
+    lr, gr = _ref(x, t, reduction="none")
+    assert torch.isfinite(loss).all() and torch.isfinite(g).all()
+    torch.testing.assert_close(loss.double(), lr, rtol=1e-6, atol=1e-3)
+    assert _rel(g, gr) < 1e-5
+    torch.testing.assert_close(oss.cross_entropy(x, t, backend="torch", reduction="none"), lr.float())
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_all_ignored(backend):
+    x, t = _inputs(4, 50)
+    t[:] = -100
+    for reduction in ("mean", "sum", "none"):
+        loss, g = _run(x, t, backend=backend, reduction=reduction, z_loss=1e-2)
+        torch_loss = F.cross_entropy(x, t, reduction=reduction)
+        torch.testing.assert_close(loss, torch_loss, equal_nan=True)
+        assert torch.equal(g, torch.zeros_like(g))
+    assert math.isnan(oss.cross_entropy(x, t, backend=backend).item())
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_class_dim_last(backend):
+    x = torch.randn(2, 3, 4, 17)
+    t = torch.randint(0, 17, (2, 3, 4))
+    t[0, 1] = -100
+    for reduction in ("mean", "none"):
+        out = oss.cross_entropy(x, t, reduction=reduction, backend=backend)
+        expect = F.cross_entropy(x.movedim(-1, 1), t, reduction=reduction)     # torch: classes on dim 1
+        torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-6)
+    xl = x.clone().requires_grad_()
+    oss.cross_entropy(xl, t, backend=backend).backward()
+    xr = x.clone().requires_grad_()
+    F.cross_entropy(xr.movedim(-1, 1), t).backward()
+    torch.testing.assert_close(xl.grad, xr.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_range_target():
+    x, t = _inputs(3, 20, ignore_every=0)
+    t[1] = 25
+    with pytest.raises((IndexError, RuntimeError)):
+        oss.cross_entropy(x, t, backend="torch")
+    loss = oss.cross_entropy(x, t, backend="triton", reduction="none")
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
+
+
+def test_no_grad_and_empty():
+    x, t = _inputs(5, 30)
+    with torch.no_grad():
+        a = oss.cross_entropy(x.requires_grad_(), t, backend="triton")
+    torch.testing.assert_close(a, F.cross_entropy(x, t))
+    e = torch.zeros(0, 30)
+    te = torch.zeros(0, dtype=torch.int64)
+    assert math.isnan(oss.cross_entropy(e, te, backend="triton").item())
+    assert oss.cross_entropy(e, te, backend="triton", reduction="sum").item() == 0.0
+
+
+def test_second_backward_is_an_error():
+    x, t = _inputs(4, 30)
+    x.requires_grad_()
+    loss = oss.cross_entropy(x, t, backend="triton")
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+def test_torch_compile_fullgraph():
+    x, t = _inputs(6, 100)
+    f = torch.compile(lambda x, t: oss.cross_entropy(x, t, backend="triton", label_smoothing=0.1, z_loss=1e-3),
+                      fullgraph=True)
+    xl = x.clone().requires_grad_()
+    loss = f(xl, t)
+    (loss * 2).backward()
+    lr, gr = _ref(x, t, label_smoothing=0.1, z_loss=1e-3)
+    assert abs(loss.item() - lr.item()) < 1e-5
+    assert _rel(xl.grad, gr * (2 / 1.5)) < 1e-5
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(target=torch.zeros(4, dtype=torch.float32)), "target must be int64"),
+    (dict(target=torch.zeros(5, dtype=torch.int64)), "target shape"),
+    (dict(reduction="avg"), "reduction"),
+    (dict(weight=torch.ones(7)), "weight must be 1-d"),
+    (dict(label_smoothing=1.5), "label_smoothing"),
+    (dict(softcap=0.0), "softcap"),
+    (dict(backend="cuda"), "backend"),
+    (dict(logits=torch.zeros(4, 10, dtype=torch.int64)), "logits must have dtype"),
+])
+def test_errors(bad, match):
+    args = dict(logits=torch.randn(4, 10), target=torch.zeros(4, dtype=torch.int64))
+    args.update(bad)
+    with pytest.raises((TypeError, ValueError), match=match) as e:
+        oss.cross_entropy(args.pop("logits"), args.pop("target"), **args)
+    assert "cross_entropy" in str(e.value)
+
+
+def test_plans_by_target():
+    big = CEProblem(8192, 128256, 2, True)
+    assert plan_cross_entropy(big, H200).path == "row" and not plan_cross_entropy(big, H200).one_block
+    small_batch = CEProblem(64, 128256, 2, True)
+    assert plan_cross_entropy(small_batch, H200).path == "split"
+    p32 = CEProblem(8192, 32000, 2, True)
+    assert plan_cross_entropy(p32, H200).path == "row"
+    # a non-Hopper target keeps the portable sizes: no 32K register-resident row
+    assert plan_cross_entropy(p32, H200).one_block and not plan_cross_entropy(p32, A100).one_block
+    assert plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER).fast_exp is False
+    assert plan_cross_entropy(big, H200, CEKnobs(path="split")).path == "split"
+    with pytest.raises(TypeError):
+        with_knobs(CEKnobs(), tiles=3)
+    with pytest.raises(TypeError):
+        CEKnobs(bogus=1)
+
+
+def test_explain():
+    x, t = _inputs(20, 3000)
+    x.requires_grad_()
+    assert explain(oss.cross_entropy, x, t).path == "torch"
+    p = explain(oss.cross_entropy, x, t, backend="triton")
+    assert p.path == "row" and not p.one_block           # 3000 > the interpreter's one-block size; 20 rows
+    assert explain(oss.cross_entropy, x[:4], t[:4], backend="triton").path == "split"   # 4 rows on 4 "SMs"
+    pa = explain(oss.cross_entropy, x, t, target_gpu=A100)           # a GPU keeps a 3000-class row in registers
+    assert pa.path == "row" and pa.one_block and pa.block == 4096 and pa.fast_exp
+    assert explain(oss.cross_entropy, x, t, backend="triton", knobs=PATHS["split"]).chunks == 12

@@ -1,0 +1,119 @@
+"""linear_cross_entropy: against the fp64 reference of cross_entropy(hidden @ weightᵀ + bias), both backends,
+chunking, gradients to all three, plans, errors."""
+
+import pytest
+import torch
+
+import onlinesoftmax as oss
+from onlinesoftmax.losses import LCEKnobs, explain
+from onlinesoftmax.losses.plan import LCEProblem, plan_linear_cross_entropy
+from onlinesoftmax.reference import losses as ref
+from onlinesoftmax.target import A100, H200
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def _case(N=37, H=16, V=300, bias=True, dtype=torch.float32):
+    h = torch.randn(N, H).to(dtype)
+    w = (torch.randn(V, H) / 2).to(dtype)
+    b = torch.randn(V).to(dtype) if bias else None
+    t = torch.randint(0, V, (N,))
+    t[::6] = -100
+    return h, w, b, t
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="sum", label_smoothing=0.1),
+                                dict(reduction="none", z_loss=1e-3), dict(softcap=4.0)],
+                         ids=["mean", "sum-ls", "none-z", "softcap"])
+def test_vs_fp64(backend, bias, kw):
+    h, w, b, t = _case(bias=bias)
+    leaves = [x.clone().requires_grad_() for x in (h, w) + ((b,) if bias else ())]
+    # 16-token chunks: three chunks and a ragged last one
+    loss = oss.linear_cross_entropy(leaves[0], leaves[1], t, bias=leaves[2] if bias else None, backend=backend,
+                                    knobs=LCEKnobs(chunk_tokens=16), **kw)
+    (loss.sum() * 0.7).backward()
+    d = [x.double().requires_grad_() for x in (h, w) + ((b,) if bias else ())]
+    lr = ref.linear_cross_entropy(d[0], d[1], t, bias=d[2] if bias else None, **kw)
+    (lr.sum() * 0.7).backward()
+    assert loss.dtype == torch.float32
+    assert _rel(loss, lr) < 1e-5
+    for leaf, x in zip(leaves, d):
+        assert leaf.grad.dtype == leaf.dtype
+        assert _rel(leaf.grad, x.grad) < 1e-4
+
+
+def test_bf16_and_batch_dims():
+    h, w, b, t = _case(N=24, V=500, dtype=torch.bfloat16)
+    h3, t3 = h.reshape(2, 12, -1), t.reshape(2, 12)
+    hl, wl = h3.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = oss.linear_cross_entropy(hl, wl, t3, bias=b, backend="triton", knobs=LCEKnobs(chunk_tokens=16))
+    loss.backward()
+    hd, wd = h3.double().requires_grad_(), w.double().requires_grad_()
+    lr = ref.linear_cross_entropy(hd, wd, t3, bias=b.double())
+    lr.backward()
+    assert _rel(loss, lr) < 1e-2
+    assert hl.grad.shape == h3.shape and _rel(hl.grad, hd.grad) < 2e-2 and _rel(wl.grad, wd.grad) < 2e-2
+
+
+def test_only_weight_requires_grad_and_no_grad():
+    h, w, _, t = _case(bias=False)
+    wl = w.clone().requires_grad_()
+    oss.linear_cross_entropy(h, wl, t, backend="triton").backward()
+    wd = w.double().requires_grad_()
+    ref.linear_cross_entropy(h.double(), wd, t).backward()
+    assert _rel(wl.grad, wd.grad) < 1e-4
+    with torch.no_grad():
+        a = oss.linear_cross_entropy(h, w, t, backend="triton")
+    assert abs(a.item() - ref.linear_cross_entropy(h, w, t).item()) < 1e-5
+
+
+def test_all_ignored():
+    h, w, b, t = _case()
+    t[:] = -100
+    hl = h.clone().requires_grad_()
+    loss = oss.linear_cross_entropy(hl, w, t, backend="triton")
+    assert torch.isnan(loss)
+    s = oss.linear_cross_entropy(hl, w, t, backend="triton", reduction="sum")
+    s.backward()
+    assert s.item() == 0.0 and torch.equal(hl.grad, torch.zeros_like(h))
+
+
+def test_compile_fullgraph():
+    h, w, b, t = _case()
+    hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+    f = torch.compile(lambda h, w, t: oss.linear_cross_entropy(h, w, t, bias=b, backend="triton"), fullgraph=True)
+    f(hl, wl, t).backward()
+    hd, wd = h.double().requires_grad_(), w.double().requires_grad_()
+    ref.linear_cross_entropy(hd, wd, t, bias=b.double()).backward()
+    assert _rel(hl.grad, hd.grad) < 1e-4 and _rel(wl.grad, wd.grad) < 1e-4
+
+
+def test_plan_fits_budget():
+    p = LCEProblem(8192, 4096, 128256, 2, True)
+    plan = plan_linear_cross_entropy(p, H200)
+    assert plan.tile_bytes <= 56 << 20 and plan.chunk_tokens % 16 == 0 and plan.chunk_tokens >= 16
+    assert plan.ce.path == "split"                 # a tile of ~224 rows is too few rows for one program each
+    assert plan_linear_cross_entropy(p, A100).chunk_tokens == plan.chunk_tokens
+    assert plan_linear_cross_entropy(p, H200, LCEKnobs(chunk_tokens=64)).chunk_tokens == 64
+    h, w, _, t = _case()
+    assert explain(oss.linear_cross_entropy, h, w, t, backend="triton").chunk_tokens == 37
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(target=torch.zeros(37)), "int64"),
+    (dict(weight=torch.randn(300, 15)), "weight's dim 1"),
+    (dict(target=torch.zeros(36, dtype=torch.int64)), "target shape"),
+    (dict(bias=torch.randn(299)), "bias must be"),
+])
+def test_errors(bad, match):
+    h, w, b, t = _case()
+    args = dict(hidden=h, weight=w, target=t)
+    args.update(bad)
+    with pytest.raises((TypeError, ValueError), match=match) as e:
+        oss.linear_cross_entropy(args.pop("hidden"), args.pop("weight"), args.pop("target"), **args)
+    assert "linear_cross_entropy" in str(e.value)
