@@ -15,7 +15,7 @@ from onlinesoftmax.target import A100, H200, INTERPRETER, L4, Target, target_of
 from onlinesoftmax.topk import explain as topk_explain
 
 PKG = pathlib.Path(onlinesoftmax.__file__).parent
-FAMILIES = ("softmax", "topk")
+FAMILIES = ("softmax", "topk", "losses", "attention", "decode", "distributed")
 
 
 def _modules():

@@ -1,0 +1,96 @@
+"""Runs in each spawned rank of the gloo tests: the vocabulary-parallel ops on this rank's slice of inputs every rank
+builds alike, against the single-process ops on the full rows. Raises on the first mismatch."""
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+import onlinesoftmax as oss
+from onlinesoftmax import distributed as D
+
+NAN, INF = float("nan"), float("inf")
+
+
+def widths(V: int, P: int) -> list[int]:
+    """Uneven slices, one of them possibly empty when V is small."""
+    base = [max(0, V // P + (r - P // 2) * (V // (3 * P))) for r in range(P)]
+    base[-1] = V - sum(base[:-1])
+    assert min(base) >= 0 and sum(base) == V
+    return base
+
+
+def _slice(x, rank, ws):
+    lo = sum(ws[:rank])
+    return x[..., lo:lo + ws[rank]]
+
+
+def check_vocab(rank: int, P: int, device: str):
+    gen = torch.Generator().manual_seed(1234)
+    V = 97
+    x = torch.randn(3, 5, V, generator=gen) * 3
+    x[0, 0] = -INF                              # all masked
+    x[0, 1, 7] = NAN
+    x[0, 2, 50] = INF
+    x[0, 3, ::3] = 2.5                          # ties across slices
+    x[1, 0] = 1e8                               # large logits: e^(x - m) / d, not e^(x - lse)
+    x[1, 1, 30:] = -INF
+    ws = widths(V, P)
+    xs = _slice(x, rank, ws).to(device)
+    for fn, ref in ((D.softmax, torch.softmax), (D.log_softmax, torch.log_softmax)):
+        got = fn(xs).cpu()
+        torch.testing.assert_close(got, _slice(ref(x, -1), rank, ws), equal_nan=True, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(D.logsumexp(xs).cpu(), torch.logsumexp(x, -1), equal_nan=True)
+    assert D.logsumexp(xs, keepdim=True).shape == (3, 5, 1)
+    for k in (1, 4, 40):                        # 40 exceeds the smallest slices
+        top = D.softmax_topk(xs, k)
+        want = oss.softmax_topk(x, k, backend="torch")
+        torch.testing.assert_close(top.indices.cpu(), want.indices)
+        p = torch.softmax(x.double(), -1).gather(-1, want.indices).float()     # fp64 probabilities at the indices
+        torch.testing.assert_close(top.values.cpu(), p, equal_nan=True, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(top.lse.cpu(), want.lse, equal_nan=True)
+    # gradients, finite rows only
+    xg = torch.randn(4, V, generator=gen, dtype=torch.float64)
+    w = torch.randn(4, V, generator=gen, dtype=torch.float64)
+    for fn, ref in ((D.softmax, torch.softmax), (D.log_softmax, torch.log_softmax)):
+        a = _slice(xg, rank, ws).to(device).requires_grad_()
+        (fn(a) * _slice(w, rank, ws).to(device)).sum().backward()
+        b = xg.clone().requires_grad_()
+        (ref(b, -1) * w).sum().backward()
+        torch.testing.assert_close(a.grad.cpu(), _slice(b.grad, rank, ws))
+    a = _slice(xg, rank, ws).to(device).requires_grad_()
+    (D.logsumexp(a) * w[:, 0].to(device)).sum().backward()
+    b = xg.clone().requires_grad_()
+    (torch.logsumexp(b, -1) * w[:, 0]).sum().backward()
+    torch.testing.assert_close(a.grad.cpu(), _slice(b.grad, rank, ws))
+    # cross-entropy: loss and gradient, ignore_index, smoothing, every reduction, all ignored
+    logits = torch.randn(6, V, generator=gen, dtype=torch.float64)
+    target = torch.randint(0, V, (6,), generator=gen)
+    target[2] = -100
+    for red in ("mean", "sum", "none"):
+        for eps in (0.0, 0.1):
+            a = _slice(logits, rank, ws).to(device).requires_grad_()
+            loss = D.cross_entropy(a, target.to(device), reduction=red, label_smoothing=eps)
+            b = logits.clone().requires_grad_()
+            want = torch.nn.functional.cross_entropy(b, target, reduction=red, label_smoothing=eps)
+            torch.testing.assert_close(loss.cpu(), want)
+            (loss * (torch.arange(6, device=device) + 1 if red == "none" else 1)).sum().backward()
+            (want * (torch.arange(6) + 1 if red == "none" else 1)).sum().backward()
+            torch.testing.assert_close(a.grad.cpu(), _slice(b.grad, rank, ws))
+    none = torch.full((6,), -100)
+    a = _slice(logits, rank, ws).to(device).requires_grad_()
+    loss = D.cross_entropy(a, none.to(device))
+    assert torch.isnan(loss)
+    D.cross_entropy(a, none.to(device), reduction="sum").backward()
+    assert (a.grad == 0).all()
+
+
+def main(rank: int, P: int, port: int, device: str, checks: tuple):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        for name in checks:
+            globals()[name](rank, P, device)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,49 @@
+"""The distributed ops in gloo process groups of 2 and 3 CPU processes (127.0.0.1, a free port, a time limit; the
+processes are always reaped), against the single-process ops."""
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import _worker  # noqa: E402
+
+TIME_LIMIT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(P: int, checks: tuple, device: str = "cpu"):
+    ctx = mp.start_processes(_worker.main, args=(P, _free_port(), device, checks), nprocs=P, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + TIME_LIMIT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{P} ranks did not finish {checks} in {TIME_LIMIT_S} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_vocab_parallel_gloo(P):
+    run_ranks(P, ("check_vocab",))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("P", [2, 4])
+def test_vocab_parallel_gloo_shared_gpu(P):
+    """Several processes sharing the one GPU over gloo: the same checks on CUDA tensors."""
+    run_ranks(P, ("check_vocab",), device="cuda")
