@@ -166,7 +166,7 @@ def _fwd_bound_uncached(problem: Problem, plan: ForwardPlan, strides: tuple):
     grid = (-(-p.Sq // plan.block_m), p.B * p.H)
     left, right = p.window
     meta = dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=p.block_d,
-                HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap, REVERSE=p.banded,
+                HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap, REVERSE=p.banded, F32=plan.dot_f32,
                 num_warps=plan.num_warps, num_stages=plan.num_stages)
     return _bound(fwd.attention_fwd_kernel, grid, meta)
 
@@ -189,7 +189,8 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
     _, bwd, _ = _kernels()
     p = problem
     left, right = p.window
-    common = dict(HEAD_DIM=p.D, BLOCK_D=p.block_d, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap)
+    common = dict(HEAD_DIM=p.D, BLOCK_D=p.block_d, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap,
+                  F32=plan.dot_f32)
     delta = _bound(bwd.attention_bwd_delta_kernel, (-(-p.Sq // 64), p.B * p.H),
                    dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, num_warps=4))
     dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),

@@ -54,6 +54,7 @@ class ForwardPlan:
     block_n: int
     num_warps: int
     num_stages: int
+    dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class BackwardPlan:
     block_n_dq: int         # dQ kernel: keys per step
     num_warps: int
     num_stages: int
+    dot_f32: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def _forward_sm90(p: Problem) -> ForwardPlan:
 
 def _forward_portable(p: Problem, target: Target) -> ForwardPlan:
     if target.interpret:
-        return ForwardPlan("triton", 16, 16, 1, 1)
+        return ForwardPlan("triton", 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
     bn = 32 if p.block_d > 128 or p.dtype == "float32" else 64
     return ForwardPlan("triton", 64, bn, 4, 2)
 
@@ -128,7 +130,7 @@ SM90_BACKWARD = {          # H200, bf16: (block_m, block_n, block_m_dq, block_n_
 
 def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> BackwardPlan:
     if target.interpret:
-        plan = BackwardPlan("triton", 16, 16, 16, 16, 1, 1)
+        plan = BackwardPlan("triton", 16, 16, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
     elif target.sm90:
         bd = p.block_d
         cfg = SM90_BACKWARD.get(bd, SM90_BACKWARD[256] if bd > 128 else SM90_BACKWARD[64])

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..._triton.online import LOG2E
-from .fwd import _band, _keep, _tanh
+from .fwd import _band, _keep, _mm, _tanh
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def _q_band(n0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.con
 def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n, offs_d,
                 start, stop, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
     """Steps 1-2 for the resident keys offs_n over query blocks [start, stop), transposed (rows = keys), so that
     Pᵀ and dSᵀ come out of the dot in the layout the next dot takes."""
     offs_mb = tl.arange(0, BLOCK_M)
@@ -95,7 +95,7 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, s
             do = tl.load(do_base + rows * sdm + offs_d[None, :] * sdd, mask=d_ok, other=0.0)
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
-        qkT = tl.dot(k, tl.trans(q))                                          # Sᵀ / scale: [N, M]
+        qkT = _mm(k, tl.trans(q), None, F32)                                          # Sᵀ / scale: [N, M]
         if SOFTCAP:
             t = _tanh(qkT * cap_in)
             sT = t * cap_out
@@ -105,12 +105,12 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, s
         if MASKED:
             keepT = tl.trans(_keep(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT))
             pT = tl.where(keepT, pT, 0.0)
-        dv = tl.dot(pT.to(do.dtype), do, dv)                                  # 1. dV += Pᵀ dO
-        dpT = tl.dot(v, tl.trans(do))                                         #    dPᵀ = V dOᵀ
+        dv = _mm(pT.to(do.dtype), do, dv, F32)                                # 1. dV += Pᵀ dO
+        dpT = _mm(v, tl.trans(do), None, F32)                                       #    dPᵀ = V dOᵀ
         dsT = pT * (dpT - delta[None, :])                                     #    dSᵀ = Pᵀ ⊙ (dPᵀ - Δ)
         if SOFTCAP:
             dsT = dsT * (1.0 - t * t)
-        dk = tl.dot(dsT.to(q.dtype), q, dk)                                   # 2. dK += dSᵀ Q (scale at the end)
+        dk = _mm(dsT.to(q.dtype), q, dk, F32)                                 # 2. dK += dSᵀ Q (scale at the end)
     return dk, dv
 
 
@@ -121,7 +121,7 @@ def attention_bwd_dkdv_kernel(
         sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
         H, Hkv, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
     """Grid (cdiv(Sk, BLOCK_N), B·Hkv): dK, dV of one key block, summed over the GROUP query heads that read it."""
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)
@@ -149,13 +149,13 @@ def attention_bwd_dkdv_kernel(
         delta_base = DELTA + bh.to(tl.int64) * Sq
         dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
                              offs_d, lo, full_lo, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                             BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                             BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
         dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
                              offs_d, full_lo, full_hi, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                             BLOCK_M, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                             BLOCK_M, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
         dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
                              offs_d, full_hi, hi, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                             BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                             BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
     dk *= scale
     tl.store(DK + b.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + rows * sdkn + offs_d[None, :] * sdkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -167,7 +167,7 @@ def attention_bwd_dkdv_kernel(
 def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, start, stop,
               Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
     """Step 3 for the resident query rows over key blocks [start, stop)."""
     offs_nb = tl.arange(0, BLOCK_N)
     d_ok = offs_d[None, :] < HEAD_DIM
@@ -180,7 +180,7 @@ def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m,
             ld = d_ok
         k = tl.load(k_base + rows * skn + offs_d[None, :] * skd, mask=ld, other=0.0)
         v = tl.load(v_base + rows * svn + offs_d[None, :] * svd, mask=ld, other=0.0)
-        qk = tl.dot(q, tl.trans(k))
+        qk = _mm(q, tl.trans(k), None, F32)
         if SOFTCAP:
             t = _tanh(qk * cap_in)
             s = t * cap_out
@@ -189,11 +189,11 @@ def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m,
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(_keep(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        dp = _mm(do, tl.trans(v), None, F32)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = tl.dot(ds.to(k.dtype), k, dq)                                    # 3. dQ += dS K (scale at the end)
+        dq = _mm(ds.to(k.dtype), k, dq, F32)                                  # 3. dQ += dS K (scale at the end)
     return dq
 
 
@@ -203,7 +203,8 @@ def attention_bwd_dq_kernel(
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd, sdqb, sdqh, sdqm, sdqd,
         H, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr):
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr,
+        F32: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B·H): dQ of one query block."""
     pid_m = tl.program_id(0)
     if REVERSE:
@@ -230,12 +231,12 @@ def attention_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo, full_lo, full_hi, hi = _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, lo, full_lo, Sk, off,
-                   LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                   LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
     dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_lo, full_hi, Sk,
                    off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT,
-                   SOFTCAP)
+                   SOFTCAP, F32)
     dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_hi, hi, Sk, off,
-                   LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                   LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
     dq *= scale
     tl.store(DQ + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows * sdqm + offs_d[None, :] * sdqd,
              dq.to(DQ.dtype.element_ty), mask=io_mask)

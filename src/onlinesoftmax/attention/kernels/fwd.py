@@ -31,6 +31,15 @@ def _tanh(x):
 
 
 @triton.jit
+def _mm(a, b, acc, F32: tl.constexpr):
+    """acc + a @ b (fp32 accumulation). F32: operands upcast first (the interpreter's bf16 tl.dot is wrong in
+    Triton 3.6; the plan sets it there only)."""
+    if F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
     """Key ranges for query rows [m0, min(m0 + BLOCK_M, Sq)): ``[lo, hi)`` holds every key some row attends,
@@ -55,9 +64,9 @@ def _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def _scores(q, k, qk_scale, cap_in, cap_out, SOFTCAP: tl.constexpr):
+def _scores(q, k, qk_scale, cap_in, cap_out, SOFTCAP: tl.constexpr, F32: tl.constexpr):
     """Step 1 without the mask: base-2 scores of q [M, D] against k [N, D] (fp32 accumulation)."""
-    qk = tl.dot(q, tl.trans(k))
+    qk = _mm(q, tl.trans(k), None, F32)
     if SOFTCAP:
         return _tanh(qk * cap_in) * cap_out
     return qk * qk_scale
@@ -79,7 +88,7 @@ def _keep(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT: tl.constexpr, HAS_RIGH
 def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, start, stop,
                Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
     """Steps 1-4 over the key blocks [start, stop); MASKED: the band / Sk mask applies."""
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d[None, :] < HEAD_DIM
@@ -94,7 +103,7 @@ def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, off
             k = tl.load(k_ptrs, mask=d_ok, other=0.0)
         else:
             k = tl.load(k_ptrs)
-        s = _scores(q, k, qk_scale, cap_in, cap_out, SOFTCAP)                # 1. s = log2e·scale·q kᵀ
+        s = _scores(q, k, qk_scale, cap_in, cap_out, SOFTCAP, F32)                # 1. s = log2e·scale·q kᵀ
         if MASKED:
             s = tl.where(_keep(offs_m, n0 + offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))                            # 2. m_new = max(m, max_j s_j)
@@ -111,7 +120,7 @@ def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, off
             v = tl.load(v_ptrs, mask=d_ok, other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])                 #    o <- α·o + p v
+        acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], F32)                 #    o <- α·o + p v
         m_i = m_new
     return acc, m_i, l_i
 
@@ -122,7 +131,8 @@ def attention_fwd_kernel(
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
         H, GROUP, Sq, Sk, LEFT, RIGHT, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr):
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr,
+        F32: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B·H). O has q's shape; LSE is float32 [B, H, Sq] contiguous."""
     pid_m = tl.program_id(0)
     if REVERSE:                    # banded: the longest rows (last query blocks) start first, the short ones fill in
@@ -147,13 +157,13 @@ def attention_fwd_kernel(
     lo, full_lo, full_hi, hi = _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     acc, m_i, l_i = _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, lo, full_lo,
                                Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, BLOCK_D, HEAD_DIM, True,
-                               HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                               HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
     acc, m_i, l_i = _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_lo,
                                full_hi, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, BLOCK_D, HEAD_DIM,
-                               False, HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                               False, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
     acc, m_i, l_i = _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_hi, hi,
                                Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, BLOCK_D, HEAD_DIM, True,
-                               HAS_LEFT, HAS_RIGHT, SOFTCAP)
+                               HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
 
     empty = l_i == 0.0             # no attended key: O = 0, lse = -inf
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
