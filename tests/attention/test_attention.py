@@ -302,16 +302,24 @@ def test_opcheck(kernel_device):
 
 
 # ---- the device, real sizes ---------------------------------------------------------------------------------------
-GPU_SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
-    (2, 8, 8, 1024, 1024, 128), (1, 16, 4, 777, 1500, 64), (1, 16, 2, 1500, 777, 64), (1, 8, 8, 257, 1023, 256),
-    (2, 4, 1, 513, 513, 80), (1, 4, 4, 63, 65, 16), (1, 4, 4, 1, 2049, 32),
+GPU_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options)
+    (2, 8, 8, 1024, 1024, 128, torch.bfloat16, {}),
+    (2, 8, 8, 1024, 1024, 128, torch.bfloat16, dict(causal=True)),
+    (1, 16, 4, 777, 1500, 64, torch.bfloat16, dict(causal=True)),
+    (1, 16, 2, 1500, 777, 64, torch.bfloat16, dict(causal=True)),
+    (1, 8, 8, 257, 1023, 256, torch.bfloat16, {}),
+    (2, 4, 1, 513, 513, 80, torch.bfloat16, dict(causal=True, window=(255, -1), softcap=30.0)),
+    (1, 4, 4, 63, 65, 16, torch.bfloat16, dict(causal=True)),
+    (1, 4, 4, 1, 2049, 32, torch.bfloat16, dict(causal=True)),
+    (1, 16, 4, 777, 1500, 64, torch.float16, {}),
+    (1, 8, 8, 257, 1023, 256, torch.float16, dict(causal=True)),
+    (2, 4, 1, 513, 513, 80, torch.float32, dict(causal=True)),
+    (1, 16, 2, 1500, 777, 64, torch.float32, dict(window=(100, 50), softcap=20.0)),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D", GPU_SHAPES)
-@pytest.mark.parametrize("kw", [{}, dict(causal=True), dict(causal=True, window=(255, -1), softcap=30.0)])
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw", GPU_CASES)
 def test_gpu_real_sizes(B, H, Hkv, Sq, Sk, D, dtype, kw):
     q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True, layout="bshd" if D == 64 else "bhsd")
     prev = torch.backends.cuda.matmul.allow_tf32
