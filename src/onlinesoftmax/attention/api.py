@@ -16,7 +16,7 @@ from ..backend import resolve_backend
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, plan_attention
 
-__all__ = ["attention", "explain"]
+__all__ = ["attention", "attention_varlen", "explain"]
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TORCH_DTYPES = KERNEL_DTYPES + (torch.float64,)
@@ -106,8 +106,9 @@ def _band_mask(Sq: int, Sk: int, left: int, right: int, device) -> torch.Tensor 
     return keep
 
 
-def _torch_attention(q, k, v, scale, left, right, softcap):
-    """(o, lse) by the explicit scores in fp32 (fp64 for fp64), differentiable by torch's autograd."""
+def _torch_attention(q, k, v, scale, left, right, softcap, keep=None):
+    """(o, lse) by the explicit scores in fp32 (fp64 for fp64), differentiable by torch's autograd. ``keep``: a
+    boolean [Sq, Sk] mask that replaces the band (varlen's block-diagonal one)."""
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
     H, Hkv = q.shape[1], k.shape[1]
@@ -116,7 +117,8 @@ def _torch_attention(q, k, v, scale, left, right, softcap):
     s = (qf @ kf.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    keep = _band_mask(q.shape[2], k.shape[2], left, right, q.device)
+    if keep is None:
+        keep = _band_mask(q.shape[2], k.shape[2], left, right, q.device)
     if keep is not None:
         s = s.masked_fill(~keep, -math.inf)
     if s.shape[-1]:
@@ -130,6 +132,27 @@ def _torch_attention(q, k, v, scale, left, right, softcap):
     o = (p @ vf) / torch.where(some, d, torch.ones_like(d))
     lse = torch.where(some, m + torch.log(torch.where(some, d, torch.ones_like(d))), torch.full_like(d, -math.inf))
     return o.to(q.dtype), lse.squeeze(-1).to(torch.float32)
+
+
+def _varlen_mask(cu_q, cu_k, Tq: int, Tk: int, left: int, right: int) -> torch.Tensor:
+    """[Tq, Tk]: query row r attends key row c iff both lie in one sequence and c is in r's band there (no host
+    synchronisation: built from cu_seqlens on the device)."""
+    def local(cu, T):
+        rows = torch.arange(T, device=cu.device)
+        seg = torch.searchsorted(cu.long(), rows, right=True) - 1
+        return seg, rows - cu.long()[seg.clamp_min(0)]
+    seg_q, i = local(cu_q, Tq)
+    seg_k, j = local(cu_k, Tk)
+    lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
+    off = (lens_k - lens_q)[seg_q.clamp(0, max(len(lens_q) - 1, 0))] if len(lens_q) else i * 0
+    i = (i + off).unsqueeze(1)
+    j = j.unsqueeze(0)
+    keep = seg_q.unsqueeze(1) == seg_k.unsqueeze(0)
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
 
 
 # ---- the Triton launches --------------------------------------------------------------------------------------
@@ -160,29 +183,27 @@ def _bound(fn, grid, meta):
     return launch.BoundKernel(fn, grid, meta)
 
 
-def _fwd_bound_uncached(problem: Problem, plan: ForwardPlan, strides: tuple):
+def _strides(t: torch.Tensor) -> tuple:
+    """(batch, head, row, dim) strides: SDPA's [B, H, S, D] as is, varlen's [T, H, D] with batch stride 0."""
+    if t.dim() == 3:
+        return 0, t.stride(1), t.stride(0), t.stride(2)
+    return tuple(t.stride())
+
+
+def _lse_strides(p: Problem, lse: torch.Tensor) -> tuple:
+    """(batch, head) strides of the lse: [B, H, Sq] dense, [H, total_q] varlen (rows offset by the sequence)."""
+    return (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1))
+
+
+def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
     fwd, _, _ = _kernels()
     p = problem
     grid = (-(-p.Sq // plan.block_m), p.B * p.H)
     left, right = p.window
     meta = dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=p.block_d,
                 HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap, REVERSE=p.banded, F32=plan.dot_f32,
-                num_warps=plan.num_warps, num_stages=plan.num_stages)
+                VARLEN=p.varlen, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return _bound(fwd.attention_fwd_kernel, grid, meta)
-
-
-def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, softcap: float):
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    p = problem
-    if p.Sk == 0:
-        return o.zero_(), lse.fill_(-math.inf)
-    left, right = p.window
-    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
-    bk = _fwd_cache(p, plan, strides)
-    bk((q, k, v, o, lse, *strides, p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0), *_scalars(scale, softcap)),
-       (q, k, v, o), q.device)
-    return o, lse
 
 
 def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse: bool):
@@ -190,9 +211,10 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
     p = problem
     left, right = p.window
     common = dict(HEAD_DIM=p.D, BLOCK_D=p.block_d, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap,
-                  F32=plan.dot_f32)
+                  F32=plan.dot_f32, VARLEN=p.varlen)
     delta = _bound(bwd.attention_bwd_delta_kernel, (-(-p.Sq // 64), p.B * p.H),
-                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, num_warps=4))
+                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, VARLEN=p.varlen,
+                        num_warps=4))
     dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
                   dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
                        num_stages=plan.num_stages))
@@ -207,36 +229,59 @@ _bwd_cache = None
 
 
 def _caches():
+    """The bound launches, cached by (problem, plan, strides) in the package's one LRU cache."""
     global _fwd_cache, _bwd_cache
     if _fwd_cache is None:
         _, _, launch = _kernels()
-        _fwd_cache = launch.cached(_fwd_bound_uncached)
+        _fwd_cache = launch.cached(_fwd_launch)
         _bwd_cache = launch.cached(_bwd_launches)
     return _fwd_cache, _bwd_cache
 
 
+def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, softcap: float, cu=None):
+    """(o, lse) by the forward kernel; ``cu = (cu_seqlens_q, cu_seqlens_k)`` for packed sequences."""
+    p = problem
+    o = torch.empty_like(q)
+    lse_shape = (q.shape[1], q.shape[0]) if p.varlen else q.shape[:3]
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if p.Sk == 0 or q.numel() == 0:
+        return o.zero_(), lse.fill_(-math.inf)
+    left, right = p.window
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o), *_lse_strides(p, lse))
+    bk = _caches()[0](p, plan, strides)
+    cu_q, cu_k = cu if cu is not None else (lse, lse)      # unread unless VARLEN
+    bk((q, k, v, o, lse, cu_q, cu_k, *strides, p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
+        *_scalars(scale, softcap)), (q, k, v, o), q.device)
+    return o, lse
+
+
 def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: BackwardPlan, scale: float,
-                     softcap: float):
+                     softcap: float, cu=None):
     p = problem
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if p.Sk == 0 or p.Sq == 0:
+    if p.Sk == 0 or p.Sq == 0 or q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    _, bwd_cache = _caches()
+    if p.varlen:        # sequences with no keys (or no queries) leave their rows of dq (dk, dv) to these zeros
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
     left, right = p.window
-    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *dq.stride(), *dk.stride(),
-               *dv.stride())
-    delta_k, dkdv_k, dq_k = bwd_cache(p, plan, strides, dlse is not None)
+    sq, sk, sv, sdo, so = _strides(q), _strides(k), _strides(v), _strides(do), _strides(o)
+    sdq, sdk, sdv, sl = _strides(dq), _strides(dk), _strides(dv), _lse_strides(p, lse)
+    delta_k, dkdv_k, dq_k = _caches()[1](p, plan, (*sq, *sk, *sv, *sdo, *so, *sdq, *sdk, *sdv, *sl),
+                                         dlse is not None)
     delta = torch.empty_like(lse)
     if dlse is not None:
-        dlse = dlse.to(torch.float32).contiguous()
-    delta_k((o, do, dlse if dlse is not None else lse, delta, *o.stride(), *do.stride(), p.H, p.Sq),
-            (o, do), q.device)
+        dlse = dlse.to(torch.float32)
+        if dlse.stride() != lse.stride():
+            dlse = dlse.contiguous()
+    cu_q, cu_k = cu if cu is not None else (lse, lse)
+    delta_k((o, do, dlse if dlse is not None else lse, delta, cu_q, *so, *sdo, *sl, p.H, p.Sq), (o, do), q.device)
     lr = (max(left, 0), max(right, 0))
     qk_scale, cap_in, cap_out = _scalars(scale, softcap)
-    dkdv_k((q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
-            *dv.stride(), p.H, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out),
-           (q, k, v, do, dk, dv), q.device)
-    dq_k((q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+    dkdv_k((q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
+            p.H, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dk, dv), q.device)
+    dq_k((q, k, v, do, lse, delta, dq, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdq, *sl,
           p.H, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dq), q.device)
     return dq, dk, dv
 
@@ -254,7 +299,6 @@ def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     plan = plan_attention(problem, target_of(q.device), "triton").forward
     if q.numel() == 0:
         return torch.empty_like(q), torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
-    _caches()
     return _forward_triton(q, k, v, problem, plan, scale, softcap)
 
 
@@ -295,6 +339,63 @@ def _backward(ctx, do, dlse):
 
 
 torch.library.register_autograd("onlinesoftmax::attention_fwd", _backward, setup_context=_setup)
+
+
+def _varlen_problem(q, k, cu_q, max_q, max_k, causal, left, right, softcap) -> Problem:
+    right = 0 if causal else right
+    return Problem(cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2], _dtype_name(q.dtype),
+                   bool(causal), (left, right), softcap > 0, varlen=True)
+
+
+@torch.library.custom_op("onlinesoftmax::attention_varlen_fwd", mutates_args=())
+def _attention_varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                             scale: float, left: int, right: int,
+                             softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = _varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
+    plan = plan_attention(problem, target_of(q.device), "triton").forward
+    return _forward_triton(q, k, v, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
+
+
+@_attention_varlen_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left, right, softcap):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("onlinesoftmax::attention_varlen_bwd", mutates_args=())
+def _attention_varlen_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                             v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                             scale: float, left: int, right: int,
+                             softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = _varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
+    plan = plan_attention(problem, target_of(q.device), "triton").backward
+    return _backward_triton(do, dlse, q, k, v, o, lse, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
+
+
+@_attention_varlen_bwd_op.register_fake
+def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left,
+      right, softcap):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *args = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.args = tuple(args)
+
+
+def _varlen_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.onlinesoftmax.attention_varlen_bwd(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("onlinesoftmax::attention_varlen_fwd", _varlen_backward,
+                                setup_context=_varlen_setup)
 
 
 # ---- public -------------------------------------------------------------------------------------------------------
@@ -371,4 +472,69 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     else:
         o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right,
                                                        float(softcap) if softcap else 0.0)
+    return (o, lse) if return_lse else o
+
+
+_VOP = "onlinesoftmax.attention_varlen"
+
+
+def _check_cu(cu, name: str, q, op: str) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{op}: {name} must be a 1-d int32 tensor of length B + 1, got {str(cu.dtype)[6:]} of "
+                         f"shape {tuple(cu.shape)}")
+    if cu.device != q.device:
+        raise ValueError(f"{op}: {name} must be on q's device {q.device}, got {cu.device}")
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                     window=None, softcap=None, return_lse=False, backend=None):
+    """:func:`attention` over packed sequences (FlashAttention's varlen convention): training with packing, padded
+    batches without the padding.
+
+    Parameters
+    ----------
+    q : Tensor ``[total_q, H, D]``; k, v : Tensor ``[total_k, Hkv, D]``
+        Sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``
+        of k and v. Any strides.
+    cu_seqlens_q, cu_seqlens_k : int32 Tensor ``[B + 1]``
+        Cumulative lengths starting at 0 and ending at total_q / total_k; empty sequences allowed.
+    max_seqlen_q, max_seqlen_k : int
+        Bounds on the lengths (they size the grid: no host synchronisation reads cu_seqlens). They must be at
+        least every sequence's length, and the cu_seqlens must cover every row; neither is checked on the host.
+    causal, scale, window, softcap, backend
+        As :func:`attention`, per sequence (causal aligned bottom-right within each sequence).
+
+    Returns
+    -------
+    o ``[total_q, H, D]`` (q's dtype), or ``(o, lse)`` with lse float32 ``[H, total_q]`` (FlashAttention's layout).
+    """
+    _check_qkv(q, k, v, _VOP, ndim=3, seq_dim=0, head_dim=1)
+    _check_scalars(scale, softcap, _VOP)
+    if not isinstance(causal, bool):
+        raise TypeError(f"{_VOP}: causal must be a bool, got {type(causal).__name__}")
+    _check_cu(cu_seqlens_q, "cu_seqlens_q", q, _VOP)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", q, _VOP)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"{_VOP}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    for name, m, t in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}")
+        if m == 0 and t.shape[0] > 0 and cu_seqlens_q.shape[0] > 1:
+            raise ValueError(f"{_VOP}: {name} is 0 but the packed tensor has {t.shape[0]} rows")
+    left, right = _check_window(window, _VOP)
+    backend = resolve_backend(backend, q, _VOP)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    if backend == "torch":
+        keep = _varlen_mask(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], left, 0 if causal else right)
+        o, lse = _torch_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                  v.transpose(0, 1).unsqueeze(0), scale, left, right, softcap, keep=keep)
+        o, lse = o[0].transpose(0, 1), lse[0]
+    else:
+        _check_kernel(q, _VOP)
+        o, lse = torch.ops.onlinesoftmax.attention_varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left, right,
+            float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o

@@ -31,6 +31,7 @@ class Problem:
     causal: bool = False
     window: tuple = (-1, -1)
     softcap: bool = False
+    varlen: bool = False    # packed sequences: B = len(cu_seqlens) - 1, Sq / Sk = the longest lengths
 
     @property
     def group(self) -> int:
@@ -94,7 +95,7 @@ class AttentionPlan:
 # ---- the forward ------------------------------------------------------------------------------------------
 # H200, bf16: (block_m, block_n, num_warps, num_stages) by head dim.
 SM90_FORWARD = {
-    64: (128, 128, 4, 3),
+    64: (128, 64, 8, 3),
     128: (128, 128, 8, 3),
     256: (128, 64, 8, 2),
 }
@@ -122,8 +123,8 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
 
 # ---- the backward -----------------------------------------------------------------------------------------
 SM90_BACKWARD = {          # H200, bf16: (block_m, block_n, block_m_dq, block_n_dq, num_warps, num_stages)
-    64: (64, 128, 128, 64, 8, 2),
-    128: (64, 128, 128, 64, 8, 2),
+    64: (64, 64, 64, 64, 4, 2),
+    128: (64, 64, 64, 64, 4, 2),
     256: (32, 64, 64, 32, 4, 1),
 }
 

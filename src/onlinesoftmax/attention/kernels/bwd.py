@@ -19,30 +19,34 @@ import triton
 import triton.language as tl
 
 from ..._triton.online import LOG2E
-from .fwd import _band, _keep, _mm, _tanh
+from .fwd import _band, _keep, _mm, _seq, _tanh
 
 
 @triton.jit
-def attention_bwd_delta_kernel(O, DO, DLSE, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, H, Sq,
+def attention_bwd_delta_kernel(O, DO, DLSE, DELTA, CU_Q, sob, soh, som, sod, sdb, sdh, sdm, sdd, slb, slh, H, Sq,
                                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                               HAS_DLSE: tl.constexpr):
-    """0. Δ = rowsum(O ⊙ dO) − dlse, float32 [B, H, Sq] (DLSE: float32 [B, H, Sq] contiguous)."""
+                               HAS_DLSE: tl.constexpr, VARLEN: tl.constexpr):
+    """0. Δ = rowsum(O ⊙ dO) − dlse, float32, laid out as the lse (DLSE too: row i of (b, h) at b·slb + h·slh + i)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
+    q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
+    if pid_m * BLOCK_M >= Sq:
+        return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
-    rows = offs_m[:, None].to(tl.int64)
+    rows = (q_start + offs_m[:, None]).to(tl.int64)
     o = tl.load(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows * som + offs_d[None, :] * sod, mask=mask,
                 other=0.0)
     do = tl.load(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rows * sdm + offs_d[None, :] * sdd, mask=mask,
                  other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row_base = b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
     if HAS_DLSE:
-        delta -= tl.load(DLSE + bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=0.0)
-    tl.store(DELTA + bh.to(tl.int64) * Sq + offs_m, delta, mask=offs_m < Sq)
+        delta -= tl.load(DLSE + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+    tl.store(DELTA + row_base + offs_m, delta, mask=offs_m < Sq)
 
 
 @triton.jit
@@ -116,23 +120,28 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, s
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-        Q, K, V, DO, LSE, DELTA, DK, DV,
+        Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
-        sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd,
+        sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd, slb, slh,
         H, Hkv, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr,
+        VARLEN: tl.constexpr):
     """Grid (cdiv(Sk, BLOCK_N), B·Hkv): dK, dV of one key block, summed over the GROUP query heads that read it."""
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)
     b = bhk // Hkv
     hk = bhk % Hkv
     n0 = pid_n * BLOCK_N
+    q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
+    k_start, Sk = _seq(CU_K, b, Sk, VARLEN)
+    if n0 >= Sk:
+        return
     off = Sk - Sq
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n[:, None] < Sk) & (offs_d[None, :] < HEAD_DIM)
-    rows = offs_n[:, None].to(tl.int64)
+    rows = (k_start + offs_n[:, None]).to(tl.int64)
     k = tl.load(K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh + rows * skn + offs_d[None, :] * skd,
                 mask=kv_mask, other=0.0)
     v = tl.load(V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + rows * svn + offs_d[None, :] * svd,
@@ -142,11 +151,10 @@ def attention_bwd_dkdv_kernel(
     lo, full_lo, full_hi, hi = _q_band(n0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     for g in range(GROUP):
         h = hk * GROUP + g
-        bh = b * H + h
-        q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        do_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
-        lse_base = LSE + bh.to(tl.int64) * Sq
-        delta_base = DELTA + bh.to(tl.int64) * Sq
+        q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + tl.cast(q_start, tl.int64) * sqm
+        do_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + tl.cast(q_start, tl.int64) * sdm
+        lse_base = LSE + b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
+        delta_base = DELTA + b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
         dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
                              offs_d, lo, full_lo, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
                              BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
@@ -199,12 +207,12 @@ def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m,
 
 @triton.jit
 def attention_bwd_dq_kernel(
-        Q, K, V, DO, LSE, DELTA, DQ,
+        Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd, sdqb, sdqh, sdqm, sdqd,
-        H, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale, cap_in, cap_out,
+        slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr,
-        F32: tl.constexpr):
+        F32: tl.constexpr, VARLEN: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B·H): dQ of one query block."""
     pid_m = tl.program_id(0)
     if REVERSE:
@@ -214,20 +222,25 @@ def attention_bwd_dq_kernel(
     h = bh % H
     hk = h // GROUP
     m0 = pid_m * BLOCK_M
+    q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
+    k_start, Sk = _seq(CU_K, b, Sk, VARLEN)
+    if m0 >= Sq:
+        return
     off = Sk - Sq
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     io_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
-    rows = offs_m[:, None].to(tl.int64)
+    rows = (q_start + offs_m[:, None]).to(tl.int64)
     q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows * sqm + offs_d[None, :] * sqd,
                 mask=io_mask, other=0.0)
     do = tl.load(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rows * sdm + offs_d[None, :] * sdd,
                  mask=io_mask, other=0.0)
-    lse = tl.load(LSE + bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=float("inf"))
+    row_base = b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
+    lse = tl.load(LSE + row_base + offs_m, mask=offs_m < Sq, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-    delta = tl.load(DELTA + bh.to(tl.int64) * Sq + offs_m, mask=offs_m < Sq, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    delta = tl.load(DELTA + row_base + offs_m, mask=offs_m < Sq, other=0.0)
+    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh + tl.cast(k_start, tl.int64) * skn
+    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + tl.cast(k_start, tl.int64) * svn
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo, full_lo, full_hi, hi = _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, lo, full_lo, Sk, off,

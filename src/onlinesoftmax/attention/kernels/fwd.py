@@ -126,14 +126,25 @@ def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, off
 
 
 @triton.jit
+def _seq(CU, b, S, VARLEN: tl.constexpr):
+    """(first row, rows) of sequence b: from the cumulative lengths CU (int32 [B + 1]) when VARLEN, else (0, S)."""
+    if VARLEN:
+        start = tl.load(CU + b)
+        return start, tl.load(CU + b + 1) - start
+    return 0, S
+
+
+@triton.jit
 def attention_fwd_kernel(
-        Q, K, V, O, LSE,
-        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod,
+        Q, K, V, O, LSE, CU_Q, CU_K,
+        sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, slb, slh,
         H, GROUP, Sq, Sk, LEFT, RIGHT, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr,
-        F32: tl.constexpr):
-    """Grid (cdiv(Sq, BLOCK_M), B·H). O has q's shape; LSE is float32 [B, H, Sq] contiguous."""
+        F32: tl.constexpr, VARLEN: tl.constexpr):
+    """Grid (cdiv(Sq, BLOCK_M), B·H). O has q's strides; LSE (float32) row i of (b, h) is at b·slb + h·slh + i.
+    VARLEN: sequence b is rows CU_Q[b]:CU_Q[b + 1] of q (its strides' b term is 0) and CU_K[b]:CU_K[b + 1] of
+    k / v; Sq, Sk are the longest lengths (the grid's), each program reads its own."""
     pid_m = tl.program_id(0)
     if REVERSE:                    # banded: the longest rows (last query blocks) start first, the short ones fill in
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -142,12 +153,16 @@ def attention_fwd_kernel(
     h = bh % H
     hk = h // GROUP                # GQA: query head h reads kv head h // (H / Hkv)
     m0 = pid_m * BLOCK_M
+    q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
+    k_start, Sk = _seq(CU_K, b, Sk, VARLEN)
+    if m0 >= Sq:                   # VARLEN: past this sequence's queries
+        return
     off = Sk - Sq
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + tl.cast(q_start, tl.int64) * sqm
+    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh + tl.cast(k_start, tl.int64) * skn
+    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + tl.cast(k_start, tl.int64) * svn
     io_mask = (offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(q_base + offs_m[:, None].to(tl.int64) * sqm + offs_d[None, :] * sqd, mask=io_mask, other=0.0)
 
@@ -168,7 +183,8 @@ def attention_fwd_kernel(
     empty = l_i == 0.0             # no attended key: O = 0, lse = -inf
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    o_base = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
+    o_base = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + tl.cast(q_start, tl.int64) * som
     tl.store(o_base + offs_m[:, None].to(tl.int64) * som + offs_d[None, :] * sod, o.to(O.dtype.element_ty),
              mask=io_mask)
-    tl.store(LSE + bh.to(tl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+    lse_base = LSE + b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
+    tl.store(lse_base + offs_m, lse, mask=offs_m < Sq)
