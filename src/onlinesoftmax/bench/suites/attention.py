@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ...attention import attention
+from ...attention import attention, attention_varlen
 from ..harness import BenchContext, Case, register_suite
 
 SHAPES = [  # (B, H, Hkv, S, D): the issue's list (ANCHORS.md's cuDNN figures)
@@ -97,7 +97,7 @@ def _case(ctx, B, H, Hkv, S, D, causal, direction):
     label = f"{direction} {B}x{H}x{S}x{D}{gqa}{' causal' if causal else ''}"
     return Case(label=label, shape=(B, H, Hkv, S, D), dtype=dt, make_inputs=make, impls=impls, peer=peer,
                 flops=flops, x=S, group=f"{direction}, D={D}{', causal' if causal else ''}{gqa}", check=_close,
-                bytes=(2 * B * H + 2 * B * Hkv) * S * D * 2)
+                bytes=0)
 
 
 def _matmul_case(ctx):
@@ -107,6 +107,46 @@ def _matmul_case(ctx):
                                      torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16)),
                 impls={"torch.matmul": torch.matmul}, peer="torch.matmul", flops=2 * n ** 3, x=None,
                 group="ceiling", unchecked=("torch.matmul",))
+
+
+VARLEN_LENS = [1024, 7168, 2048, 5120, 512, 8192, 3072, 5632]     # 8 sequences, 32768 tokens
+
+
+def _varlen_case(ctx, lens, H, D, causal, direction):
+    """Packed sequences beside the same sequences one dense call each (the peer: same outputs)."""
+    dt = torch.bfloat16
+    T = sum(lens)
+    flops = sum(4 * H * n * n * D for n in lens) // (2 if causal else 1)
+    if direction == "bwd":
+        flops = int(flops * 2.5)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=ctx.device)
+    graphs: dict = {}
+
+    def packed(q, k, v, causal):
+        return attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+
+    def loop(q, k, v, causal):
+        outs, a = [], 0
+        for n in lens:
+            sl = slice(a, a + n)
+            outs.append(attention(*(t[sl].transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
+                                  causal=causal)[0].transpose(0, 1))
+            a += n
+        return torch.cat(outs, 0)
+
+    def make():
+        q, k, v = (torch.randn(T, H, D, device=ctx.device, dtype=dt) for _ in range(3))
+        if direction == "fwd":
+            return q, k, v, causal
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        return q, k, v, torch.randn_like(q), causal, graphs
+
+    impls = {"oss.attention per sequence": loop, "oss.attention_varlen": packed}
+    if direction == "bwd":
+        impls = {n: _backward(f) for n, f in impls.items()}
+    label = f"{direction} varlen {len(lens)} seqs {T} tokens H{H} D{D}{' causal' if causal else ''}"
+    return Case(label=label, shape=(len(lens), H, H, T, D), dtype=dt, make_inputs=make, impls=impls,
+                peer="oss.attention per sequence", flops=flops, x=T, group=f"varlen {direction}", check=_close)
 
 
 @register_suite("attention", x_label="S")
@@ -121,3 +161,5 @@ def suite(ctx: BenchContext):
                 if Hkv != H and not causal:
                     continue
                 yield _case(ctx, B, H, Hkv, S, D, causal, direction)
+        lens = VARLEN_LENS if ctx.is_cuda else [3, 0, 17, 9]
+        yield _varlen_case(ctx, lens, 32 if ctx.is_cuda else 2, 128 if ctx.is_cuda else 16, True, direction)
