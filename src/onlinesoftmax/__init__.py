@@ -3,6 +3,7 @@
 Importing this package never imports Triton or needs a GPU; kernels load on first use.
 """
 
+from .attention import attention, attention_varlen
 from .losses import cross_entropy, linear_cross_entropy
 from .softmax.api import log_softmax, logsumexp, softmax
 from .state import SoftmaxState
@@ -14,3 +15,4 @@ __version__ = "0.1.0"
 __all__ = ["SoftmaxState", "__version__", "log_softmax", "logsumexp", "softmax"]
 __all__ += ["TopK", "sample", "softmax_topk"]
 __all__ += ["cross_entropy", "linear_cross_entropy"]
+__all__ += ["attention", "attention_varlen"]

@@ -1,0 +1,540 @@
+"""``oss.attention``: argument checks, backend choice, plans, torch.library ops with fakes, autograd.
+
+Layers, bottom up: the Triton launches (``kernels/fwd.py``, ``kernels/bwd.py``, imported lazily) and the portable
+torch path -> custom ops ``onlinesoftmax::attention_fwd`` / ``::attention_bwd`` (so ``torch.compile(fullgraph=True)``
+sees one op each way) -> autograd registration -> :func:`attention` and :func:`explain`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._checks import check_float_tensor
+from ..backend import resolve_backend
+from ..target import target_of
+from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, plan_attention
+
+__all__ = ["attention", "attention_varlen", "explain"]
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TORCH_DTYPES = KERNEL_DTYPES + (torch.float64,)
+MAX_HEAD_DIM = 256           # the kernels' register tiles (a [BLOCK_M, 256] fp32 accumulator per program)
+
+
+# ---- arguments ----------------------------------------------------------------------------------------------
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _check_window(window, op: str) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or any(isinstance(w, bool) or not isinstance(w, int) for w in window)):
+        raise TypeError(f"{op}: window must be None or a pair of ints (left, right), got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"{op}: window entries must be >= -1 (-1 = unbounded), got {window!r}")
+    return left, right
+
+
+def _check_scalars(scale, softcap, op: str) -> None:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"{op}: scale must be None or a float, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be finite, got {scale}")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(f"{op}: softcap must be None or a positive float, got {type(softcap).__name__}")
+        if not (softcap > 0 and math.isfinite(softcap)):
+            raise ValueError(f"{op}: softcap must be a positive finite float, got {softcap}")
+
+
+def _check_qkv(q, k, v, op: str, ndim: int, seq_dim: int, head_dim: int) -> None:
+    """Shapes, dtypes and devices: q [..., S, D]-like of ``ndim`` dims with the head count at ``head_dim``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(t, f"{op}: {name}", TORCH_DTYPES)
+        if t.dim() != ndim:
+            raise ValueError(f"{op}: {name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{op}: q, k and v must share one dtype, got {_dtype_name(q.dtype)}, {_dtype_name(k.dtype)} "
+                        f"and {_dtype_name(v.dtype)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{op}: q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"{op}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{op}: q and k must have the same head dim (last), got {q.shape[-1]} and {k.shape[-1]}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"{op}: the head dim (last dim of q) must be at least 1")
+    H, Hkv = q.shape[head_dim], k.shape[head_dim]
+    if Hkv == 0 and H != 0 or Hkv and H % Hkv:
+        raise ValueError(f"{op}: the query heads H = {H} must be a multiple of the key/value heads Hkv = {Hkv} "
+                         "(GQA / MQA)")
+
+
+def _check_kernel(q, op: str) -> None:
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{op}: backend='triton' takes float16, bfloat16 or float32 q/k/v, got "
+                        f"{_dtype_name(q.dtype)} (use backend='torch')")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"{op}: backend='triton' takes head dims up to {MAX_HEAD_DIM}, got {q.shape[-1]} "
+                         "(use backend='torch')")
+
+
+def _problem(q, k, causal, window) -> Problem:
+    left, right = window
+    if causal:            # causal ANDs j <= i + off into the window's right bound
+        right = 0
+    B, H, Sq, D = q.shape
+    return Problem(B, H, k.shape[1], Sq, k.shape[2], D, _dtype_name(q.dtype), bool(causal), (left, right))
+
+
+# ---- the portable torch path (any device; full fp32 on the CPU) --------------------------------------------
+def _band_mask(Sq: int, Sk: int, left: int, right: int, device) -> torch.Tensor | None:
+    if left < 0 and right < 0:
+        return None
+    i = torch.arange(Sq, device=device).unsqueeze(1) + (Sk - Sq)
+    j = torch.arange(Sk, device=device).unsqueeze(0)
+    keep = torch.ones(Sq, Sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def _torch_attention(q, k, v, scale, left, right, softcap, keep=None):
+    """(o, lse) by the explicit scores in fp32 (fp64 for fp64), differentiable by torch's autograd. ``keep``: a
+    boolean [Sq, Sk] mask that replaces the band (varlen's block-diagonal one)."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
+    H, Hkv = q.shape[1], k.shape[1]
+    if Hkv and H != Hkv:
+        kf, vf = kf.repeat_interleave(H // Hkv, dim=1), vf.repeat_interleave(H // Hkv, dim=1)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if keep is None:
+        keep = _band_mask(q.shape[2], k.shape[2], left, right, q.device)
+    if keep is not None:
+        s = s.masked_fill(~keep, -math.inf)
+    if s.shape[-1]:
+        m = s.amax(dim=-1, keepdim=True).detach()
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))     # a row with no key: p = 0, not NaN
+    else:
+        m = s.new_zeros(s.shape[:-1] + (1,))
+    p = torch.exp(s - m)
+    d = p.sum(dim=-1, keepdim=True)
+    some = d > 0
+    o = (p @ vf) / torch.where(some, d, torch.ones_like(d))
+    lse = torch.where(some, m + torch.log(torch.where(some, d, torch.ones_like(d))), torch.full_like(d, -math.inf))
+    return o.to(q.dtype), lse.squeeze(-1).to(torch.float32)
+
+
+def _varlen_mask(cu_q, cu_k, Tq: int, Tk: int, left: int, right: int) -> torch.Tensor:
+    """[Tq, Tk]: query row r attends key row c iff both lie in one sequence and c is in r's band there (no host
+    synchronisation: built from cu_seqlens on the device)."""
+    def local(cu, T):
+        rows = torch.arange(T, device=cu.device)
+        seg = torch.searchsorted(cu.long(), rows, right=True) - 1
+        return seg, rows - cu.long()[seg.clamp_min(0)]
+    seg_q, i = local(cu_q, Tq)
+    seg_k, j = local(cu_k, Tk)
+    lens_q, lens_k = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
+    off = (lens_k - lens_q)[seg_q.clamp(0, max(len(lens_q) - 1, 0))] if len(lens_q) else i * 0
+    i = (i + off).unsqueeze(1)
+    j = j.unsqueeze(0)
+    keep = seg_q.unsqueeze(1) == seg_k.unsqueeze(0)
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+# ---- the Triton launches --------------------------------------------------------------------------------------
+_K = None
+
+
+def _kernels():
+    """(fwd, bwd, launch) kernel modules, imported on first use (``import onlinesoftmax`` never imports Triton)."""
+    global _K
+    if _K is None:
+        from .._triton import launch
+        from .kernels import bwd, fwd
+
+        _K = (fwd, bwd, launch)
+    return _K
+
+
+def _scalars(scale: float, softcap: float):
+    """(qk_scale, cap_in, cap_out): scores in base 2 are qk·qk_scale, or tanh(qk·cap_in)·cap_out with a softcap."""
+    log2e = 1.4426950408889634
+    if softcap:
+        return scale * log2e, scale / softcap, softcap * log2e
+    return scale * log2e, 1.0, 1.0
+
+
+def _bound(fn, grid, meta):
+    _, _, launch = _kernels()
+    return launch.BoundKernel(fn, grid, meta)
+
+
+def _strides(t: torch.Tensor) -> tuple:
+    """(batch, head, row, dim) strides: SDPA's [B, H, S, D] as is, varlen's [T, H, D] with batch stride 0."""
+    if t.dim() == 3:
+        return 0, t.stride(1), t.stride(0), t.stride(2)
+    return tuple(t.stride())
+
+
+def _lse_strides(p: Problem, lse: torch.Tensor) -> tuple:
+    """(batch, head) strides of the lse: [B, H, Sq] dense, [H, total_q] varlen (rows offset by the sequence)."""
+    return (0, lse.stride(0)) if p.varlen else (lse.stride(0), lse.stride(1))
+
+
+def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
+    fwd, _, _ = _kernels()
+    p = problem
+    grid = (-(-p.Sq // plan.block_m), p.B * p.H)
+    left, right = p.window
+    meta = dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=p.block_d,
+                HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap, REVERSE=p.banded, F32=plan.dot_f32,
+                VARLEN=p.varlen, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    return _bound(fwd.attention_fwd_kernel, grid, meta)
+
+
+def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse: bool):
+    _, bwd, _ = _kernels()
+    p = problem
+    left, right = p.window
+    common = dict(HEAD_DIM=p.D, BLOCK_D=p.block_d, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap,
+                  F32=plan.dot_f32, VARLEN=p.varlen)
+    delta = _bound(bwd.attention_bwd_delta_kernel, (-(-p.Sq // 64), p.B * p.H),
+                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, VARLEN=p.varlen,
+                        num_warps=4))
+    dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
+                  dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+                       num_stages=plan.num_stages))
+    dq = _bound(bwd.attention_bwd_dq_kernel, (-(-p.Sq // plan.block_m_dq), p.B * p.H),
+                dict(common, BLOCK_M=plan.block_m_dq, BLOCK_N=plan.block_n_dq, REVERSE=p.banded,
+                     num_warps=plan.num_warps, num_stages=plan.num_stages))
+    return delta, dkdv, dq
+
+
+_fwd_cache = None
+_bwd_cache = None
+
+
+def _caches():
+    """The bound launches, cached by (problem, plan, strides) in the package's one LRU cache."""
+    global _fwd_cache, _bwd_cache
+    if _fwd_cache is None:
+        _, _, launch = _kernels()
+        _fwd_cache = launch.cached(_fwd_launch)
+        _bwd_cache = launch.cached(_bwd_launches)
+    return _fwd_cache, _bwd_cache
+
+
+def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, softcap: float, cu=None):
+    """(o, lse) by the forward kernel; ``cu = (cu_seqlens_q, cu_seqlens_k)`` for packed sequences."""
+    p = problem
+    o = torch.empty_like(q)
+    lse_shape = (q.shape[1], q.shape[0]) if p.varlen else q.shape[:3]
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if p.Sk == 0 or q.numel() == 0:
+        return o.zero_(), lse.fill_(-math.inf)
+    left, right = p.window
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o), *_lse_strides(p, lse))
+    bk = _caches()[0](p, plan, strides)
+    cu_q, cu_k = cu if cu is not None else (lse, lse)      # unread unless VARLEN
+    bk((q, k, v, o, lse, cu_q, cu_k, *strides, p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
+        *_scalars(scale, softcap)), (q, k, v, o), q.device)
+    return o, lse
+
+
+def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: BackwardPlan, scale: float,
+                     softcap: float, cu=None):
+    p = problem
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if p.Sk == 0 or p.Sq == 0 or q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if p.varlen:        # sequences with no keys (or no queries) leave their rows of dq (dk, dv) to these zeros
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+    left, right = p.window
+    sq, sk, sv, sdo, so = _strides(q), _strides(k), _strides(v), _strides(do), _strides(o)
+    sdq, sdk, sdv, sl = _strides(dq), _strides(dk), _strides(dv), _lse_strides(p, lse)
+    delta_k, dkdv_k, dq_k = _caches()[1](p, plan, (*sq, *sk, *sv, *sdo, *so, *sdq, *sdk, *sdv, *sl),
+                                         dlse is not None)
+    delta = torch.empty_like(lse)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32)
+        if dlse.stride() != lse.stride():
+            dlse = dlse.contiguous()
+    cu_q, cu_k = cu if cu is not None else (lse, lse)
+    delta_k((o, do, dlse if dlse is not None else lse, delta, cu_q, *so, *sdo, *sl, p.H, p.Sq), (o, do), q.device)
+    lr = (max(left, 0), max(right, 0))
+    qk_scale, cap_in, cap_out = _scalars(scale, softcap)
+    dkdv_k((q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
+            p.H, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dk, dv), q.device)
+    dq_k((q, k, v, do, lse, delta, dq, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdq, *sl,
+          p.H, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dq), q.device)
+    return dq, dk, dv
+
+
+# ---- custom ops -------------------------------------------------------------------------------------------------
+def _op_problem(q, k, causal, left, right, softcap) -> Problem:
+    p = _problem(q, k, causal, (left, right))
+    return Problem(p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.dtype, p.causal, p.window, softcap > 0)
+
+
+@torch.library.custom_op("onlinesoftmax::attention_fwd", mutates_args=())
+def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, left: int,
+                      right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = _op_problem(q, k, causal, left, right, softcap)
+    plan = plan_attention(problem, target_of(q.device), "triton").forward
+    if q.numel() == 0:
+        return torch.empty_like(q), torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
+    return _forward_triton(q, k, v, problem, plan, scale, softcap)
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, causal, scale, left, right, softcap):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("onlinesoftmax::attention_bwd", mutates_args=())
+def _attention_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int,
+                      right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = _op_problem(q, k, causal, left, right, softcap)
+    plan = plan_attention(problem, target_of(q.device), "triton").backward
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    return _backward_triton(do, dlse, q, k, v, o, lse, problem, plan, scale, softcap)
+
+
+@_attention_bwd_op.register_fake
+def _(do, dlse, q, k, v, o, lse, causal, scale, left, right, softcap):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, causal, scale, left, right, softcap = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = (causal, scale, left, right, softcap)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.onlinesoftmax.attention_bwd(do, dlse, q, k, v, o, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd("onlinesoftmax::attention_fwd", _backward, setup_context=_setup)
+
+
+def _varlen_problem(q, k, cu_q, max_q, max_k, causal, left, right, softcap) -> Problem:
+    right = 0 if causal else right
+    return Problem(cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2], _dtype_name(q.dtype),
+                   bool(causal), (left, right), softcap > 0, varlen=True)
+
+
+@torch.library.custom_op("onlinesoftmax::attention_varlen_fwd", mutates_args=())
+def _attention_varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                             scale: float, left: int, right: int,
+                             softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = _varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
+    plan = plan_attention(problem, target_of(q.device), "triton").forward
+    return _forward_triton(q, k, v, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
+
+
+@_attention_varlen_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left, right, softcap):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("onlinesoftmax::attention_varlen_bwd", mutates_args=())
+def _attention_varlen_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                             v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                             scale: float, left: int, right: int,
+                             softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = _varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
+    plan = plan_attention(problem, target_of(q.device), "triton").backward
+    return _backward_triton(do, dlse, q, k, v, o, lse, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
+
+
+@_attention_varlen_bwd_op.register_fake
+def _(do, dlse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left,
+      right, softcap):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *args = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.args = tuple(args)
+
+
+def _varlen_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.onlinesoftmax.attention_varlen_bwd(do, dlse, q, k, v, o, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("onlinesoftmax::attention_varlen_fwd", _varlen_backward,
+                                setup_context=_varlen_setup)
+
+
+# ---- public -------------------------------------------------------------------------------------------------------
+_OP = "onlinesoftmax.attention"
+
+
+def _prepare(q, k, v, causal, scale, window, softcap, backend, op=_OP):
+    _check_qkv(q, k, v, op, ndim=4, seq_dim=2, head_dim=1)
+    _check_scalars(scale, softcap, op)
+    if not isinstance(causal, bool):
+        raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"{op}: q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+    win = _check_window(window, op)
+    backend = resolve_backend(backend, q, op)
+    if backend == "triton":
+        _check_kernel(q, op)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return win, backend, scale
+
+
+def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, backend=None,
+            knobs: Knobs = Knobs()) -> AttentionPlan:
+    """The plan ``attention(q, k, v, ...)`` would run: backend, problem, forward and backward launch configurations
+    (for the target of q's device). ``knobs`` shows what an override would give."""
+    win, backend, _ = _prepare(q, k, v, causal, scale, window, softcap, backend, "onlinesoftmax.explain")
+    p = _problem(q, k, causal, win)
+    p = Problem(p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.dtype, p.causal, p.window, softcap is not None)
+    return plan_attention(p, target_of(q.device), backend, knobs)
+
+
+def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False, backend=None):
+    """Scaled dot-product attention on the online-softmax state ``(m, d, o)`` (FlashAttention): the Sq × Sk scores
+    are never written to memory.
+
+    Parameters
+    ----------
+    q : Tensor ``[B, H, Sq, D]``; k, v : Tensor ``[B, Hkv, Sk, D]`` with ``H % Hkv == 0``
+        SDPA's layout; query head h reads kv head ``h // (H // Hkv)`` (GQA / MQA). Any strides (e.g. a
+        ``[B, S, H, D]`` tensor ``.transpose(1, 2)``): nothing is copied. float16, bfloat16, float32 (float64
+        with ``backend="torch"``); ``D <= 256`` for the Triton kernels.
+    causal : bool
+        Query i attends key j iff ``j <= i + (Sk - Sq)``: **aligned bottom-right** (what a KV cache needs: the
+        last query sees every key). ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns
+        top-left instead; the two agree when Sq == Sk.
+    scale : float, default ``D ** -0.5``
+        Scores are ``s = scale · q·k``.
+    window : (left, right), default None
+        Query i attends key j iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (-1 = unbounded side), ANDed
+        with causal (FlashAttention's ``window_size``; Mistral's sliding window is ``(w - 1, 0)`` with causal).
+    softcap : float, default None
+        ``s = softcap · tanh(s / softcap)`` before the softmax (Gemma 2).
+    return_lse : bool
+        Also return ``lse`` (float32 ``[B, H, Sq]``, natural log of the row's Σ e^s); differentiable.
+    backend : None, "torch" or "triton"
+        None: the Triton kernels on CUDA, the torch path elsewhere (see :mod:`onlinesoftmax.backend`).
+
+    Returns
+    -------
+    o (q's dtype, q's shape) or ``(o, lse)``. A query row that attends no key gets o = 0 and lse = -inf, never NaN.
+
+    Precision: the kernels accumulate in fp32; for float32 inputs on CUDA the two matmuls run on TF32 tensor cores
+    (about 1e-3 relative error, as torch with ``allow_tf32``). The torch backend computes in full fp32 (fp64 for
+    fp64). Autograd to q, k, v (dk, dv summed over each GQA group) runs the Triton backward kernels.
+
+    Example
+    -------
+    >>> q = torch.randn(1, 8, 128, 64); k = torch.randn(1, 2, 128, 64); v = torch.randn(1, 2, 128, 64)
+    >>> o = oss.attention(q, k, v, causal=True)          # GQA 8 / 2
+    """
+    (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
+    if backend == "torch":
+        o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
+    else:
+        o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right,
+                                                       float(softcap) if softcap else 0.0)
+    return (o, lse) if return_lse else o
+
+
+_VOP = "onlinesoftmax.attention_varlen"
+
+
+def _check_cu(cu, name: str, q, op: str) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{op}: {name} must be a 1-d int32 tensor of length B + 1, got {str(cu.dtype)[6:]} of "
+                         f"shape {tuple(cu.shape)}")
+    if cu.device != q.device:
+        raise ValueError(f"{op}: {name} must be on q's device {q.device}, got {cu.device}")
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+                     window=None, softcap=None, return_lse=False, backend=None):
+    """:func:`attention` over packed sequences (FlashAttention's varlen convention): training with packing, padded
+    batches without the padding.
+
+    Parameters
+    ----------
+    q : Tensor ``[total_q, H, D]``; k, v : Tensor ``[total_k, Hkv, D]``
+        Sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``
+        of k and v. Any strides.
+    cu_seqlens_q, cu_seqlens_k : int32 Tensor ``[B + 1]``
+        Cumulative lengths starting at 0 and ending at total_q / total_k; empty sequences allowed.
+    max_seqlen_q, max_seqlen_k : int
+        Bounds on the lengths (they size the grid: no host synchronisation reads cu_seqlens). They must be at
+        least every sequence's length, and the cu_seqlens must cover every row; neither is checked on the host.
+    causal, scale, window, softcap, backend
+        As :func:`attention`, per sequence (causal aligned bottom-right within each sequence).
+
+    Returns
+    -------
+    o ``[total_q, H, D]`` (q's dtype), or ``(o, lse)`` with lse float32 ``[H, total_q]`` (FlashAttention's layout).
+    """
+    _check_qkv(q, k, v, _VOP, ndim=3, seq_dim=0, head_dim=1)
+    _check_scalars(scale, softcap, _VOP)
+    if not isinstance(causal, bool):
+        raise TypeError(f"{_VOP}: causal must be a bool, got {type(causal).__name__}")
+    _check_cu(cu_seqlens_q, "cu_seqlens_q", q, _VOP)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", q, _VOP)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"{_VOP}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    for name, m, t in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}")
+        if m == 0 and t.shape[0] > 0 and cu_seqlens_q.shape[0] > 1:
+            raise ValueError(f"{_VOP}: {name} is 0 but the packed tensor has {t.shape[0]} rows")
+    left, right = _check_window(window, _VOP)
+    backend = resolve_backend(backend, q, _VOP)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    if backend == "torch":
+        keep = _varlen_mask(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], left, 0 if causal else right)
+        o, lse = _torch_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                  v.transpose(0, 1).unsqueeze(0), scale, left, right, softcap, keep=keep)
+        o, lse = o[0].transpose(0, 1), lse[0]
+    else:
+        _check_kernel(q, _VOP)
+        o, lse = torch.ops.onlinesoftmax.attention_varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left, right,
+            float(softcap) if softcap else 0.0)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,1 @@
+"""Attention kernels: ``fwd`` (the (m, d, o) forward) and ``bwd`` (Δ, dK/dV, dQ). Importing them imports Triton."""

@@ -1,0 +1,150 @@
+"""Plans for ``oss.attention``: frozen dataclasses chosen by small pure functions of (problem, target).
+
+A :class:`Problem` is what the kernels specialise on (sizes, head dim, dtype, the mask's shape); a
+:class:`ForwardPlan` / :class:`BackwardPlan` is the launch configuration. :class:`Knobs` overrides any field of a
+plan (``dataclasses.replace``, so a misspelled key is an error); tools sweep with it, users never need it.
+
+Tile sizes for ``target.sm90`` were measured on the H200 (bf16, D = 64 / 128); every other GPU gets the portable
+configuration (correct anywhere Triton runs: 64 × 64 tiles, 4 warps, 2 stages), the interpreter the smallest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..target import Target
+
+__all__ = ["AttentionPlan", "BackwardPlan", "ForwardPlan", "Knobs", "Problem", "plan_attention",
+           "plan_backward", "plan_forward"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    B: int
+    H: int
+    Hkv: int
+    Sq: int
+    Sk: int
+    D: int
+    dtype: str              # "float16", "bfloat16", "float32"
+    causal: bool = False
+    window: tuple = (-1, -1)
+    softcap: bool = False
+    varlen: bool = False    # packed sequences: B = len(cu_seqlens) - 1, Sq / Sk = the longest lengths
+
+    @property
+    def group(self) -> int:
+        return self.H // self.Hkv
+
+    @property
+    def block_d(self) -> int:
+        """The head dim padded to a power of two, at least 16 (tl.dot's smallest K)."""
+        return max(16, 1 << (self.D - 1).bit_length())
+
+    @property
+    def banded(self) -> bool:
+        """Some keys are skipped per query block: causal or a finite window."""
+        return self.causal or self.window != (-1, -1)
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    kernel: str             # "triton" (the portable tl.dot kernel, kernels/fwd.py)
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    kernel: str             # "triton" (kernels/bwd.py: Δ, then dK/dV per key block, then dQ per query block)
+    block_m: int            # dK/dV kernel: query rows per step
+    block_n: int            # dK/dV kernel: keys per program
+    block_m_dq: int         # dQ kernel: query rows per program
+    block_n_dq: int         # dQ kernel: keys per step
+    num_warps: int
+    num_stages: int
+    dot_f32: bool = False
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Overrides of plan fields: ``Knobs(forward={"block_n": 64})``. Unknown fields raise (``dataclasses.replace``)."""
+
+    forward: tuple = ()     # (name, value) pairs, or a dict (normalised)
+    backward: tuple = ()
+
+    def __post_init__(self):
+        for f in ("forward", "backward"):
+            v = getattr(self, f)
+            if isinstance(v, dict):
+                object.__setattr__(self, f, tuple(sorted(v.items())))
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    backend: str            # "torch" or "triton"
+    problem: Problem
+    forward: ForwardPlan | None
+    backward: BackwardPlan | None
+
+
+# ---- the forward ------------------------------------------------------------------------------------------
+# H200, bf16: (block_m, block_n, num_warps, num_stages) by head dim.
+SM90_FORWARD = {
+    64: (128, 64, 8, 3),
+    128: (128, 128, 8, 3),
+    256: (128, 64, 8, 2),
+}
+
+
+def _forward_sm90(p: Problem) -> ForwardPlan:
+    bd = p.block_d
+    bm, bn, w, s = SM90_FORWARD.get(bd, SM90_FORWARD[256] if bd > 128 else SM90_FORWARD[64])
+    if p.dtype == "float32":          # fp32 tiles take twice the shared memory
+        bn, s = min(bn, 64), 2
+    return ForwardPlan("triton", bm, bn, w, s)
+
+
+def _forward_portable(p: Problem, target: Target) -> ForwardPlan:
+    if target.interpret:
+        return ForwardPlan("triton", 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
+    bn = 32 if p.block_d > 128 or p.dtype == "float32" else 64
+    return ForwardPlan("triton", 64, bn, 4, 2)
+
+
+def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardPlan:
+    plan = _forward_sm90(p) if target.sm90 else _forward_portable(p, target)
+    return dataclasses.replace(plan, **dict(knobs.forward))
+
+
+# ---- the backward -----------------------------------------------------------------------------------------
+SM90_BACKWARD = {          # H200, bf16: (block_m, block_n, block_m_dq, block_n_dq, num_warps, num_stages)
+    64: (64, 64, 64, 64, 4, 2),
+    128: (64, 64, 64, 64, 4, 2),
+    256: (32, 64, 64, 32, 4, 1),
+}
+
+
+def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> BackwardPlan:
+    if target.interpret:
+        plan = BackwardPlan("triton", 16, 16, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
+    elif target.sm90:
+        bd = p.block_d
+        cfg = SM90_BACKWARD.get(bd, SM90_BACKWARD[256] if bd > 128 else SM90_BACKWARD[64])
+        if p.dtype == "float32":
+            cfg = (32, 64, 64, 32, 4, 1)
+        plan = BackwardPlan("triton", *cfg)
+    else:
+        small = p.block_d > 128 or p.dtype == "float32"
+        plan = BackwardPlan("triton", 32, 64 if not small else 32, 64 if not small else 32, 32, 4, 1)
+    return dataclasses.replace(plan, **dict(knobs.backward))
+
+
+def plan_attention(p: Problem, target: Target, backend: str, knobs: Knobs = Knobs()) -> AttentionPlan:
+    if backend == "torch":
+        return AttentionPlan("torch", p, None, None)
+    return AttentionPlan("triton", p, plan_forward(p, target, knobs), plan_backward(p, target, knobs))

@@ -1,0 +1,443 @@
+"""oss.attention against the fp64 references: both backends, forward and backward, masks, GQA, edge cases.
+
+Tolerance rule (attention-gym's ``assert_matches_low_precision_eager``): our worst error against fp64 may not
+exceed twice that of the same math done eagerly by torch in the input dtype, plus 4 eps of the dtype (relative to
+the largest reference value). Without CUDA the Triton kernels run in the interpreter at tiny sizes; the
+``gpu``-marked tests repeat them at real sizes on the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import onlinesoftmax as oss
+from onlinesoftmax.attention import explain
+from onlinesoftmax.attention.plan import Knobs
+from onlinesoftmax.reference.attention import attention_mask, attention_scores, attention_tiled
+from onlinesoftmax.reference.attention import attention_varlen as varlen_ref
+from onlinesoftmax.target import A100, H200, INTERPRETER, L4
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+LOWP = [torch.float16, torch.bfloat16]
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+def make(B, H, Hkv, Sq, Sk, D, dtype=torch.float32, device=DEV, grad=False, layout="bhsd"):
+    """Random q, k, v in SDPA layout; ``layout="bshd"`` makes them [B, S, H, D] tensors seen transposed."""
+    def one(h, s):
+        if layout == "bshd":
+            t = torch.randn(B, s, h, D, dtype=dtype, device=device).transpose(1, 2)
+        else:
+            t = torch.randn(B, h, s, D, dtype=dtype, device=device)
+        return t.requires_grad_(grad)
+    return one(H, Sq), one(Hkv, Sk), one(Hkv, Sk)
+
+
+def eager(q, k, v, causal=False, scale=None, window=None, softcap=None):
+    """The same math as the reference, done by torch in the inputs' own dtype (the low-precision yardstick)."""
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = D ** -0.5 if scale is None else scale
+    g = H // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    keep = attention_mask(Sq, Sk, causal, window, device=q.device)
+    s = s.masked_fill(~keep, -math.inf)
+    m = s.amax(-1, keepdim=True) if Sk else s.new_zeros(s.shape[:-1] + (1,))
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    p = torch.exp(s - m)
+    d = p.sum(-1, keepdim=True)
+    o = (p @ v) / torch.where(d > 0, d, torch.ones_like(d))
+    lse = torch.where(d > 0, m + torch.log(torch.where(d > 0, d, torch.ones_like(d))), torch.full_like(d, -math.inf))
+    return o, lse.squeeze(-1)
+
+
+class tf32_yardstick:
+    """fp32 on CUDA: the kernels' matmuls run on TF32 tensor cores (documented), so the yardstick does too, and
+    the factor is 3 (P is rounded to TF32 before P·V as well, which eager's fp32 softmax is not)."""
+
+    def __init__(self, t):
+        self.on = t.is_cuda and t.dtype == torch.float32
+
+    def __enter__(self):
+        self.prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.prev or self.on
+        return 3.0 if self.on else 2.0
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.prev
+
+
+def bound(ref, eager_out, dtype, factor=2.0):
+    scale = ref.abs().max().item() if ref.numel() else 1.0
+    theirs = (eager_out.double() - ref).abs().max().item() if ref.numel() else 0.0
+    return factor * theirs + 4 * torch.finfo(dtype).eps * max(scale, 1e-30)
+
+
+def err(a, b):
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def check_forward(q, k, v, backend, **kw):
+    o, lse = oss.attention(q, k, v, return_lse=True, backend=backend, **kw)
+    ro, rl = attention_scores(q, k, v, **kw)
+    assert o.shape == q.shape and o.dtype == q.dtype and o.device == q.device
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    empty = torch.isinf(rl)
+    assert torch.equal(torch.isinf(lse), empty.to(lse.device)) and (lse[empty.to(lse.device)] < 0).all()
+    assert (o[empty.to(o.device)] == 0).all()
+    with torch.no_grad(), tf32_yardstick(q) as factor:
+        eo, el = eager(q.detach(), k.detach(), v.detach(), **kw)
+    b = bound(ro, eo, q.dtype, factor)
+    assert err(o, ro) <= b, f"o: error {err(o, ro):.3e} > bound {b:.3e}"
+    fin = (~empty).to(lse.device)
+    # the scores are fp32 sums of exact products (fp16 / bf16, or fp32 off CUDA): lse to 1e-5; under TF32 the
+    # products are rounded, and the yardstick is eager's TF32 lse
+    lb = 1e-5 * max(1.0, rl[fin].abs().max().item() if fin.any() else 1)
+    if factor > 2:
+        lb = max(lb, bound(rl[fin], el[fin], torch.float32, factor))
+    assert err(lse[fin], rl[fin]) <= lb, f"lse: error {err(lse[fin], rl[fin]):.3e} > bound {lb:.3e}"
+    return o, lse
+
+
+def check_backward(q, k, v, backend, with_lse=False, **kw):
+    o, lse = oss.attention(q, k, v, return_lse=True, backend=backend, **kw)
+    do = torch.randn_like(o)
+    dl = torch.randn_like(lse)
+    ro, rl = attention_scores(q, k, v, **kw)
+    fin = torch.isfinite(rl)
+    loss = (o.double() * do.double()).sum()
+    rloss = (ro * do.double()).sum()
+    if with_lse:
+        loss = loss + (lse.double().where(fin, 0) * dl.double()).sum()
+        rloss = rloss + (rl.where(fin, 0) * dl.double()).sum()
+    got = torch.autograd.grad(loss, (q, k, v))
+    want = torch.autograd.grad(rloss, (q, k, v))
+    qe, ke, ve = (t.detach().requires_grad_() for t in (q, k, v))
+    with tf32_yardstick(q) as factor:
+        eo, el = eager(qe, ke, ve, **kw)
+        eloss = (eo * do).sum()
+        if with_lse:
+            eloss = eloss + (el.where(fin.to(el.device), 0) * dl).sum()
+        elow = torch.autograd.grad(eloss, (qe, ke, ve))
+    for name, g, w, e, t in zip("qkv", got, want, elow, (q, k, v)):
+        assert g.shape == t.shape and g.dtype == t.dtype
+        assert not torch.isnan(g).any(), f"d{name} has NaN"
+        b = bound(w, e, q.dtype, factor) + 1e-6
+        if factor > 2 and err(g, w) > b:
+            # TF32: Δ = rowsum(O·dO) does not cancel dP's rounding as eager's Σ P·dP does (FlashAttention's
+            # backward); held to the TF32 level instead, ||g - ref|| / ||ref|| <= 3e-3
+            rel = ((g.double() - w).norm() / w.norm().clamp_min(1e-30)).item()
+            assert rel <= 3e-3, f"d{name}: relative error {rel:.3e} > 3e-3 (TF32)"
+            continue
+        assert err(g, w) <= b, f"d{name}: error {err(g, w):.3e} > bound {b:.3e}"
+
+
+# ---- the references agree ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal,window,softcap", [(False, None, None), (True, None, None), (False, (3, 2), None),
+                                                   (True, (5, -1), 2.0), (False, (0, 0), None)])
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (7, 40), (40, 7), (33, 33), (5, 0)])
+def test_reference_tiled_matches_scores(Sq, Sk, causal, window, softcap):
+    q, k, v = make(2, 4, 2, Sq, Sk, 8, torch.float64, "cpu")
+    o1, l1 = attention_scores(q, k, v, causal=causal, window=window, softcap=softcap)
+    o2, l2 = attention_tiled(q, k, v, causal=causal, window=window, softcap=softcap, block=8)
+    torch.testing.assert_close(o1, o2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(l1, l2, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_mask_semantics():
+    # bottom-right causal: with Sq = 2, Sk = 4 the last query sees every key, the first all but the last
+    assert attention_mask(2, 4, causal=True).tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert attention_mask(3, 5, window=(1, 0)).tolist() == [[False, True, True, False, False],
+                                                          [False, False, True, True, False],
+                                                          [False, False, False, True, True]]
+
+
+# ---- the torch backend (CPU: full fp32) ------------------------------------------------------------------------
+SHAPES = [  # (B, H, Hkv, Sq, Sk, D)
+    (1, 2, 2, 7, 7, 16), (2, 4, 1, 63, 65, 32), (1, 8, 1, 65, 63, 64), (1, 4, 4, 1, 257, 80), (1, 8, 2, 257, 1, 128),
+    (1, 2, 1, 17, 33, 256),
+]
+
+
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_backend_forward(B, H, Hkv, Sq, Sk, D, causal):
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, device="cpu")
+    check_forward(q, k, v, "torch", causal=causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *LOWP])
+@pytest.mark.parametrize("kw", [dict(window=(4, 3)), dict(causal=True, window=(6, -1), softcap=3.0),
+                                dict(scale=0.3, softcap=1.5), dict(causal=True, window=(-1, 5))])
+def test_torch_backend_options(dtype, kw):
+    q, k, v = make(2, 4, 2, 19, 30, 32, dtype, "cpu")
+    check_forward(q, k, v, "torch", **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(3, 1), softcap=2.0)])
+def test_torch_backend_backward(kw):
+    q, k, v = make(1, 4, 2, 21, 13, 16, device="cpu", grad=True)
+    check_backward(q, k, v, "torch", with_lse=True, **kw)
+
+
+# ---- the Triton kernels (interpreter on CPU, tiny) ---------------------------------------------------------------
+TINY = [  # (B, H, Hkv, Sq, Sk, D, options)
+    (1, 2, 1, 7, 9, 16, {}),
+    (1, 4, 1, 20, 33, 32, dict(causal=True)),           # Sq < Sk, GQA 4
+    (1, 8, 1, 33, 20, 16, dict(causal=True)),           # Sq > Sk: the first 13 rows attend nothing; GQA 8
+    (2, 2, 2, 17, 40, 24, dict(window=(5, 3))),         # D not a power of two
+    (1, 2, 1, 17, 40, 16, dict(causal=True, window=(3, -1), softcap=2.0)),
+    (1, 1, 1, 1, 1, 16, {}),
+    (1, 1, 1, 1, 65, 8, dict(causal=True)),
+]
+
+
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,kw", TINY)
+def test_triton_forward_backward(B, H, Hkv, Sq, Sk, D, kw, kernel_device):
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, device=kernel_device, grad=True)
+    check_forward(q, k, v, "triton", **kw)
+    check_backward(q, k, v, "triton", **kw)
+
+
+def test_triton_lse_gradient(kernel_device):
+    q, k, v = make(1, 2, 1, 12, 20, 16, device=kernel_device, grad=True)
+    check_backward(q, k, v, "triton", with_lse=True, causal=True, window=(4, -1))
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+def test_triton_low_precision(dtype, kernel_device):
+    q, k, v = make(1, 2, 1, 24, 40, 32, dtype, kernel_device, grad=True)
+    check_forward(q, k, v, "triton", causal=True)
+    check_backward(q, k, v, "triton", causal=True)
+
+
+def test_triton_strided_inputs(kernel_device):
+    """[B, S, H, D] tensors transposed, and a head-dim stride of 2: read as they come."""
+    q, k, v = make(2, 4, 2, 19, 23, 16, device=kernel_device, layout="bshd", grad=True)
+    assert not q.is_contiguous()
+    o = check_forward(q, k, v, "triton", causal=True)[0]
+    assert o.stride() == torch.empty_like(q).stride()
+    check_backward(q, k, v, "triton", causal=True)
+    big = torch.randn(1, 2, 9, 32, device=kernel_device)
+    qs, ks, vs = big[..., ::2], big[..., 1::2], big[..., ::2].flip(2)
+    check_forward(qs, ks, vs, "triton")
+
+
+def test_fully_masked_rows_no_nan(kernel_device):
+    # window (0, 0) with Sq > Sk: rows i < Sq - Sk have no key; left bound past every key for the rest
+    for backend in ("torch", "triton"):
+        q, k, v = make(1, 2, 1, 20, 6, 16, device=kernel_device, grad=True)
+        o, lse = oss.attention(q, k, v, causal=True, return_lse=True, backend=backend)
+        assert (o[:, :, :14] == 0).all() and torch.isinf(lse[:, :, :14]).all() and (lse[:, :, :14] < 0).all()
+        assert torch.isfinite(lse[:, :, 14:]).all()
+        dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v))
+        assert (dq[:, :, :14] == 0).all() and all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("B,Sq,Sk", [(2, 0, 5), (2, 5, 0), (0, 3, 3), (1, 0, 0)])
+def test_empty(backend, B, Sq, Sk, kernel_device):
+    q, k, v = make(B, 2, 1, Sq, Sk, 16, device=kernel_device, grad=True)
+    o, lse = oss.attention(q, k, v, return_lse=True, backend=backend)
+    assert o.shape == q.shape and lse.shape == (B, 2, Sq)
+    assert (o == 0).all() and (lse == -math.inf).all()
+    dq, dk, dv = torch.autograd.grad(o.sum(), (q, k, v), allow_unused=True)
+    for g, t in zip((dq, dk, dv), (q, k, v)):
+        assert g is None or (g.shape == t.shape and (g == 0).all())
+
+
+# ---- plans ------------------------------------------------------------------------------------------------------
+def test_explain_paths():
+    q, k, v = make(1, 4, 1, 8, 8, 64, device="cpu")
+    assert explain(q, k, v, backend="torch").backend == "torch"
+    p = explain(q, k, v, causal=True, window=(4, -1))
+    assert p.problem.window == (4, 0) and p.problem.group == 4 and p.problem.causal
+    from onlinesoftmax.attention.plan import Problem, plan_attention, plan_forward
+    prob = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0))
+    hopper, ampere = plan_attention(prob, H200, "triton"), plan_attention(prob, A100, "triton")
+    assert (hopper.forward.block_m, hopper.forward.block_n, hopper.forward.num_warps) == (128, 128, 8)
+    assert (hopper.backward.block_m, hopper.backward.block_n) == (64, 64)
+    assert ampere.forward.kernel == "triton" and (ampere.forward.block_m, ampere.forward.block_n) == (64, 64)
+    assert plan_forward(prob, L4) == ampere.forward
+    assert plan_forward(prob, INTERPRETER).block_m == 16
+    assert plan_forward(prob, H200, Knobs(forward={"block_n": 64})).block_n == 64
+    with pytest.raises(TypeError):
+        plan_forward(prob, H200, Knobs(forward={"blockn": 64}))
+
+
+# ---- errors -------------------------------------------------------------------------------------------------------
+def test_errors_name_function_and_argument():
+    q, k, v = make(1, 4, 2, 8, 8, 16, device="cpu")
+    cases = [
+        (dict(q=q[0]), ValueError, "q must have 4 dimensions"),
+        (dict(k=k.half()), TypeError, "share one dtype"),
+        (dict(k=torch.randn(1, 3, 8, 16), v=torch.randn(1, 3, 8, 16)), ValueError, "multiple of the key/value heads"),
+        (dict(v=torch.randn(1, 2, 9, 16)), ValueError, "k and v must have the same shape"),
+        (dict(k=torch.randn(1, 2, 8, 8), v=torch.randn(1, 2, 8, 8)), ValueError, "same head dim"),
+        (dict(q=q.long()), TypeError, "q must have dtype"),
+        (dict(window=(3,)), TypeError, "window must be None or a pair"),
+        (dict(window=(-2, 0)), ValueError, "window entries"),
+        (dict(softcap=0.0), ValueError, "softcap must be a positive"),
+        (dict(scale="1"), TypeError, "scale must be"),
+        (dict(causal=1), TypeError, "causal must be a bool"),
+        (dict(backend="cuda"), ValueError, "backend must be"),
+    ]
+    for over, exc, msg in cases:
+        args = dict(q=q, k=k, v=v)
+        kw = {n: over.pop(n) for n in list(over) if n not in args}
+        args.update(over)
+        with pytest.raises(exc, match=msg) as e:
+            oss.attention(args["q"], args["k"], args["v"], **kw)
+        assert "onlinesoftmax.attention" in str(e.value)
+    with pytest.raises(TypeError, match="backend='triton' takes float16"):
+        oss.attention(q.double(), k.double(), v.double(), backend="triton")
+    big = torch.randn(1, 1, 2, 300)
+    with pytest.raises(ValueError, match="head dims up to 256"):
+        oss.attention(big, big, big, backend="triton")
+    o64 = oss.attention(q.double(), k.double(), v.double(), backend="torch")
+    assert o64.dtype == torch.float64
+
+
+# ---- torch.compile ------------------------------------------------------------------------------------------------
+def test_compile_fullgraph(kernel_device):
+    """One custom op each way, faked for tracing: no graph break, same values and gradients."""
+    q, k, v = make(1, 4, 2, 12, 20, 16, device=kernel_device, grad=True)
+
+    def f(q, k, v):
+        o, lse = oss.attention(q, k, v, causal=True, window=(6, -1), return_lse=True, backend="triton")
+        return o.sum() + lse.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if HAS_CUDA else "aot_eager")
+    got = compiled(q, k, v)
+    want = f(q, k, v)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, (q, k, v)), torch.autograd.grad(want, (q, k, v)))
+
+
+def test_compile_torch_backend():
+    q, k, v = make(1, 2, 1, 9, 9, 16, device="cpu")
+    f = torch.compile(lambda q, k, v: oss.attention(q, k, v, causal=True, backend="torch"), fullgraph=True,
+                      backend="eager")
+    torch.testing.assert_close(f(q, k, v), oss.attention(q, k, v, causal=True, backend="torch"))
+
+
+def test_opcheck(kernel_device):
+    q, k, v = make(1, 2, 1, 5, 7, 16, device=kernel_device, grad=True)
+    torch.library.opcheck(torch.ops.onlinesoftmax.attention_fwd, (q, k, v, True, 0.25, -1, -1, 0.0),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+# ---- varlen -------------------------------------------------------------------------------------------------------
+def packed(lens_q, lens_k, H, Hkv, D, dtype=torch.float32, device=DEV, grad=True):
+    cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+          for lens in (lens_q, lens_k)]
+    q = torch.randn(sum(lens_q), H, D, dtype=dtype, device=device, requires_grad=grad)
+    k = torch.randn(sum(lens_k), Hkv, D, dtype=dtype, device=device, requires_grad=grad)
+    v = torch.randn(sum(lens_k), Hkv, D, dtype=dtype, device=device, requires_grad=grad)
+    return q, k, v, cu[0], cu[1]
+
+
+def check_varlen(lens_q, lens_k, H, Hkv, D, backend, dtype=torch.float32, device=DEV, tol=None, **kw):
+    q, k, v, cq, ck = packed(lens_q, lens_k, H, Hkv, D, dtype, device)
+    o, lse = oss.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), return_lse=True, backend=backend, **kw)
+    ro, rl = varlen_ref(q, k, v, cq, ck, **kw)
+    assert o.shape == q.shape and lse.shape == (H, q.shape[0]) and o.dtype == q.dtype
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isinf(lse).cpu(), (~fin).cpu()) and (o[(~fin).T.to(o.device)] == 0).all()
+    do = torch.randn_like(o)
+    got = torch.autograd.grad((o * do).sum(), (q, k, v))
+    want = torch.autograd.grad((ro * do.double()).sum(), (q, k, v))
+    tol = tol or (5e-6 if dtype == torch.float32 and not q.is_cuda else 2e-2)
+    for name, a, b in [("o", o, ro), ("lse", lse[fin], rl[fin])] + list(zip(("dq", "dk", "dv"), got, want)):
+        scale = max(b.abs().max().item(), 1.0) if b.numel() else 1.0
+        assert err(a, b) <= tol * scale, f"{name}: {err(a, b):.3e}"
+
+
+VARLEN = [  # (lens_q, lens_k, options): empty sequences, Sq < Sk, Sq > Sk, one long
+    ([5, 0, 17, 3, 9], [7, 4, 0, 3, 20], {}),
+    ([5, 0, 17, 3, 9], [7, 4, 0, 3, 20], dict(causal=True)),
+    ([1, 30, 2], [1, 30, 2], dict(causal=True, window=(3, -1), softcap=2.0)),
+    ([0, 0], [0, 4], {}),
+]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("lens_q,lens_k,kw", VARLEN)
+def test_varlen(lens_q, lens_k, kw, backend, kernel_device):
+    check_varlen(lens_q, lens_k, 4, 2, 16, backend, device=kernel_device, **kw)
+
+
+def test_varlen_matches_dense(kernel_device):
+    """One sequence of a batch is the dense call on that sequence, strides as given (a [B, S, H, D] view)."""
+    q, k, v = make(2, 4, 2, 9, 13, 16, device=kernel_device, layout="bshd")
+    cq = torch.tensor([0, 9, 18], dtype=torch.int32, device=kernel_device)
+    ck = torch.tensor([0, 13, 26], dtype=torch.int32, device=kernel_device)
+    qp, kp, vp = (t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3]) for t in (q, k, v))
+    o = oss.attention_varlen(qp, kp, vp, cq, ck, 9, 13, causal=True, backend="triton")
+    dense = oss.attention(q, k, v, causal=True, backend="triton").transpose(1, 2).reshape(-1, 4, 16)
+    torch.testing.assert_close(o, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_varlen_errors():
+    q, k, v, cq, ck = packed([3, 4], [3, 4], 2, 1, 16, device="cpu", grad=False)
+    with pytest.raises(ValueError, match="onlinesoftmax.attention_varlen: cu_seqlens_q must be a 1-d int32"):
+        oss.attention_varlen(q, k, v, cq.long(), ck, 4, 4)
+    with pytest.raises(ValueError, match="same length B"):
+        oss.attention_varlen(q, k, v, cq, ck[:2], 4, 4)
+    with pytest.raises(TypeError, match="max_seqlen_k must be an int"):
+        oss.attention_varlen(q, k, v, cq, ck, 4, 4.0)
+    with pytest.raises(ValueError, match="q must have 3 dimensions"):
+        oss.attention_varlen(q[None], k, v, cq, ck, 4, 4)
+
+
+def test_varlen_compile(kernel_device):
+    q, k, v, cq, ck = packed([5, 0, 7], [6, 2, 7], 4, 2, 16, device=kernel_device)
+
+    def f(q, k, v):
+        return oss.attention_varlen(q, k, v, cq, ck, 7, 7, causal=True, backend="triton").sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if HAS_CUDA else "aot_eager")
+    got = compiled(q, k, v)
+    torch.testing.assert_close(got, f(q, k, v))
+    torch.testing.assert_close(torch.autograd.grad(got, (q, k, v)), torch.autograd.grad(f(q, k, v), (q, k, v)))
+
+
+# ---- the device, real sizes ---------------------------------------------------------------------------------------
+GPU_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options)
+    (2, 8, 8, 1024, 1024, 128, torch.bfloat16, {}),
+    (2, 8, 8, 1024, 1024, 128, torch.bfloat16, dict(causal=True)),
+    (1, 16, 4, 777, 1500, 64, torch.bfloat16, dict(causal=True)),
+    (1, 16, 2, 1500, 777, 64, torch.bfloat16, dict(causal=True)),
+    (1, 8, 8, 257, 1023, 256, torch.bfloat16, {}),
+    (2, 4, 1, 513, 513, 80, torch.bfloat16, dict(causal=True, window=(255, -1), softcap=30.0)),
+    (1, 4, 4, 63, 65, 16, torch.bfloat16, dict(causal=True)),
+    (1, 4, 4, 1, 2049, 32, torch.bfloat16, dict(causal=True)),
+    (1, 16, 4, 777, 1500, 64, torch.float16, {}),
+    (1, 8, 8, 257, 1023, 256, torch.float16, dict(causal=True)),
+    (2, 4, 1, 513, 513, 80, torch.float32, dict(causal=True)),
+    (1, 16, 2, 1500, 777, 64, torch.float32, dict(window=(100, 50), softcap=20.0)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw", GPU_CASES)
+def test_gpu_real_sizes(B, H, Hkv, Sq, Sk, D, dtype, kw):
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True, layout="bshd" if D == 64 else "bhsd")
+    check_forward(q, k, v, "triton", **kw)
+    check_backward(q, k, v, "triton", **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_varlen(dtype):
+    lens = [1000, 0, 3000, 17, 4000, 1, 2500, 1575]
+    check_varlen(lens, lens, 8, 2, 128, "triton", dtype, causal=True)
+    check_varlen(lens, lens[::-1], 8, 8, 64, "triton", dtype, window=(200, 10))
