@@ -85,6 +85,40 @@ def check_vocab(rank: int, P: int, device: str):
     assert (a.grad == 0).all()
 
 
+def _positions(layout: str, rank: int, P: int, S: int) -> torch.Tensor:
+    if layout == "contiguous":
+        return torch.arange(rank * S // P, (rank + 1) * S // P)
+    c = S // (2 * P)
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * P - 1 - rank) * c, (2 * P - rank) * c)])
+
+
+def check_ring(rank: int, P: int, device: str):
+    gen = torch.Generator().manual_seed(99)
+    B, H, Hkv, Dh = 2, 4, 2, 8
+    S = 2 * P * 3
+    q = torch.randn(B, H, S, Dh, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, Hkv, S, Dh, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, Hkv, S, Dh, generator=gen, dtype=torch.float64)
+    do = torch.randn(B, H, S, Dh, generator=gen, dtype=torch.float64)
+    backend = "torch" if device == "cpu" else None
+    for layout in ("contiguous", "zigzag"):
+        pos = _positions(layout, rank, P, S)
+        for causal in (False, True):
+            qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+            o_ref, lse_ref = oss.attention(qa, ka, va, causal=causal, return_lse=True, backend="torch")
+            (o_ref * do).sum().backward()
+            dt = torch.float64 if device == "cpu" else torch.bfloat16
+            # the ring accumulates o and merges states in fp32 (lse is float32), as the kernels do
+            tol = dict(rtol=2e-5, atol=2e-6) if device == "cpu" else dict(rtol=3e-2, atol=3e-2)
+            ql, kl, vl = (t[:, :, pos].to(device, dt).requires_grad_() for t in (q, k, v))
+            o, lse = D.attention(ql, kl, vl, causal=causal, layout=layout, return_lse=True, backend=backend)
+            torch.testing.assert_close(o.double().cpu(), o_ref.detach()[:, :, pos], **tol)
+            torch.testing.assert_close(lse.double().cpu(), lse_ref.detach()[:, :, pos].double(), **tol)
+            (o * do[:, :, pos].to(device, dt)).sum().backward()
+            for mine, ref in ((ql, qa), (kl, ka), (vl, va)):
+                torch.testing.assert_close(mine.grad.double().cpu(), ref.grad[:, :, pos], **tol)
+
+
 def main(rank: int, P: int, port: int, device: str, checks: tuple):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
                             timeout=datetime.timedelta(seconds=60))

@@ -42,8 +42,14 @@ def test_vocab_parallel_gloo(P):
     run_ranks(P, ("check_vocab",))
 
 
+@pytest.mark.parametrize("P", [2, 3])
+def test_ring_attention_gloo(P):
+    run_ranks(P, ("check_ring",))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("P", [2, 4])
-def test_vocab_parallel_gloo_shared_gpu(P):
-    """Several processes sharing the one GPU over gloo: the same checks on CUDA tensors."""
-    run_ranks(P, ("check_vocab",), device="cuda")
+def test_distributed_gloo_shared_gpu(P):
+    """Several processes sharing the one GPU over gloo: the same checks on CUDA tensors (bf16 ring attention on the
+    Triton kernels)."""
+    run_ranks(P, ("check_vocab", "check_ring"), device="cuda")
