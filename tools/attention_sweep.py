@@ -78,7 +78,7 @@ def main():
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     mm = 2 * 8192 ** 3 / (do_bench(lambda: a @ b, rep=200, return_mode="median") * 1e-3) / 1e12
     print(f"bf16 matmul 8192^3: {mm:.0f} TFLOP/s", flush=True)
-    del a, b
+    a = b = None    # free the 256 MB operands before the sweep
     rows = []
     for B, H, Hkv, S, D in SHAPES[:2] if quick else SHAPES:
         for causal in (False, True):
@@ -129,7 +129,7 @@ def main():
                     rows.append(dict(dir="bwd", shape=(B, H, Hkv, S, D), causal=causal, impl=name, error=str(ex)[:200]))
                 print(rows[-1], flush=True)
                 del f
-            del qg, kg, vg, o_ref, g_ref, bimpls, impls
+            qg = kg = vg = o_ref = g_ref = bimpls = impls = None    # free this shape before the next
             torch.cuda.empty_cache()
     with open(os.path.join(out, "attention_sweep.json"), "w") as fh:
         json.dump(dict(matmul_tflops=mm, rows=rows, torch=torch.__version__,
