@@ -226,6 +226,22 @@ def _smem_chunking(knobs: Knobs, elem_bytes: int, N: int, chunk: int | None, war
     return chunk, _cdiv(N, chunk), warps
 
 
+def _refused(knobs: Knobs, *names: str) -> Knobs:
+    """A shared-memory plan was refused: the knobs that configured it do not carry over to the register kernel."""
+    return dataclasses.replace(knobs, **dict.fromkeys(names))
+
+
+def _check_chunks(what: str, path: str, chunk: int, C: int, target: Target) -> None:
+    """The register chunk kernels hold a power-of-two chunk, and a coop row's C programs must fit at once (they wait
+    for each other): a knob that breaks either is an error, never a kernel that fails to compile or deadlocks."""
+    if chunk & (chunk - 1):
+        raise ValueError(f"softmax {what} plan: chunk={chunk} must be a power of two for the register chunk kernels")
+    if path == "coop" and (C > max_chunks(target) or target.interpret):
+        most = 0 if target.interpret else max_chunks(target)
+        raise ValueError(f"softmax {what} plan: {C} chunks per row cannot wait for each other at once on this "
+                         f"target (at most {most}): take path='split' or a larger chunk")
+
+
 def _required(name: str, table: str, **values):
     """A forced kernel at a size its table does not list: every value must come from the knobs."""
     missing = [k for k, v in values.items() if v is None]
@@ -301,6 +317,7 @@ def forward_plan(p: Forward, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
         plan = _smem_plan(p, target, knobs, None, whole or T.SMEM_ROWS[-1][2], 0, "rows")
         if plan is not None:
             return plan
+        knobs = _refused(knobs, "reg", "num_warps", "chunk")
     if path == "rows":
         return _rows_plan(p, target, knobs)
     smem = smem_config(p, target, words)
@@ -308,6 +325,7 @@ def forward_plan(p: Forward, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
         plan = _smem_plan(p, target, knobs, *(smem or T.SMEM_CONFIG_MASKED[p.elem_bytes]))
         if plan is not None:
             return plan
+        knobs = _refused(knobs, "reg", "num_warps", "chunk")
     bf16x2 = path == "coop" and words and _k(knobs.bf16x2, many_words)
     lse_many = p.mode == LOGSUMEXP and not few_rows(p.M, target)
     chunk = knobs.chunk or (min(T.LSE_CHUNK, pow2(p.N)) if lse_many else
@@ -316,6 +334,7 @@ def forward_plan(p: Forward, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     warps = _k(knobs.num_warps, T.LSE_CHUNK_WARPS if lse_many else _warps(chunk, 64 if bf16x2 else 32))
     if p.mode == LOGSUMEXP and not bf16x2:
         path = "chunks"
+    _check_chunks("forward", path, chunk, C, target)
     return Plan(path, "bf16x2" if bf16x2 else "chunks", num_warps=warps, grid=p.M * C, chunk=chunk, chunks=C,
                 fast_exp=not target.interpret, maxnreg=knobs.maxnreg or 0)
 
@@ -420,6 +439,7 @@ def backward_plan(p: Backward, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
                               path="rows")
         if plan is not None:
             return plan
+        knobs = _refused(knobs, "reg", "ring", "maxnreg", "num_warps", "chunk")
     if path == "rows":
         block_n = pow2(p.N)
         tile, warps = T.BWD_ROWS_MEASURED.get((p.elem_bytes, block_n), (T.ROW_TILE_ELEMS // T.BWD_CHUNK_SCALE, None))
@@ -435,10 +455,12 @@ def backward_plan(p: Backward, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
             ring=knobs.ring)))
         if plan is not None:
             return plan
+        knobs = _refused(knobs, "reg", "ring", "maxnreg", "num_warps", "chunk")
     bf16x2 = path == "coop" and bf16x2_bwd_ok(p, target) and _k(knobs.bf16x2, not few_rows(p.M, target))
     chunk = knobs.chunk or (T.BWD_BF16X2_CHUNK if bf16x2 else chunking(p.M, p.N, target, backward=True)[0])
     C = _cdiv(p.N, chunk)
     warps = _k(knobs.num_warps, T.BWD_BF16X2_WARPS if bf16x2 else _warps(chunk, T.BWD_ELEMS_PER_THREAD))
+    _check_chunks("backward", path, chunk, C, target)
     return Plan(path, "bf16x2" if bf16x2 else "chunks", num_warps=warps, grid=p.M * C, chunk=chunk, chunks=C)
 
 

@@ -1,0 +1,207 @@
+"""Launching: explain's plan is the plan a launch runs, plans and bound launches cached per problem, the per-stream
+workspace and the graph reserve (``_triton/launch.py``), Triton's launch hooks; on the GPU repeated coop calls,
+streams, CUDA graphs and pointer alignment."""
+
+import pytest
+import torch
+
+import onlinesoftmax as oss
+from onlinesoftmax._triton import launch as TL
+from onlinesoftmax.softmax import explain
+from onlinesoftmax.softmax import launch as SL
+from onlinesoftmax.softmax.plan import LOG_SOFTMAX, LOGSUMEXP, SOFTMAX, Knobs
+
+from ._helpers import DEV, run_backward, run_forward
+
+OPS = {"softmax": SOFTMAX, "log_softmax": LOG_SOFTMAX, "logsumexp": LOGSUMEXP}
+FN = {"softmax": oss.softmax, "log_softmax": oss.log_softmax}
+
+
+def _layouts():
+    """(label, x, dim, dtype=): contiguous, transposed, sliced, off a 16-byte boundary, an upcast output, dims
+    that do not fold into a view (the op copies), long rows (coop on the GPU, split in the interpreter) and
+    16-bit rows the H200 holds in shared memory."""
+    base = torch.randn(40, 301, device=DEV)
+    return [
+        ("contiguous", base[:, :300].contiguous(), -1, None),
+        ("transposed", base.t(), -1, None),
+        ("dim 0", base, 0, None),
+        ("sliced rows", base[::3], -1, None),
+        ("one element in", base[:, 1:], -1, None),
+        ("bf16 one element in", base.to(torch.bfloat16)[:, 1:257], -1, None),
+        ("bf16 to fp32", base.to(torch.bfloat16)[:, :256], -1, torch.float32),
+        ("no view", torch.randn(4, 6, 8, 10, device=DEV)[::2, :, :, ::2], 2, None),
+        ("long rows", torch.randn(3, 40000, device=DEV), -1, None),
+        ("bf16 rows of 4K", torch.randn(16, 4096, device=DEV).to(torch.bfloat16), -1, None),   # H200: smem rows
+    ]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_explain_is_the_plan_that_runs(op):
+    """explain(x, dim, op=, dtype=) is the plan launch.forward runs on the op's row view, for every layout; its
+    grad=True plan is the one launch.backward runs on the forward's y and a fresh dy."""
+    for label, x, dim, dtype in _layouts():
+        if op == "logsumexp" and dtype is not None:
+            continue
+        out, plan = run_forward(x, dim, OPS[op], out_dtype=dtype)
+        assert explain(x, dim, op=op, dtype=dtype, backend="triton") == plan, label
+        if op != "logsumexp":
+            y = FN[op](x, dim, dtype=dtype, backend="triton")
+            torch.testing.assert_close(out, y)
+            dx, bplan = run_backward(y, torch.randn_like(y), op == "log_softmax", dim=dim)
+            assert explain(x, dim, op=op, dtype=dtype, grad=True, backend="triton") == bplan, label
+
+
+
+def test_launch_plan_cached_per_problem():
+    """The second call of a problem reuses its bound launch (plan, grid, bound kernels); a new problem makes a new
+    one; knobs are not cached."""
+    def stats():
+        info = SL._forward_launch.cache_info()
+        return info.misses, info.hits
+
+    x = torch.randn(6, 293, device=DEV)
+    m0, h0 = stats()
+    for _ in range(3):
+        torch.testing.assert_close(oss.softmax(x, backend="triton"), torch.softmax(x, -1))
+    assert stats() == (m0 + 1, h0 + 2)
+    torch.testing.assert_close(oss.softmax(x.t(), 0, backend="triton"), torch.softmax(x.t(), 0))
+    assert stats() == (m0 + 1, h0 + 3)     # x.t() along dim 0 is the same row problem as x along dim 1
+    oss.log_softmax(x, backend="triton")
+    assert stats() == (m0 + 2, h0 + 3)
+    out, plan = run_forward(x, -1, SOFTMAX, Knobs.of(num_warps=2))
+    assert plan.num_warps == 2 and stats() == (m0 + 2, h0 + 3)
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+def test_launch_hooks_take_tritons_path():
+    from triton import knobs
+
+    assert not TL._hooks_installed()
+
+    def hook(*args):
+        pass
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert TL._hooks_installed()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+
+
+def test_captured_scratch_takes_zeroed_words_from_the_reserve():
+    """What a launch being captured into a CUDA graph gets (_captured_scratch, run here on the CPU): the zeroed
+    views from a pre-zeroed reserve buffer, which is then held for good; the others uninitialised; with the
+    reserve empty or too small, freshly zeroed views. Eager calls top the reserve up. (The CPU's reserve is this
+    test's own: CPU launches never take from it; it is emptied before and after.)"""
+    dev = torch.device("cpu")
+    TL._reserve.pop(dev, None)
+    held = len(TL._held_by_graphs)
+    try:
+        layout = ((1024, torch.int32), (1024, torch.int32), (70000, torch.float32))
+        a = TL._captured_scratch(dev, layout, 2)                        # empty reserve: zeroed here
+        assert len(TL._held_by_graphs) == held and [v.numel() for v in a] == [1024, 1024, 70000]
+        assert all(bool((v == 0).all()) for v in a[:2]) and all(v.data_ptr() % 16 == 0 for v in a)
+        TL._top_up_reserve(dev)
+        assert len(TL._reserve[dev]) == TL.GRAPH_RESERVE
+        b = TL._captured_scratch(dev, layout, 2)
+        assert len(TL._reserve[dev]) == TL.GRAPH_RESERVE - 1 and len(TL._held_by_graphs) == held + 1
+        assert b[0].data_ptr() == TL._held_by_graphs[-1].data_ptr() and all(bool((v == 0).all()) for v in b[:2])
+        assert b[2].data_ptr() % 16 == 0 and b[2].numel() == 70000
+        big = ((2048, torch.int32), (2048, torch.int32), (8, torch.float32))   # 16 KB of words: past a buffer
+        c = TL._captured_scratch(dev, big, 2)
+        assert len(TL._held_by_graphs) == held + 1 and all(bool((v == 0).all()) for v in c[:2])
+        d = TL._captured_scratch(dev, layout[2:], 0)                    # nothing zeroed (top-k's workspace)
+        assert len(TL._held_by_graphs) == held + 1 and d[0].numel() == 70000
+    finally:
+        TL._reserve.pop(dev, None)
+        del TL._held_by_graphs[held:]
+
+
+def test_stream_scratch_views_aligned_reused_and_grown():
+    """Workspace views start 16-byte aligned (bound kernels take them as aligned), are reused while they fit and,
+    once a request outgrows one, are carved again no smaller from a zeroed buffer (barrier words start at 0)."""
+    tag = ("test", DEV)
+    a = TL.stream_scratch(tag, DEV, ((5, torch.int32), (3, torch.float64), (7, torch.float32)))
+    assert [v.numel() for v in a] == [5, 3, 7] and all(v.data_ptr() % 16 == 0 for v in a)
+    assert all(bool((v == 0).all()) for v in a)
+    a[0].fill_(1)
+    b = TL.stream_scratch(tag, DEV, ((4, torch.int32), (3, torch.float64), (1, torch.float32)))
+    assert all(x is y for x, y in zip(a, b))
+    c = TL.stream_scratch(tag, DEV, ((9, torch.int32), (2, torch.float64), (7, torch.float32)))
+    assert [v.numel() for v in c] == [9, 3, 7] and all(v.data_ptr() % 16 == 0 for v in c)
+    assert bool((c[0] == 0).all()) and c[1].dtype == torch.float64
+
+
+# ---- GPU only -----------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_coop_repeated_calls_and_streams():
+    """The row barrier's words persist across launches: many calls, varying C, two streams, a CUDA graph."""
+    xs = [torch.randn(m, n, device="cuda") for m, n in [(4, 70000), (2, 262144), (16, 40000), (4, 70000)]]
+    for _ in range(20):
+        for x in xs:
+            torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = oss.softmax(xs[1])
+    s.synchronize()
+    torch.testing.assert_close(y, torch.softmax(xs[1], -1))
+    x = xs[0]
+    oss.softmax(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = oss.softmax(x)
+    for _ in range(5):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reserve", [True, False])
+def test_gpu_graph_capture_workspace(reserve):
+    """Coop launches captured into CUDA graphs take their barrier words from the pre-zeroed reserve (no zeroing
+    inside the graph), or, with the reserve empty, zero them inside the graph; either way every replay, and
+    replays of two graphs alternating, match torch (forward, log-softmax, backward at decode and long-row sizes)."""
+    xs = [torch.randn(m, n, device="cuda") * 3 for m, n in [(1, 262144), (8, 151936), (64, 131072)]]
+    dy = [torch.randn_like(x) for x in xs]
+    for x in xs:                                     # eager calls first, as a decoder warms up; tops the reserve up
+        oss.softmax(x)
+    if not reserve:
+        TL._reserve.clear()
+    held = len(TL._held_by_graphs)
+    graphs, outs = [], []
+    for x, g in zip(xs, dy):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = oss.softmax(x)
+            lp = oss.log_softmax(x)
+            dx = torch.ops.onlinesoftmax.softmax_backward(y, g, 1, False, y.dtype, "triton")
+        graphs.append(graph)
+        outs.append((y, lp, dx))
+    assert len(TL._held_by_graphs) - held == (min(3 * len(xs), TL.GRAPH_RESERVE) if reserve else 0)
+    for _ in range(3):
+        for x, g, graph, (y, lp, dx) in zip(xs, dy, graphs, outs):
+            x.copy_(torch.randn_like(x) * 3)
+            graph.replay()
+            ref = torch.softmax(x, -1)
+            torch.testing.assert_close(y, ref)
+            torch.testing.assert_close(lp, torch.log_softmax(x, -1))
+            torch.testing.assert_close(dx, torch._softmax_backward_data(g, ref, -1, x.dtype), atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4096, 151936])
+def test_gpu_bound_launch_alignment_and_devices(n):
+    """One plan (same shape and strides), data pointers of different 16-byte alignment: the pre-bound launch
+    keeps a compiled kernel per alignment, and a call under another current device index still runs right."""
+    base = torch.randn(3, n + 1, device="cuda")
+    views = [base[:, :n], base[:, 1:], base[:, :n], base[:, 1:]]
+    assert views[0].stride() == views[1].stride() and views[1].data_ptr() % 16 != 0
+    for v in views:
+        for fn, expect in ((oss.softmax, torch.softmax), (oss.log_softmax, torch.log_softmax)):
+            for _ in range(3):
+                torch.testing.assert_close(fn(v), expect(v, -1))
+        torch.testing.assert_close(oss.logsumexp(v), torch.logsumexp(v, -1))
+    with torch.cuda.device(0):
+        torch.testing.assert_close(oss.softmax(views[1]), torch.softmax(views[1], -1))
