@@ -14,3 +14,6 @@ __version__ = "0.1.0"
 __all__ = ["SoftmaxState", "__version__", "log_softmax", "logsumexp", "softmax"]
 __all__ += ["TopK", "sample", "softmax_topk"]
 __all__ += ["cross_entropy", "linear_cross_entropy"]
+from .decode import attention_with_kvcache, merge_attention_states  # noqa: E402
+
+__all__ += ["attention_with_kvcache", "merge_attention_states"]
