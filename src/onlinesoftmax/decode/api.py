@@ -34,14 +34,20 @@ def _kernels():
 
 # ---- merge_attention_states ---------------------------------------------------------------------------------
 def _merge_torch(o_a, lse_a, o_b, lse_b):
-    """The ⊕ in fp32 torch ops: an empty side (lse −inf) weighs exactly 0 and its o is never multiplied."""
-    la, lb = lse_a.float(), lse_b.float()
+    """The ⊕ in fp32 torch ops (fp64 for fp64 inputs): an empty side (lse −inf) weighs exactly 0 and its o is
+    never multiplied."""
+    acc = _acc(o_a, lse_a, o_b, lse_b)
+    la, lb = lse_a.to(acc), lse_b.to(acc)
     lse = torch.logaddexp(la, lb)
     ref = torch.where(lse == float("-inf"), 0.0, lse)
     wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref)).unsqueeze(-1)
     wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref)).unsqueeze(-1)
-    o = torch.where(wa > 0, wa * o_a.float(), 0.0) + torch.where(wb > 0, wb * o_b.float(), 0.0)
+    o = torch.where(wa > 0, wa * o_a.to(acc), 0.0) + torch.where(wb > 0, wb * o_b.to(acc), 0.0)
     return o.to(o_a.dtype), lse
+
+
+def _acc(*ts) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
 def _check_merge(o_a, lse_a, o_b, lse_b):
@@ -62,7 +68,7 @@ def _check_merge(o_a, lse_a, o_b, lse_b):
 
 def _merge_impl(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if backend == "torch" or o_a.dtype == torch.float64 or o_a.numel() == 0:
+    if backend == "torch" or _acc(o_a, lse_a, o_b, lse_b) == torch.float64 or o_a.numel() == 0:
         return _merge_torch(o_a, lse_a, o_b, lse_b)
     return _kernels().merge_states(o_a, lse_a, o_b, lse_b)
 
@@ -72,22 +78,23 @@ _merge_op = torch.library.custom_op("onlinesoftmax::merge_attention_states", _me
 
 @_merge_op.register_fake
 def _(o_a, lse_a, o_b, lse_b, backend):
-    return torch.empty_like(o_a), torch.empty(o_a.shape[:-1], dtype=torch.float32, device=o_a.device)
+    return torch.empty_like(o_a), torch.empty(o_a.shape[:-1], dtype=_acc(o_a, lse_a, o_b, lse_b), device=o_a.device)
 
 
 def _merge_grads(o_a, lse_a, o_b, lse_b, o, lse, do, dlse):
     """o = wa·o_a + wb·o_b, lse = logaddexp(lse_a, lse_b), w_x = e^(lse_x − lse): do_x = w_x·do and
     dlse_x = w_x·(dlse + Σ_D do·(o_x − o)) (∂w_a/∂lse_a = w_a(1 − w_a), ∂w_b/∂lse_a = −w_a·w_b)."""
-    ref = torch.where(lse == float("-inf"), 0.0, lse)
-    la, lb = lse_a.float(), lse_b.float()
+    acc = _acc(o_a, lse_a, o_b, lse_b)
+    ref = torch.where(lse == float("-inf"), 0.0, lse).to(acc)
+    la, lb = lse_a.to(acc), lse_b.to(acc)
     wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref))
     wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref))
-    dof = do.float() if do is not None else torch.zeros(o.shape, device=o.device)
-    dl = dlse.float() if dlse is not None else torch.zeros_like(ref)
-    of = o.float()
+    dof = do.to(acc) if do is not None else torch.zeros(o.shape, device=o.device, dtype=acc)
+    dl = dlse.to(acc) if dlse is not None else torch.zeros_like(ref)
+    of = o.to(acc)
 
     def side(w, ox):
-        t = torch.where(w.unsqueeze(-1) > 0, dof * (ox.float() - of), 0.0).sum(-1)
+        t = torch.where(w.unsqueeze(-1) > 0, dof * (ox.to(acc) - of), 0.0).sum(-1)
         return w.unsqueeze(-1) * dof, w * (dl + t)
 
     doa, dla = side(wa, o_a)

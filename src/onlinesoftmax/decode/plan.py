@@ -38,16 +38,19 @@ class Problem:
 @dataclass(frozen=True)
 class Tiles:
     """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
-    count aims for."""
+    count aims for, warps."""
 
     block_n: int
     num_stages: int
     max_rows: int
     programs_per_sm: int
+    num_warps: int = 4
 
 
-SM90 = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=4)   # H200: 228 KB of shared memory per SM
-PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=4)
+# sm_90 (compiled, not yet timed on the H200): 64-key tiles and 8 warps hold K and V tiles of D = 128 in 128-199
+# registers without spilling (128-key tiles: 222-255 registers, paged ones spill); about 2 programs per SM
+SM90 = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
+PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2)
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
 
 MAX_SPLITS = 128            # partial states per row, at most (the merge reads them all)
@@ -145,7 +148,7 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     splits = knobs.splits or num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
     if not 1 <= splits <= 4096:
         raise ValueError(f"decode_plan: splits must be in [1, 4096], got {splits}")
-    num_warps = knobs.num_warps or (8 if block_m * block_d >= 64 * 256 else 4)
+    num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
     stages = knobs.num_stages or tiles.num_stages
     merge_rows = knobs.merge_rows or 16
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,

@@ -22,10 +22,14 @@ from ..._triton.online import _alpha, _exp, _lse, _shift
 
 
 @triton.jit
-def _key_offsets(BT, b, offs_n, n_ok, stride_btb, stride_page, stride_s, PAGED: tl.constexpr,
-                 PAGE: tl.constexpr):
-    """int64 offsets of keys offs_n of sequence b in a cache (the kv head's base added by the caller)."""
-    if PAGED:
+def _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_page, stride_s, PAGED: tl.constexpr,
+                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int64 offsets of keys offs_n = n0 + [0, BLOCK_N) of sequence b in a cache (the kv head's base added by the
+    caller). A tile within one page (PAGE a multiple of BLOCK_N) reads one page number, not one per key."""
+    if PAGED and PAGE % BLOCK_N == 0:
+        page = tl.load(BT + b.to(tl.int64) * stride_btb + n0 // PAGE)
+        return page.to(tl.int64) * stride_page + (offs_n % PAGE).to(tl.int64) * stride_s
+    elif PAGED:
         page = tl.load(BT + b.to(tl.int64) * stride_btb + offs_n // PAGE, mask=n_ok, other=0)
         return page.to(tl.int64) * stride_page + (offs_n % PAGE).to(tl.int64) * stride_s
     return offs_n.to(tl.int64) * stride_s
@@ -73,7 +77,7 @@ def split_kv_kernel(
         hi = tl.minimum(hi, tl.maximum(L - Sq + (Sq - 1) + right + 1, 0))
     lo = 0
     if WINDOW_LEFT:
-        lo = tl.maximum(L - Sq - left, 0)
+        lo = tl.maximum(L - Sq - left, 0) // BLOCK_N * BLOCK_N    # whole tiles: one page per tile where it can
     n = tl.maximum(hi - lo, 0)
     chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
@@ -92,9 +96,9 @@ def split_kv_kernel(
     for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        k_off = _key_offsets(BT, b, offs_n, n_ok, stride_btb, stride_kb, stride_ks, PAGED, PAGE)
+        k_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_kb, stride_ks, PAGED, PAGE, BLOCK_N)
         if PAGED:
-            v_off = _key_offsets(BT, b, offs_n, n_ok, stride_btb, stride_vb, stride_vs, PAGED, PAGE)
+            v_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_vb, stride_vs, PAGED, PAGE, BLOCK_N)
         else:
             v_off = offs_n.to(tl.int64) * stride_vs
         kt = tl.load(k_base + k_off[None, :] + offs_d[:, None] * stride_kd, mask=n_ok[None, :] & d_ok[:, None],
