@@ -69,6 +69,8 @@ def split_kv_kernel(
     q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh
               + i.to(tl.int64)[:, None] * stride_qs + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if not FAST:
+        q = q.to(tl.float32)
     qpos = L - Sq + i
 
     # 2. the keys any row of the block attends, [lo, hi), cut into NUM_SPLITS chunks of whole tiles
@@ -103,6 +105,8 @@ def split_kv_kernel(
             v_off = offs_n.to(tl.int64) * stride_vs
         kt = tl.load(k_base + k_off[None, :] + offs_d[:, None] * stride_kd, mask=n_ok[None, :] & d_ok[:, None],
                      other=0.0)
+        if not FAST:                # Triton 3.6's interpreter gets bf16 tl.dot wrong: fp32 operands there
+            kt = kt.to(tl.float32)
         if IEEE:
             s = tl.dot(q, kt, input_precision="ieee")
         else:
@@ -125,6 +129,8 @@ def split_kv_kernel(
         dsum = dsum * alpha + tl.sum(p, axis=1)                   # d' = d·α + Σ p
         v = tl.load(v_base + v_off[:, None] + offs_d[None, :] * stride_vd, mask=n_ok[:, None] & d_ok[None, :],
                     other=0.0)
+        if not FAST:
+            v = v.to(tl.float32)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
