@@ -22,23 +22,29 @@ def make_cache(B, Hkv, D, lens, s_max, dtype, device, page=0, strided=False):
             v[b, :, n:] = NAN
         return k, v, seqlens, None
     max_pages = -(-s_max // page)
-    num_pages = B * max_pages + 3
+    num_pages = B * max_pages + 3           # the last 3 pages: never in use, all NaN
     shape = (num_pages, page, Hkv, D) if strided else (num_pages, Hkv, page, D)
-    k = torch.full(shape, NAN, device=device, dtype=dtype)
-    v = torch.full(shape, NAN, device=device, dtype=dtype)
+    k = torch.randn(shape, device=device, dtype=torch.float32).to(dtype)
+    v = torch.randn(shape, device=device, dtype=torch.float32).to(dtype)
     if strided:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
-    perm = torch.randperm(num_pages, device=device)
-    table = torch.full((B, max_pages), num_pages - 1, dtype=torch.int32, device=device)  # unused entries: a NaN page
-    for b, n in enumerate(lens):
-        used = -(-n // page)
-        ids = perm[b * max_pages: b * max_pages + used]
-        table[b, :used] = ids.int()
-        for t, pid in enumerate(ids.tolist()):
-            cnt = min(page, n - t * page)
-            k[pid, :, :cnt] = torch.randn(Hkv, cnt, D, device=device).to(dtype)
-            v[pid, :, :cnt] = torch.randn(Hkv, cnt, D, device=device).to(dtype)
+    perm = torch.randperm(B * max_pages, device=device).int()
+    table = perm.reshape(B, max_pages).contiguous()
+    plant_nan(k, v, seqlens, table)
     return k, v, seqlens, table
+
+
+def plant_nan(k, v, seqlens, table):
+    """NaN in every paged slot no sequence uses: past cache_seqlens[b] in b's pages, all of the pages no table
+    entry below its length names (the tail of the pool)."""
+    page = k.shape[2]
+    used = torch.zeros(k.shape[0], page, dtype=torch.bool, device=k.device)
+    for b, n in enumerate(seqlens.tolist()):
+        j = torch.arange(n, device=k.device)
+        used[table[b].long()[j // page], j % page] = True
+    free = ~used
+    k.masked_fill_(free[:, None, :, None], NAN)
+    v.masked_fill_(free[:, None, :, None], NAN)
 
 
 def tolerance(dtype):

@@ -143,7 +143,8 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
         raise ValueError(f"decode_plan: block_m must be a power of two >= 16, got {block_m}")
     row_blocks = _cdiv(rows, block_m)
     block_d = max(16, pow2(p.D))
-    block_n = knobs.block_n or (tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2))
+    # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
+    block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
     splits = knobs.splits or num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
     if not 1 <= splits <= 4096:
