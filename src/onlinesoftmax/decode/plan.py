@@ -50,7 +50,7 @@ class Tiles:
 # sm_90 (compiled, not yet timed on the H200): 64-key tiles and 8 warps hold K and V tiles of D = 128 in 128-199
 # registers without spilling (128-key tiles: 222-255 registers, paged ones spill); about 2 programs per SM
 SM90 = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
-PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2)
+PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
 
 MAX_SPLITS = 128            # partial states per row, at most (the merge reads them all)
