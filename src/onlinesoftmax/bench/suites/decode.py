@@ -161,6 +161,6 @@ def suite(ctx: BenchContext):
     # read o_a, o_b (bf16) and both lse (fp32), write o and lse
     nbytes = 3 * n * merge_shape[-1] * 2 + 3 * n * 4
     yield Case(label=f"merge {'x'.join(map(str, merge_shape))}", shape=merge_shape, dtype=torch.bfloat16,
-               x=None, group="merge", bytes=nbytes, make_inputs=merge_inputs,
+               x=n * merge_shape[-1], group="merge", bytes=nbytes, make_inputs=merge_inputs,
                impls={"torch eager ⊕": _merge_torch, "merge_attention_states": merge_attention_states},
                peer="torch eager ⊕")
