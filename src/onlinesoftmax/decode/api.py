@@ -1,0 +1,332 @@
+"""Decoding attention over a KV cache (dense or paged) and the (o, lse) merge: public functions, custom ops,
+``explain``.
+
+Layers, bottom up: the Triton launches (``launch.py``, imported on first use) and the portable torch path ->
+custom ops ``onlinesoftmax::attention_with_kvcache`` and ``onlinesoftmax::merge_attention_states`` with fake
+implementations (``torch.compile(fullgraph=True)`` sees one op each) and the merge's autograd -> public functions,
+which call the implementations directly in eager mode (decode is host-bound: the op dispatch costs more than the
+launch).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .._checks import check_float_tensor
+from ..backend import resolve_backend
+from ..target import Target, target_of
+from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_plan, merge_plan
+
+__all__ = ["attention_with_kvcache", "explain", "explain_merge", "merge_attention_states"]
+
+KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def _kernels():
+    """The Triton launches, imported on first use (``import onlinesoftmax`` never imports Triton)."""
+    from . import launch
+
+    return launch
+
+
+# ---- merge_attention_states ---------------------------------------------------------------------------------
+def _merge_torch(o_a, lse_a, o_b, lse_b):
+    """The ⊕ in fp32 torch ops (fp64 for fp64 inputs): an empty side (lse −inf) weighs exactly 0 and its o is
+    never multiplied."""
+    acc = _acc(o_a, lse_a, o_b, lse_b)
+    la, lb = lse_a.to(acc), lse_b.to(acc)
+    lse = torch.logaddexp(la, lb)
+    ref = torch.where(lse == float("-inf"), 0.0, lse)
+    wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref)).unsqueeze(-1)
+    wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref)).unsqueeze(-1)
+    o = torch.where(wa > 0, wa * o_a.to(acc), 0.0) + torch.where(wb > 0, wb * o_b.to(acc), 0.0)
+    return o.to(o_a.dtype), lse
+
+
+def _acc(*ts) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
+
+
+def _check_merge(o_a, lse_a, o_b, lse_b):
+    for t, n in ((o_a, "o_a"), (o_b, "o_b"), (lse_a, "lse_a"), (lse_b, "lse_b")):
+        check_float_tensor(t, f"merge_attention_states: {n}")
+    if o_a.dim() < 1 or o_a.shape != o_b.shape:
+        raise ValueError(f"merge_attention_states: o_a and o_b must have one shape [..., D], got "
+                         f"{tuple(o_a.shape)} and {tuple(o_b.shape)}")
+    for t, n in ((lse_a, "lse_a"), (lse_b, "lse_b")):
+        if t.shape != o_a.shape[:-1]:
+            raise ValueError(f"merge_attention_states: {n} must have shape o.shape[:-1] = {tuple(o_a.shape[:-1])}, "
+                             f"got {tuple(t.shape)}")
+        if t.device != o_a.device:
+            raise ValueError(f"merge_attention_states: {n} is on {t.device}, o_a on {o_a.device}")
+    if o_b.device != o_a.device:
+        raise ValueError(f"merge_attention_states: o_b is on {o_b.device}, o_a on {o_a.device}")
+
+
+def _merge_impl(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
+                backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "torch" or _acc(o_a, lse_a, o_b, lse_b) == torch.float64 or o_a.numel() == 0:
+        return _merge_torch(o_a, lse_a, o_b, lse_b)
+    return _kernels().merge_states(o_a, lse_a, o_b, lse_b)
+
+
+_merge_op = torch.library.custom_op("onlinesoftmax::merge_attention_states", _merge_impl, mutates_args=())
+
+
+@_merge_op.register_fake
+def _(o_a, lse_a, o_b, lse_b, backend):
+    return torch.empty_like(o_a), torch.empty(o_a.shape[:-1], dtype=_acc(o_a, lse_a, o_b, lse_b), device=o_a.device)
+
+
+def _merge_grads(o_a, lse_a, o_b, lse_b, o, lse, do, dlse):
+    """o = wa·o_a + wb·o_b, lse = logaddexp(lse_a, lse_b), w_x = e^(lse_x − lse): do_x = w_x·do and
+    dlse_x = w_x·(dlse + Σ_D do·(o_x − o)) (∂w_a/∂lse_a = w_a(1 − w_a), ∂w_b/∂lse_a = −w_a·w_b)."""
+    acc = _acc(o_a, lse_a, o_b, lse_b)
+    ref = torch.where(lse == float("-inf"), 0.0, lse).to(acc)
+    la, lb = lse_a.to(acc), lse_b.to(acc)
+    wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref))
+    wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref))
+    dof = do.to(acc) if do is not None else torch.zeros(o.shape, device=o.device, dtype=acc)
+    dl = dlse.to(acc) if dlse is not None else torch.zeros_like(ref)
+    of = o.to(acc)
+
+    def side(w, ox):
+        t = torch.where(w.unsqueeze(-1) > 0, dof * (ox.to(acc) - of), 0.0).sum(-1)
+        return w.unsqueeze(-1) * dof, w * (dl + t)
+
+    doa, dla = side(wa, o_a)
+    dob, dlb = side(wb, o_b)
+    return doa.to(o_a.dtype), dla.to(lse_a.dtype), dob.to(o_b.dtype), dlb.to(lse_b.dtype)
+
+
+def _merge_setup(ctx, inputs, output):
+    o_a, lse_a, o_b, lse_b, _ = inputs
+    ctx.save_for_backward(o_a, lse_a, o_b, lse_b, *output)
+
+
+def _merge_backward(ctx, do, dlse):
+    return (*_merge_grads(*ctx.saved_tensors, do, dlse), None)
+
+
+torch.library.register_autograd("onlinesoftmax::merge_attention_states", _merge_backward, setup_context=_merge_setup)
+
+
+def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor, *,
+                           backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ⊕ of two attention states over disjoint key sets (cascade attention: a shared prefix and each suffix).
+
+    Parameters
+    ----------
+    o_a, o_b : ``[..., S, D]`` (any leading shape), each normalised over its own keys.
+    lse_a, lse_b : float32 ``o.shape[:-1]``, natural-log logsumexp of each side's scores; −inf = no key.
+
+    Returns
+    -------
+    ``(o, lse)``: ``lse = logaddexp(lse_a, lse_b)`` (float32) and ``o = o_a·e^(lse_a − lse) + o_b·e^(lse_b − lse)``,
+    computed in fp32 and cast to o_a's dtype. When one side is empty (lse −inf) the other comes back unchanged,
+    whatever the empty side's o holds; both empty give o = 0, lse = −inf, never NaN. Differentiable in all four
+    inputs.
+
+    Example
+    -------
+    >>> o, lse = merge_attention_states(o_prefix, lse_prefix, o_suffix, lse_suffix)
+    """
+    _check_merge(o_a, lse_a, o_b, lse_b)
+    which = resolve_backend(backend, o_a, "merge_attention_states")
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (o_a, lse_a, o_b, lse_b))
+    if grad or torch.compiler.is_compiling():
+        return torch.ops.onlinesoftmax.merge_attention_states(o_a, lse_a, o_b, lse_b, which)
+    return _merge_impl(o_a, lse_a, o_b, lse_b, which)
+
+
+def explain_merge(o_a: torch.Tensor, *, backend: str | None = None, target: Target | None = None) -> MergePlan:
+    """The plan ``merge_attention_states`` runs for states shaped like ``o_a``: ``path`` "torch" or "triton"."""
+    if target is None and resolve_backend(backend, o_a, "explain(merge_attention_states)") == "torch":
+        return MergePlan("torch")
+    D = o_a.shape[-1]
+    return merge_plan(o_a.numel() // max(D, 1), D, target or target_of(o_a.device))
+
+
+# ---- attention_with_kvcache ---------------------------------------------------------------------------------
+def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, softcap):
+    """The portable path: per sequence, gather its valid keys (the slots past cache_seqlens[b] are sliced off
+    before any arithmetic), scores in fp32 (fp64 for fp64), masked softmax; a row without a key gives 0, −inf."""
+    B, H, Sq, D = q.shape
+    Hkv = k.shape[1]
+    G = H // Hkv
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = torch.zeros((B, H, Sq, D), dtype=acc, device=q.device)
+    lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device)
+    page = k.shape[2]
+    s_max = block_table.shape[1] * page if block_table is not None else page
+    for b, L in enumerate(seqlens.tolist()):
+        L = min(L, s_max)
+        if L <= 0:
+            continue
+        if block_table is None:
+            kb, vb = k[b, :, :L], v[b, :, :L]
+        else:
+            pages = block_table[b, :-(-L // page)].long()
+            kb = k[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+            vb = v[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
+        kb = kb.to(acc).repeat_interleave(G, 0)            # query head h reads kv head h // G
+        vb = vb.to(acc).repeat_interleave(G, 0)
+        s = torch.matmul(q[b].to(acc), kb.transpose(-1, -2)) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        j = torch.arange(L, device=q.device)
+        qpos = (L - Sq + torch.arange(Sq, device=q.device)).unsqueeze(-1)
+        ok = torch.ones((Sq, L), dtype=torch.bool, device=q.device)
+        if causal:
+            ok &= j <= qpos
+        if left >= 0:
+            ok &= j >= qpos - left
+        if right >= 0:
+            ok &= j <= qpos + right
+        s = s.masked_fill(~ok, float("-inf"))
+        lb = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(lb == float("-inf"), 0.0, lb).unsqueeze(-1))
+        o[b] = torch.matmul(p, vb)
+        lse[b] = lb.float()
+    return o.to(q.dtype), lse
+
+
+def _kvcache_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
+                  block_table: torch.Tensor | None, causal: bool, scale: float, left: int, right: int,
+                  softcap: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "torch" or q.dtype == torch.float64:
+        return _torch_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, right, softcap)
+    return _kernels().attention_split_kv(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left,
+                                         right, softcap)
+
+
+_kvcache_op = torch.library.custom_op("onlinesoftmax::attention_with_kvcache", _kvcache_impl, mutates_args=())
+
+
+@_kvcache_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, right, softcap, backend):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _window(window) -> tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"attention_with_kvcache: window must be None or a pair of ints (left, right), got {window!r}")
+    left, right = window
+    if left < -1 or right < -1:
+        raise ValueError(f"attention_with_kvcache: window sizes must be >= 0 or -1 (unbounded), got {window!r}")
+    return left, right
+
+
+def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap):
+    """Shapes, dtypes and devices only: nothing here reads a tensor's values (no host synchronisation)."""
+    f = "attention_with_kvcache"
+    for t, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+        check_float_tensor(t, f"{f}: {n}", KV_DTYPES + (torch.float64,))
+        if t.dim() != 4:
+            raise ValueError(f"{f}: {n} must be 4-D, got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{f}: {n} is on {t.device}, q on {q.device}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"{f}: q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
+                        f"{v_cache.dtype}")
+    B, H, Sq, D = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"{f}: k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    Hkv = k_cache.shape[1]
+    if k_cache.shape[3] != D:
+        raise ValueError(f"{f}: the caches' head dim {k_cache.shape[3]} differs from q's {D}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"{f}: q's {H} heads must be a multiple of the caches' {Hkv} (GQA)")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
+            or cache_seqlens.shape != (B,):
+        raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}]")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"{f}: cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+    if block_table is None:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(k_cache.shape)}")
+    else:
+        if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
+                or block_table.dim() != 2 or block_table.shape[0] != B):
+            raise TypeError(f"{f}: block_table must be an int32 tensor [B, max_pages] with B = {B}")
+        if block_table.device != q.device:
+            raise ValueError(f"{f}: block_table is on {block_table.device}, q on {q.device}")
+        if not 1 <= k_cache.shape[2] <= 256:
+            raise ValueError(f"{f}: page size must be in [1, 256], got {k_cache.shape[2]}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"{f}: scale must be a number or None, got {type(scale).__name__}")
+    if softcap is not None and (not isinstance(softcap, (int, float)) or softcap < 0):
+        raise ValueError(f"{f}: softcap must be None or a positive number, got {softcap!r}")
+
+
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_seqlens: torch.Tensor, *, block_table: torch.Tensor | None = None,
+                           causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
+                           softcap: float | None = None, return_lse: bool = False, backend: str | None = None):
+    """Attention of a few new query rows over a KV cache (decoding; speculative decoding with Sq > 1).
+
+    Parameters
+    ----------
+    q : ``[B, H, Sq, D]``, fp16 / bf16 / fp32, any strides.
+    k_cache, v_cache : dense ``[B, Hkv, S_max, D]``, or paged ``[num_pages, Hkv, page_size, D]`` with
+        ``block_table``; any strides (a ``[B, S_max, Hkv, D]`` buffer viewed as ``[B, Hkv, S_max, D]`` works).
+        Query head h reads kv head ``h // (H // Hkv)``.
+    cache_seqlens : int32 ``[B]``: valid keys of sequence b, the Sq new tokens included. Slots at or past it
+        (and pages past its last) are never read; they may hold NaN.
+    block_table : int32 ``[B, max_pages]``: key j of sequence b is at page ``block_table[b, j // page_size]``,
+        slot ``j % page_size``. Page sizes 1 to 256.
+    causal : query i attends key j iff ``j <= cache_seqlens[b] − Sq + i`` (bottom-right aligned; torch SDPA's
+        ``is_causal`` aligns top-left).
+    scale : default ``D ** -0.5``; ``softcap=c``: scores ``c·tanh(s / c)``; ``window=(left, right)`` (−1 unbounded):
+        query i attends key j iff ``p − left <= j <= p + right`` with ``p = cache_seqlens[b] − Sq + i``, ANDed with
+        causal. As ``oss.attention`` with ``Sk = cache_seqlens[b]``.
+
+    Returns
+    -------
+    o ``[B, H, Sq, D]`` in q's dtype, or ``(o, lse)`` with lse float32 ``[B, H, Sq]`` (natural log). A row with no
+    attended key gives o = 0 and lse = −inf. On CUDA fp32 inputs take full fp32 dot products (no TF32).
+
+    The split count comes from shapes (the cache's ``S_max`` or ``max_pages · page_size``), never from the values
+    of ``cache_seqlens``: no host synchronisation, and a CUDA graph captured once replays correctly after
+    ``cache_seqlens`` and ``block_table`` change.
+    """
+    _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap)
+    left, right = _window(window)
+    which = resolve_backend(backend, q, "attention_with_kvcache")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    cap = float(softcap or 0.0)
+    args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)
+    else:
+        o, lse = _kvcache_impl(*args)
+    return (o, lse) if return_lse else o
+
+
+def kvcache_problem(q, k_cache, block_table) -> Problem:
+    B, H, Sq, D = q.shape
+    page = k_cache.shape[2] if block_table is not None else 0
+    s_max = block_table.shape[1] * page if block_table is not None else k_cache.shape[2]
+    return Problem(B, H, k_cache.shape[1], Sq, D, s_max, page, q.element_size())
+
+
+def explain(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+            block_table: torch.Tensor | None = None, backend: str | None = None, target: Target | None = None,
+            knobs: Knobs = NO_KNOBS, **_options) -> Plan:
+    """The plan ``attention_with_kvcache`` runs for these arguments, without running it: ``path`` "split_kv"
+    (``kernel`` "sm90" or "portable", ``splits`` key ranges per kv head) or "torch". ``target`` plans for another
+    GPU (e.g. ``onlinesoftmax.target.H200`` for CPU or meta tensors). The other keyword arguments of
+    attention_with_kvcache are accepted and do not change the plan."""
+    _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, None, None)
+    if target is None and resolve_backend(backend, q, "explain(attention_with_kvcache)") == "torch":
+        return TORCH_PLAN
+    return decode_plan(kvcache_problem(q, k_cache, block_table), target or target_of(q.device), knobs)
+
+

@@ -1,0 +1,82 @@
+"""The (o, lse) ⊕: over the NUM_SPLITS partial states of each row (the split-KV kernel's second launch), and the
+public two-state merge (``merge_attention_states``).
+
+For states (o_s, lse_s) of disjoint key sets: lse = log Σ_s e^(lse_s), o = Σ_s o_s·e^(lse_s − lse). With
+m = max_s lse_s, w_s = e^(lse_s − m) (0 where lse_s = −inf), W = Σ w_s: lse = m + log W, o = Σ w_s·o_s / W.
+An empty state (lse −inf) weighs exactly 0 and its o is never multiplied (it may hold anything); the only
+non-empty one comes back with weight 1, exactly; no state at all gives o = 0, lse = −inf.
+
+Memory traffic: each partial o and lse read once, o and lse written once (fp32 math).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._triton.online import _exp, _shift
+
+
+@triton.jit
+def merge_splits_kernel(PART_O, PART_LSE, O, LSE, R, Hq, Sq, D, NUM_SPLITS,
+                        stride_ob, stride_oh, stride_os, stride_od,
+                        BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr):
+    """Rows r = (b·H + h)·Sq + i of PART_O [R, NUM_SPLITS, D] fp32 / PART_LSE [R, NUM_SPLITS] into O [B, H, Sq, D]
+    (any strides, its dtype) and LSE [R] fp32."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = rows < R
+    rows64 = rows.to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    # 1. m = max_s lse_s, W = Σ_s e^(lse_s − m)
+    ls = tl.load(PART_LSE + rows64[:, None] * NUM_SPLITS + offs_s[None, :],
+                 mask=r_ok[:, None] & (offs_s[None, :] < NUM_SPLITS), other=float("-inf"))
+    m = tl.max(ls, axis=1)
+    ms = _shift(m)
+    W = tl.sum(_exp(ls - ms[:, None], FAST), axis=1)
+    inv = 1.0 / tl.where(W == 0.0, 1.0, W)
+    # 2. o = Σ_s w_s·o_s / W, a split at a time
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s in range(NUM_SPLITS):
+        l_s = tl.load(PART_LSE + rows64 * NUM_SPLITS + s, mask=r_ok, other=float("-inf"))
+        w = _exp(l_s - ms, FAST) * inv
+        o_s = tl.load(PART_O + (rows64 * NUM_SPLITS + s)[:, None] * D + offs_d[None, :],
+                      mask=(r_ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
+        acc += w[:, None] * o_s
+    bh = rows64 // Sq
+    i = rows64 % Sq
+    o_ptrs = (O + (bh // Hq) * stride_ob + (bh % Hq) * stride_oh + i * stride_os)[:, None] + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + rows64, ms + tl.log(W), mask=r_ok)
+
+
+@triton.jit
+def merge_two_kernel(OA, LA, OB, LB, O, LSE, N, D,
+                     stride_ar, stride_ad, stride_la, stride_br, stride_bd, stride_lb,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr):
+    """(OA, LA) ⊕ (OB, LB) for N rows of D: o rows of any strides, lse of any stride; O [N, D], LSE [N]."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    la = tl.load(LA + rows64 * stride_la, mask=r_ok, other=float("-inf")).to(tl.float32)
+    lb = tl.load(LB + rows64 * stride_lb, mask=r_ok, other=float("-inf")).to(tl.float32)
+    m = tl.maximum(la, lb)
+    ms = _shift(m)
+    wa = tl.where(la == float("-inf"), 0.0, _exp(la - ms, FAST))
+    wb = tl.where(lb == float("-inf"), 0.0, _exp(lb - ms, FAST))
+    W = wa + wb
+    inv = 1.0 / tl.where(W == 0.0, 1.0, W)
+    wa = wa * inv           # one side empty: W = e^0 = 1, the other side's weight exactly 1
+    wb = wb * inv
+    offs_d = tl.arange(0, BLOCK_D)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + offs_d
+        c_ok = r_ok[:, None] & (cols < D)[None, :]
+        oa = tl.load(OA + rows64[:, None] * stride_ar + cols[None, :] * stride_ad, mask=c_ok & (wa > 0.0)[:, None],
+                     other=0.0).to(tl.float32)
+        ob = tl.load(OB + rows64[:, None] * stride_br + cols[None, :] * stride_bd, mask=c_ok & (wb > 0.0)[:, None],
+                     other=0.0).to(tl.float32)
+        o = wa[:, None] * oa + wb[:, None] * ob
+        tl.store(O + rows64[:, None] * D + cols[None, :], o.to(O.dtype.element_ty), mask=c_ok)
+    tl.store(LSE + rows64, ms + tl.log(W), mask=r_ok)

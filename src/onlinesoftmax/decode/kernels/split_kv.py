@@ -1,0 +1,153 @@
+"""Split-KV decoding attention: one program per (batch b, kv head, row block, split), all the query heads of the
+GQA group and all Sq query rows at once, so K and V are read once per kv head.
+
+Notation (paper notes §7): per query row the running state is (m, d, o): m the largest score so far, d = Σ e^(s − m),
+o = Σ e^(s − m)·v (unnormalised). A key tile moves it to m' = max(m, max s), d' = d·α + Σ p, o' = o·α + p·V with
+α = e^(m − m'), p = e^(s − m'). A split ends with the partial state (o/d, lse = m + log d) that ``merge.py`` ⊕-merges.
+
+Memory traffic: K and V of the split's key range, once (BLOCK_N keys × D per tile each); q (G·Sq rows × D) once
+per program; out: G·Sq partial rows of D fp32 and one fp32 lse each per split.
+
+The rows of a program are r = g·Sq + i (query head hkv·G + g, query i), padded to BLOCK_M >= 16 for tl.dot.
+Key j of sequence b: dense at k[b, hkv, j], paged at k[block_table[b, j // PAGE], hkv, j % PAGE]. Only keys
+j < cache_seqlens[b] are loaded (masked loads: the slots past it, and their pages, are never touched, NaN or not).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..._triton.online import _alpha, _exp, _lse, _shift
+
+
+@triton.jit
+def _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_page, stride_s, PAGED: tl.constexpr,
+                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int64 offsets of keys offs_n = n0 + [0, BLOCK_N) of sequence b in a cache (the kv head's base added by the
+    caller). A tile within one page (PAGE a multiple of BLOCK_N) reads one page number, not one per key."""
+    if PAGED and PAGE % BLOCK_N == 0:
+        page = tl.load(BT + b.to(tl.int64) * stride_btb + n0 // PAGE)
+        return page.to(tl.int64) * stride_page + (offs_n % PAGE).to(tl.int64) * stride_s
+    elif PAGED:
+        page = tl.load(BT + b.to(tl.int64) * stride_btb + offs_n // PAGE, mask=n_ok, other=0)
+        return page.to(tl.int64) * stride_page + (offs_n % PAGE).to(tl.int64) * stride_s
+    return offs_n.to(tl.int64) * stride_s
+
+
+@triton.jit
+def split_kv_kernel(
+    Q, K, V, SEQLENS, BT, O, LSE, PART_O, PART_LSE,
+    H, Hkv, Sq, D, NUM_SPLITS, ROW_BLOCKS, S_MAX,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_btb,
+    stride_ob, stride_oh, stride_os, stride_od,
+    scale, softcap, left, right,
+    G: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
+    IEEE: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    rb = pid % ROW_BLOCKS
+    bh = pid // ROW_BLOCKS
+    b = bh // Hkv
+    hkv = bh % Hkv
+    L = tl.load(SEQLENS + b)
+
+    # 1. the rows: r = g·Sq + i -> query head h = hkv·G + g, query i at position L − Sq + i
+    offs_r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    g = offs_r // Sq
+    i = offs_r % Sq
+    row_ok = g < G
+    h = hkv * G + g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh
+              + i.to(tl.int64)[:, None] * stride_qs + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if not FAST:
+        q = q.to(tl.float32)
+    qpos = L - Sq + i
+
+    # 2. the keys any row of the block attends, [lo, hi), cut into NUM_SPLITS chunks of whole tiles
+    hi = tl.minimum(L, S_MAX)        # causal: j <= L − Sq + i <= L − 1 for every row; S_MAX: the cache's slots
+    if WINDOW_RIGHT:
+        hi = tl.minimum(hi, tl.maximum(L - Sq + (Sq - 1) + right + 1, 0))
+    lo = 0
+    if WINDOW_LEFT:
+        lo = tl.maximum(L - Sq - left, 0) // BLOCK_N * BLOCK_N    # whole tiles: one page per tile where it can
+    n = tl.maximum(hi - lo, 0)
+    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, hi)
+
+    k_base = K + hkv.to(tl.int64) * stride_kh
+    v_base = V + hkv.to(tl.int64) * stride_vh
+    if not PAGED:
+        k_base += b.to(tl.int64) * stride_kb
+        v_base += b.to(tl.int64) * stride_vb
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    dsum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # 3. stream the split's key tiles through the running (m, d, o)
+    for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        k_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_kb, stride_ks, PAGED, PAGE, BLOCK_N)
+        if PAGED:
+            v_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_vb, stride_vs, PAGED, PAGE, BLOCK_N)
+        else:
+            v_off = offs_n.to(tl.int64) * stride_vs
+        kt = tl.load(k_base + k_off[None, :] + offs_d[:, None] * stride_kd, mask=n_ok[None, :] & d_ok[:, None],
+                     other=0.0)
+        if not FAST:                # Triton 3.6's interpreter gets bf16 tl.dot wrong: fp32 operands there
+            kt = kt.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * scale                                            # s = scale · q·k
+        if SOFTCAP:
+            # c · tanh(s / c) = c · (1 − 2 / (e^(2s/c) + 1)): exact at ±inf, no NaN
+            s = softcap - 2.0 * softcap / (tl.exp(2.0 * s / softcap) + 1.0)
+        ok = n_ok[None, :]
+        if CAUSAL:
+            ok = ok & (offs_n[None, :] <= qpos[:, None])
+        if WINDOW_LEFT:
+            ok = ok & (offs_n[None, :] >= qpos[:, None] - left)
+        if WINDOW_RIGHT:
+            ok = ok & (offs_n[None, :] <= qpos[:, None] + right)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))                  # m' = max(m, max_j s_j)
+        alpha = _alpha(m, m_new)                                  # α = e^(m − m'), 1 where both are −inf
+        p = _exp(s - _shift(m_new)[:, None], FAST)                # p = e^(s − m'), 0 where s = −inf
+        dsum = dsum * alpha + tl.sum(p, axis=1)                   # d' = d·α + Σ p
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :] * stride_vd, mask=n_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        if not FAST:
+            v = v.to(tl.float32)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv                           # o' = o·α + p·V
+        m = m_new
+
+    # 4. the (partial) state: o / d and lse = m + log d; a row without a key gives o = 0, lse = −inf
+    o = acc / tl.where(dsum == 0.0, 1.0, dsum)[:, None]
+    lse = _lse(m, dsum)
+    out_ok = row_ok[:, None] & d_ok[None, :]
+    if SPLIT:
+        row = ((b * H + h) * Sq + i).to(tl.int64) * NUM_SPLITS + split
+        tl.store(PART_O + row[:, None] * D + offs_d[None, :], o, mask=out_ok)
+        tl.store(PART_LSE + row, lse, mask=row_ok)
+    else:
+        o_ptrs = (O + b.to(tl.int64) * stride_ob + h.to(tl.int64)[:, None] * stride_oh
+                  + i.to(tl.int64)[:, None] * stride_os + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=out_ok)
+        tl.store(LSE + (b * H + h) * Sq + i, lse, mask=row_ok)

@@ -1,0 +1,177 @@
+"""Which launches ``attention_with_kvcache`` and ``merge_attention_states`` run: pure functions of (problem, target).
+
+Decoding attention is one split-KV launch (``kernels/split_kv.py``) and, with more than one split, the ⊕ of the
+splits' partial states (``kernels/merge.py``). The split count comes from shapes and ``s_max`` (the bound on a
+sequence's length the cache's shape gives), never from ``cache_seqlens``: nothing waits on the host and a CUDA
+graph captured once stays right when the lengths change. The tiles for sm_90 (``SM90``) are the H200's; every
+other target gets the portable tiles (``PORTABLE``), the interpreter small ones (more tiles and splits per test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .._triton.host import pow2
+from ..target import Target
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One decode call's shapes: q ``[B, H, Sq, D]``, a cache of ``Hkv`` heads holding at most ``s_max`` keys per
+    sequence, ``page`` keys per page (0: dense), ``esize``-byte elements."""
+
+    B: int
+    H: int
+    Hkv: int
+    Sq: int
+    D: int
+    s_max: int
+    page: int = 0
+    esize: int = 2
+
+    @property
+    def group(self) -> int:         # G: query heads per kv head
+        return self.H // self.Hkv
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
+    count aims for, warps."""
+
+    block_n: int
+    num_stages: int
+    max_rows: int
+    programs_per_sm: int
+    num_warps: int = 4
+
+
+# sm_90 (compiled, not yet timed on the H200): 64-key tiles and 8 warps hold K and V tiles of D = 128 in 128-199
+# registers without spilling (128-key tiles: 222-255 registers, paged ones spill); about 2 programs per SM
+SM90 = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
+PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
+INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
+
+MAX_SPLITS = 128            # partial states per row, at most (the merge reads them all)
+MIN_TILES_PER_SPLIT = 4     # a split streams at least this many key tiles (s_max permitting)
+WAVE_EFFICIENCY = 0.85      # the fewest splits whose last wave is at least this full, relative to the best
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The launches of one decode problem. ``path``: ``"split_kv"`` (Triton) or ``"torch"``; ``kernel``:
+    ``"sm90"`` (the H200's tiles) or ``"portable"``."""
+
+    path: str
+    kernel: str = ""
+    splits: int = 1             # key ranges per (b, kv head): 1 writes o directly, more add the merge launch
+    block_m: int = 16           # query rows per program (G·Sq rounded up to a power of two, >= 16)
+    row_blocks: int = 1         # programs along the rows of one (b, kv head)
+    block_n: int = 64
+    block_d: int = 16
+    num_warps: int = 4
+    num_stages: int = 2
+    merge_rows: int = 16        # rows per merge program
+    merge_warps: int = 4
+    fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
+
+    @property
+    def programs(self) -> int:
+        return self.splits * self.row_blocks
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Overrides of :func:`decode_plan`'s choices (tests, tools); None leaves one to the plan. An unknown knob is a
+    TypeError (``Knobs.of`` goes through ``dataclasses.replace``)."""
+
+    splits: int | None = None
+    block_n: int | None = None
+    block_m: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    merge_rows: int | None = None
+
+    @staticmethod
+    def of(**overrides) -> Knobs:
+        return dataclasses.replace(NO_KNOBS, **overrides)
+
+
+NO_KNOBS = Knobs()
+TORCH_PLAN = Plan("torch")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tiles_for(target: Target) -> Tiles:
+    if target.interpret:
+        return INTERPRETED
+    return SM90 if target.sm90 else PORTABLE
+
+
+def num_splits_heuristic(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, tiles: Tiles) -> int:
+    """Key splits per (b, kv head, row block): 1 where those programs already fill the GPU; else the fewest
+    splits whose programs fill their last wave nearly as well as the best count does, each split streaming at
+    least MIN_TILES_PER_SPLIT tiles of s_max, at most MAX_SPLITS.
+
+    ``slots`` = programs_per_sm · sm_count programs run at once (a 4-warp decode program alone does not saturate
+    an SM's memory pipe); efficiency of n programs = (n / slots) / ceil(n / slots), as flash-attention's
+    num_splits_heuristic."""
+    units = max(B * Hkv * row_blocks, 1)
+    slots = max(tiles.programs_per_sm * sm_count, 1)
+    if 5 * units >= 4 * slots:          # >= 80 % of a wave without splitting
+        return 1
+    most = max(1, min(MAX_SPLITS, _cdiv(s_max, tiles.block_n * MIN_TILES_PER_SPLIT)))
+
+    def eff(s):
+        waves = units * s / slots
+        return waves / _cdiv(units * s, slots)
+
+    best = max(eff(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if eff(s) >= WAVE_EFFICIENCY * best)
+
+
+def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
+    """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
+    tiles = tiles_for(target)
+    rows = p.group * p.Sq
+    block_m = knobs.block_m or max(16, min(pow2(rows), tiles.max_rows))
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"decode_plan: block_m must be a power of two >= 16, got {block_m}")
+    row_blocks = _cdiv(rows, block_m)
+    block_d = max(16, pow2(p.D))
+    # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
+    block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
+    tiles = dataclasses.replace(tiles, block_n=block_n)
+    splits = knobs.splits or num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
+    if not 1 <= splits <= 4096:
+        raise ValueError(f"decode_plan: splits must be in [1, 4096], got {splits}")
+    num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
+    stages = knobs.num_stages or tiles.num_stages
+    merge_rows = knobs.merge_rows or 16
+    return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
+                num_warps, stages, merge_rows, 4, not target.interpret)
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """``merge_attention_states``: rows per program, columns per step, warps."""
+
+    path: str
+    block_r: int = 0
+    block_d: int = 0
+    num_warps: int = 4
+    fast: bool = True
+
+
+MERGE_TILE = 4096           # elements of o per program step (rows × columns): 8 KB of bf16 per input
+
+
+def merge_plan(N: int, D: int, target: Target) -> MergePlan:
+    """The two-state merge for N rows of D on ``target``: the same portable kernel everywhere."""
+    block_d = min(max(16, pow2(D)), 256)
+    block_r = max(1, min(MERGE_TILE // block_d, pow2(N)))
+    return MergePlan("triton", block_r, block_d, 4, not target.interpret)

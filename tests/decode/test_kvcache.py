@@ -1,0 +1,202 @@
+"""attention_with_kvcache against the fp64 reference: the torch path at many shapes, the split-KV kernels under the
+interpreter at tiny ones (dense / paged, NaN in unused slots and pages, lengths 0 / 1 / odd / full, Sq 1-16,
+GQA 1 / 4 / 8, window, softcap, strided caches, forced split counts); plans through ``explain``."""
+
+import dataclasses
+
+import pytest
+import torch
+from decode_inputs import assert_matches, make_cache
+
+import onlinesoftmax as oss
+from onlinesoftmax.decode import explain
+from onlinesoftmax.decode.plan import MAX_SPLITS, Knobs, Problem, decode_plan, num_splits_heuristic, tiles_for
+from onlinesoftmax.reference import decode as ref
+from onlinesoftmax.target import A100, H200, INTERPRETER, L4
+
+CPU = torch.device("cpu")
+
+
+def _run(q, k, v, lens, table, backend, plan=None, **kw):
+    if plan is not None:        # the kernels with a forced plan (split counts, tiles)
+        from onlinesoftmax.decode.launch import attention_split_kv
+
+        left, right = kw.get("window") or (-1, -1)
+        return attention_split_kv(q, k, v, lens, table, kw.get("causal", True), kw.get("scale") or q.shape[-1] ** -0.5,
+                                  left, right, kw.get("softcap") or 0.0, plan)
+    return oss.attention_with_kvcache(q, k, v, lens, block_table=table, return_lse=True, backend=backend, **kw)
+
+
+def _check(B, H, Hkv, Sq, D, lens, s_max, dtype, device, backend, page=0, strided=False, knobs=None, **kw):
+    k, v, sl, table = make_cache(B, Hkv, D, lens, s_max, dtype, device, page=page, strided=strided)
+    q = torch.randn(B, H, Sq, D, device=device).to(dtype)
+    plan = explain(q, k, v, sl, block_table=table, backend="triton", knobs=knobs) if knobs else None
+    o, lse = _run(q, k, v, sl, table, backend, plan, **kw)
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (B, H, Sq) and lse.dtype == torch.float32
+    ro, rl = ref.attention_with_kvcache(q, k, v, sl, table, **kw)
+    lowp = 0.0
+    if dtype != torch.float32:      # the eager result in q's dtype errs this much against fp64
+        lowp = (ro.to(dtype).double() - ro).abs().max().item()
+    assert_matches(o, lse, ro, rl, dtype, lowp)
+
+
+# ---- the torch path -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("page", [0, 1, 16, 256])
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("Sq", [1, 3, 16])
+def test_torch_path(page, H, Hkv, Sq):
+    lens = [0, 1, 37, 300] if Sq == 1 else [Sq, Sq + 5, 300, 41]
+    _check(4, H, Hkv, Sq, 32, lens, 300, torch.float32, CPU, "torch", page=page)
+
+
+@pytest.mark.parametrize("kw", [dict(window=(7, -1)), dict(window=(3, 2), causal=False), dict(window=(0, 0)),
+                                dict(softcap=1.5), dict(causal=False), dict(scale=0.3),
+                                dict(window=(5, -1), softcap=2.0)])
+def test_torch_path_options(kw):
+    _check(3, 8, 2, 4, 16, [4, 50, 130], 130, torch.float32, CPU, "torch", page=16, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_path_half(dtype):
+    _check(2, 8, 2, 2, 64, [9, 200], 256, dtype, CPU, "torch", page=16, strided=True)
+
+
+def test_sq_above_length_rows_empty():
+    """Sq > cache_seqlens[b] (an invalid call) leaves the rows with no key at 0 / -inf, not NaN."""
+    _check(2, 4, 2, 5, 16, [3, 0], 8, torch.float32, CPU, "torch")
+
+
+# ---- the split-KV kernels (interpreter on CPU) ---------------------------------------------------------------
+KERNEL_CASES = [
+    # B, H, Hkv, Sq, D, lens, s_max, page, splits, kw
+    (3, 4, 4, 1, 32, [0, 1, 45], 45, 0, None, {}),
+    (2, 8, 2, 1, 32, [70, 33], 70, 0, 3, {}),
+    (2, 8, 1, 4, 16, [70, 9], 72, 16, 2, {}),
+    (2, 4, 1, 16, 16, [16, 40], 40, 1, None, {}),
+    (1, 8, 2, 3, 24, [77], 96, 32, 4, dict(window=(10, -1))),
+    (2, 4, 2, 2, 16, [60, 31], 64, 0, 2, dict(softcap=3.0, window=(8, 1), causal=False)),
+    (2, 4, 4, 1, 64, [100, 5], 256, 256, 2, {}),
+    (1, 2, 1, 1, 16, [0], 16, 0, 2, {}),
+]
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}Sq{c[3]}p{c[7]}s{c[8]}")
+def test_kernel(case, kernel_device):
+    B, H, Hkv, Sq, D, lens, s_max, page, splits, kw = case
+    _check(B, H, Hkv, Sq, D, lens, s_max, torch.float32, kernel_device, "triton", page=page,
+           knobs=Knobs.of(splits=splits) if splits else None, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_half_strided(dtype, kernel_device):
+    _check(2, 8, 2, 2, 32, [50, 17], 64, dtype, kernel_device, "triton", strided=True, knobs=Knobs.of(splits=2))
+    _check(2, 8, 2, 1, 32, [50, 17], 64, dtype, kernel_device, "triton", page=16, strided=True,
+           knobs=Knobs.of(splits=3))
+
+
+def test_kernel_rows_over_blocks(kernel_device):
+    """G·Sq = 32 rows > the interpreter's 16-row blocks: two row blocks per kv head."""
+    _check(1, 8, 1, 4, 16, [40], 40, torch.float32, kernel_device, "triton", knobs=Knobs.of(splits=2))
+
+
+def test_kernel_strided_q_and_sq_one_size_one(kernel_device):
+    """q from a [B, Sq, H, D] buffer; every size 1 where it can be (Triton specialises 1)."""
+    dev = kernel_device
+    k, v, sl, _ = make_cache(1, 1, 16, [1], 1, torch.float32, dev)
+    q = torch.randn(1, 1, 1, 16, device=dev)
+    o, lse = oss.attention_with_kvcache(q, k, v, sl, return_lse=True, backend="triton")
+    ro, rl = ref.attention_with_kvcache(q, k, v, sl)
+    assert_matches(o, lse, ro, rl, torch.float32)
+    k, v, sl, _ = make_cache(2, 2, 32, [20, 9], 24, torch.float32, dev)
+    q = torch.randn(2, 3, 8, 32, device=dev).transpose(1, 2)
+    o, lse = oss.attention_with_kvcache(q, k, v, sl, return_lse=True, backend="triton")
+    ro, rl = ref.attention_with_kvcache(q, k, v, sl)
+    assert_matches(o, lse, ro, rl, torch.float32)
+
+
+def test_return_and_defaults():
+    k, v, sl, _ = make_cache(1, 2, 16, [5], 8, torch.float32, CPU)
+    q = torch.randn(1, 2, 1, 16)
+    o = oss.attention_with_kvcache(q, k, v, sl)
+    assert isinstance(o, torch.Tensor) and o.shape == q.shape
+
+
+def test_errors():
+    k, v, sl, table = make_cache(2, 2, 16, [5, 6], 16, torch.float32, CPU, page=4)
+    q = torch.randn(2, 4, 1, 16)
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        oss.attention_with_kvcache(q, k, v, sl.long(), block_table=table)
+    with pytest.raises(TypeError, match="block_table"):
+        oss.attention_with_kvcache(q, k, v, sl, block_table=table.long())
+    with pytest.raises(ValueError, match="multiple"):
+        oss.attention_with_kvcache(torch.randn(2, 3, 1, 16), k, v, sl, block_table=table)
+    with pytest.raises(TypeError, match="window"):
+        oss.attention_with_kvcache(q, k, v, sl, block_table=table, window=5)
+    with pytest.raises(TypeError, match="dtype"):
+        oss.attention_with_kvcache(q.half(), k, v, sl, block_table=table)
+    with pytest.raises(ValueError, match="backend"):
+        oss.attention_with_kvcache(q, k, v, sl, block_table=table, backend="cuda")
+
+
+def test_compile_fullgraph():
+    k, v, sl, table = make_cache(2, 2, 16, [5, 9], 16, torch.float32, CPU, page=4)
+    q = torch.randn(2, 4, 2, 16)
+    f = torch.compile(lambda *a: oss.attention_with_kvcache(*a[:4], block_table=a[4], return_lse=True),
+                      fullgraph=True, backend="aot_eager")
+    o, lse = f(q, k, v, sl, table)
+    ro, rl = oss.attention_with_kvcache(q, k, v, sl, block_table=table, return_lse=True)
+    torch.testing.assert_close(o, ro)
+    torch.testing.assert_close(lse, rl)
+
+
+# ---- plans ----------------------------------------------------------------------------------------------------
+def _meta(B, H, Hkv, Sq, D, S, page=0, dtype=torch.bfloat16):
+    q = torch.empty(B, H, Sq, D, dtype=dtype, device="meta")
+    if page:
+        k = torch.empty(B * -(-S // page), Hkv, page, D, dtype=dtype, device="meta")
+        table = torch.empty(B, -(-S // page), dtype=torch.int32, device="meta")
+    else:
+        k, table = torch.empty(B, Hkv, S, D, dtype=dtype, device="meta"), None
+    return q, k, k, torch.empty(B, dtype=torch.int32, device="meta"), table
+
+
+def test_plans_per_target():
+    q, k, v, sl, _ = _meta(1, 32, 8, 1, 128, 131072)
+    p = explain(q, k, v, sl, target=H200)
+    assert (p.path, p.kernel) == ("split_kv", "sm90") and p.splits > 1 and p.block_m == 16
+    for t in (A100, L4):
+        assert explain(q, k, v, sl, target=t).kernel == "portable"
+    assert explain(q, k, v, sl, target=INTERPRETER).fast is False
+    cpu = [torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v, sl)]
+    assert explain(*cpu).path == "torch"
+
+
+def test_split_count_from_shapes_only():
+    """Many (b, kv head) programs: no split; one long sequence: many; bounded; only shapes enter the plan."""
+    big = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200)
+    assert big.splits == 1
+    long = explain(*_meta(1, 32, 8, 1, 128, 131072)[:4], target=H200)
+    assert 1 < long.splits <= MAX_SPLITS
+    short = explain(*_meta(1, 32, 8, 1, 128, 64)[:4], target=H200)
+    assert short.splits == 1                  # one tile: nothing to split
+    paged = explain(*_meta(1, 32, 8, 1, 128, 131072, page=16)[:4], block_table=_meta(1, 32, 8, 1, 128, 131072,
+                                                                                       page=16)[4], target=H200)
+    assert paged.splits == long.splits
+    tiles = tiles_for(H200)
+    for B in (1, 2, 4, 8, 16, 64):
+        for S in (1024, 32768, 131072):
+            s = num_splits_heuristic(B, 8, 1, S, H200.sm_count, tiles)
+            assert 1 <= s <= MAX_SPLITS
+            assert s <= max(1, -(-S // (tiles.block_n * 4)))
+
+
+def test_knobs():
+    p = Problem(1, 8, 2, 1, 64, 1000)
+    assert decode_plan(p, H200, Knobs.of(splits=7)).splits == 7
+    with pytest.raises(TypeError):
+        Knobs.of(split=7)
+    with pytest.raises(ValueError):
+        decode_plan(p, H200, Knobs.of(block_m=24))
+    assert dataclasses.is_dataclass(decode_plan(p, H200))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decode_plan(p, H200).splits = 3
