@@ -19,6 +19,7 @@ def run_py(code: str, **env):
 def test_import_does_not_load_triton_or_cuda():
     r = run_py("import sys, onlinesoftmax, torch\n"
                "assert 'triton' not in sys.modules, 'triton imported eagerly'\n"
+               "assert 'transformers' not in sys.modules, 'transformers imported eagerly'\n"
                "assert not torch.cuda.is_initialized()\n"
                "print('ok')")
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,108 @@
+"""transformers models on onlinesoftmax's attention and loss: small random-weight configs built with from_config (no
+download), on the CPU (the torch backend) and on the GPU (the Triton kernels, bf16)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from onlinesoftmax.integrations import transformers as osst  # noqa: E402
+
+osst.register()
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(rtol=2e-4, atol=2e-4) if DEV == "cpu" else dict(rtol=3e-3, atol=3e-3)     # TF32 matmuls on the GPU
+
+
+def _configs():
+    common = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, attention_dropout=0.0, head_dim=16)
+    return {
+        "llama": transformers.LlamaConfig(**common),
+        "mistral": transformers.MistralConfig(**common, sliding_window=5),
+        "gemma2": transformers.Gemma2Config(**common, sliding_window=5, attn_logit_softcapping=20.0,
+                                            final_logit_softcapping=15.0, query_pre_attn_scalar=16),
+    }
+
+
+def _model(name, impl, dtype=torch.float32):
+    torch.manual_seed(0)
+    cfg = _configs()[name]
+    m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, torch_dtype=dtype)
+    return m.to(DEV).eval()
+
+
+def _batch(padded: bool):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 211, (3, 13), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :4] = 0                     # left padding
+        mask[2, :1] = 0
+    return ids.to(DEV), mask.to(DEV)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_logits_match_eager_and_sdpa(name, padded):
+    ids, mask = _batch(padded)
+    ours = _model(name, "onlinesoftmax")
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask).logits
+        for impl in ("eager",) + (("sdpa",) if name != "gemma2" else ()):        # SDPA has no softcap
+            want = _model(name, impl)(ids, attention_mask=mask).logits
+            keep = mask.bool()                                                # padded positions are not compared
+            torch.testing.assert_close(got[keep], want[keep], **TOL)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+def test_generate_greedy_is_identical(name):
+    ids, mask = _batch(True)
+    out = {}
+    for impl in ("onlinesoftmax", "eager"):
+        m = _model(name, impl)
+        out[impl] = m.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    torch.testing.assert_close(out["onlinesoftmax"], out["eager"])
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_causal_lm_loss_and_gradients(name, padded):
+    ids, mask = _batch(padded)
+    # a left-padded row's first real token is predicted from a padding position, whose hidden state depends on
+    # what each implementation does with a query row that attends nothing: that label is left out
+    first = mask.argmax(-1)
+    labels = ids.masked_fill(mask == 0, -100).scatter(-1, first[:, None], -100)
+    ref = _model(name, "eager").train()
+    mine = _model(name, "onlinesoftmax").train()
+    want = ref(ids, attention_mask=mask, labels=labels).loss
+    got = osst.causal_lm_loss(mine, ids, labels, attention_mask=mask)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    want.backward()
+    got.backward()
+    for (n, a), (_, b) in zip(mine.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=2e-3, atol=2e-5, msg=n)
+
+
+def test_dropout_in_training_is_refused():
+    m = _model("llama", "onlinesoftmax").train()
+    for layer in m.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    ids, mask = _batch(False)
+    with pytest.raises(ValueError, match="dropout"):
+        m(ids, attention_mask=mask)
+
+
+def test_unexpressible_mask_falls_back_to_sdpa_with_a_warning():
+    m = _model("llama", "onlinesoftmax")
+    ids, _ = _batch(False)
+    mask4 = torch.ones(3, 1, 13, 13, dtype=torch.bool, device=DEV)        # bidirectional: not causal
+    mask4[:, :, :, 5] = False
+    q = torch.randn(3, 4, 13, 16, device=DEV)
+    k = torch.randn(3, 2, 13, 16, device=DEV)
+    attn = m.model.layers[0].self_attn
+    osst._warned.clear()
+    with pytest.warns(UserWarning, match="SDPA instead"):
+        o, _ = osst.attention_forward(attn, q, k, k, mask4, scaling=0.25)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), k.repeat_interleave(2, 1),
+                                                           attn_mask=mask4, scale=0.25)
+    torch.testing.assert_close(o, ref.transpose(1, 2))
