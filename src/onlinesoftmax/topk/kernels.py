@@ -453,7 +453,7 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     if OUT_STATE:
         buf = (out_ptr + 4 * BP).to(tl.pointer_type(tl.int64)) + pid.to(tl.int64) * CAP
     else:
-        buf = slots + BS.to(tl.int64) * CAP + row.to(tl.int64) * CAP
+        buf = slots + tl.cast(BS, tl.int64) * CAP + row.to(tl.int64) * CAP   # BS == 1: a constexpr int
     if W < CAP:
         # stage 1 bounded each chunk by its KB-th largest column maximum (KB < k): chunk c stores every element
         # >= t_c, or (exact path, step 0) its top k. If every chunk's n_c <= W (the tile holds them all) and

@@ -125,7 +125,7 @@ def topk_plan(B: int, V: int, k: int, esize: int, target: Target, knobs: Knobs =
     tile = knobs.merge_tile or MERGE_TILE
     fast = not target.interpret
     if path is not None and path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        raise ValueError(f"topk_plan: path must be one of {PATHS}, got {path!r}")
     kp = max(MIN_KP, pow2(k))
     if kp > MAX_FUSED_K or path == "sort":
         return Plan("sort", kp=kp)

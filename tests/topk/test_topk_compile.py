@@ -1,0 +1,78 @@
+"""Every top-k kernel compiles for sm_90a when any size or stride is 1 (no GPU needed: Triton's ptxas).
+
+Triton specialises an integer argument equal to 1 into a constant (a Python int in the kernel's body, with no
+``.to``): ``buf = slots + BS.to(tl.int64) * ...`` failed to compile for one row (BS = B·S = 1), so
+``softmax_topk`` of a 1 x 3 row with k = 2 crashed on the GPU. The launches of ``topk/launch.py:_launches`` are
+compiled as a real launch specialises them (``tools/compiler_report.py:compile_launch``), for B, V, k in {1, 2, 3}
+with contiguous, transposed and unit strides, and for plans with the two-level merge, the exact path apart, the
+narrow merge and 3-bit bisection at B = 1 (k = 1 or 3). The goal shapes at B = 1 are in the compiler report.
+
+In a child process: under TRITON_INTERPRET=1 (CI) the kernels are interpreter objects, which do not compile.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import onlinesoftmax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PROBE = r"""
+import itertools, json, sys
+import torch
+import compiler_report as CR
+from onlinesoftmax.target import H200
+from onlinesoftmax.topk import launch as TL
+from onlinesoftmax.topk import plan as tp
+
+seen, failed = {}, []
+
+
+def compile_plan(plan, B, V, k, stride_b, stride_v):
+    x = CR._meta((B, V), torch.float32)
+    ws, ws2 = CR._meta((1 << 22,), torch.int32), CR._meta((1 << 20,), torch.int32)
+    out = (CR._meta((B, k), torch.float32), CR._meta((B, k), torch.int64), CR._meta((B,), torch.float32))
+    for kernel, args in TL._launches(plan, B, V, k, stride_b, stride_v):
+        a = args(x, ws, ws2, out)
+        key = CR._key(kernel.fn, kernel.meta, a)    # the same specialisation compiles once
+        if key in seen:
+            continue
+        try:
+            seen[key] = CR.compile_launch(kernel.fn, a, kernel.meta, 90)
+        except Exception as e:
+            seen[key] = None
+            failed.append(f"{kernel.fn.__name__} B={B} V={V} k={k} strides=({stride_b}, {stride_v}) {plan}: "
+                          f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
+
+
+for B, V, k in itertools.product((1, 2, 3), repeat=3):
+    if k <= V:
+        for strides in ((V, 1), (1, B), (1, 1)):
+            compile_plan(tp.topk_plan(B, V, k, 4, H200), B, V, k, *strides)
+for k, knobs in ((1, dict(tree=2, exact_apart=True)), (1, dict(tree=2)), (3, dict(kb=2, width=8, peel=0)),
+                 (3, dict(kb=2, width=8, peel=2)), (1, dict(radix=3))):
+    plan = tp.topk_plan(1, 300, k, 4, H200, tp.Knobs.of(block=128, **knobs))
+    compile_plan(plan, 1, 300, k, 300, 1)
+print(json.dumps(dict(compiled=len(seen), failed=failed)))
+"""
+
+
+@pytest.mark.slow
+def test_topk_kernels_compile_with_unit_sizes_and_strides():
+    pytest.importorskip("triton")
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("Triton's NVIDIA backend (ptxas) is not installed")
+    src = os.path.dirname(os.path.dirname(onlinesoftmax.__file__))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([src, os.path.join(ROOT, "tools"), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["compiled"] >= 30 and not out["failed"], "\n".join(out["failed"])
