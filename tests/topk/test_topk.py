@@ -505,7 +505,7 @@ def test_gpu_matches_reference(V, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("over", [{"radix": 0}, {"radix": 0, "maxnreg": 144},
+@pytest.mark.parametrize("over", [{"radix": 0, "kb": 0, "width": 0}, {"radix": 0, "kb": 0, "width": 0, "maxnreg": 144},
                                   {"radix": 0, "kb": 8, "width": 32, "peel": 0},
                                   {"radix": 0, "kb": 8, "width": 32, "peel": 8}])
 def test_gpu_stage1_bisect_and_narrow(over):

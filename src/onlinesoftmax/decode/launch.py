@@ -66,7 +66,7 @@ def attention_split_kv(q, k, v, seqlens, block_table, causal: bool, scale: float
                                                           (R * plan.splits, torch.float32)), zeroed=0)
     kv((q, k, v, seqlens, bt, o, lse, part_o, part_lse, *head), check, q.device)
     bound, margs = merge
-    bound((part_o, part_lse, o, lse, *margs), (), q.device)
+    bound((part_o, part_lse, o, lse, *margs), (o,), q.device)     # o: q's dtype, which the cache key leaves out
     return o, lse
 
 
