@@ -441,3 +441,20 @@ def test_gpu_varlen(dtype):
     lens = [1000, 0, 3000, 17, 4000, 1, 2500, 1575]
     check_varlen(lens, lens, 8, 2, 128, "triton", dtype, causal=True)
     check_varlen(lens, lens[::-1], 8, 8, 64, "triton", dtype, window=(200, 10))
+
+
+@pytest.mark.parametrize("Sq,causal,window", [(1, True, None), (3, True, None), (4, False, None), (16, True, (300, 0))])
+def test_few_queries_over_many_keys_run_the_decode_kernels(kernel_device, Sq, causal, window):
+    """Sq <= 16 over Sk >= 2048 keys without a gradient: the decode family's split-KV kernels (explain says so),
+    the same result as the torch path; with a gradient the attention kernels."""
+    g = torch.Generator().manual_seed(Sq)
+    q = torch.randn(1, 4, Sq, 16, generator=g).to(kernel_device)
+    k = torch.randn(1, 2, 2048, 16, generator=g).to(kernel_device)
+    v = torch.randn(1, 2, 2048, 16, generator=g).to(kernel_device)
+    assert explain(q, k, v, causal=causal, window=window, backend="triton").decode
+    assert not explain(q, k[:, :, :1000], v[:, :, :1000], causal=causal, backend="triton").decode
+    o, lse = oss.attention(q, k, v, causal=causal, window=window, return_lse=True, backend="triton")
+    ro, rl = oss.attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), causal=causal, window=window,
+                           return_lse=True, backend="torch")
+    torch.testing.assert_close(o.double().cpu(), ro, rtol=2e-4, atol=2e-5)
+    torch.testing.assert_close(lse.double().cpu(), rl.double(), rtol=2e-5, atol=2e-5)

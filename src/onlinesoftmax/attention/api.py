@@ -14,7 +14,7 @@ import torch
 from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from ..target import target_of
-from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, plan_attention
+from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, decode_dispatch, plan_attention
 
 __all__ = ["attention", "attention_varlen", "explain"]
 
@@ -469,10 +469,28 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
     if backend == "torch":
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
+    elif _decode_call(q, k, v):
+        from ..decode.api import attention_with_kvcache
+
+        seqlens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
+        o, lse = attention_with_kvcache(q, k, v, seqlens, causal=causal, scale=scale, window=window,
+                                        softcap=softcap, return_lse=True, backend="triton")
     else:
         o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right,
                                                        float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
+
+
+def _decode_call(q, k, v) -> bool:
+    """Eager calls that need no gradient, with few query rows over many keys (plan.decode_dispatch), run the split-KV
+    decode kernels (``onlinesoftmax.attention_with_kvcache`` over the whole of k and v). Under torch.compile or
+    autograd the attention op runs as before."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                      or v.requires_grad)):
+        return False
+    return decode_dispatch(Problem(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
+                                   str(q.dtype).replace("torch.", ""),
+                                   False, (-1, -1), False))
 
 
 _VOP = "onlinesoftmax.attention_varlen"

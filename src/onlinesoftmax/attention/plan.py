@@ -90,6 +90,19 @@ class AttentionPlan:
     problem: Problem
     forward: ForwardPlan | None
     backward: BackwardPlan | None
+    decode: bool = False    # a call without a gradient runs the split-KV decode kernels (decode_dispatch)
+
+
+# A few query rows over many keys: one program per (batch, head, query block) leaves the GPU idle; the decode
+# family's split-KV kernels cut the keys across programs and merge their (o, lse).
+DECODE_MAX_SQ = 16
+DECODE_MIN_SK = 2048
+
+
+def decode_dispatch(p: Problem) -> bool:
+    """The forward runs the decode family's split-KV kernels: Sq <= DECODE_MAX_SQ query rows over at least
+    DECODE_MIN_SK keys (and no more queries than keys), D <= 256."""
+    return p.Sq <= DECODE_MAX_SQ and p.Sk >= max(DECODE_MIN_SK, p.Sq) and p.D <= 256
 
 
 # ---- the forward ------------------------------------------------------------------------------------------
@@ -147,4 +160,5 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
 def plan_attention(p: Problem, target: Target, backend: str, knobs: Knobs = Knobs()) -> AttentionPlan:
     if backend == "torch":
         return AttentionPlan("torch", p, None, None)
-    return AttentionPlan("triton", p, plan_forward(p, target, knobs), plan_backward(p, target, knobs))
+    return AttentionPlan("triton", p, plan_forward(p, target, knobs), plan_backward(p, target, knobs),
+                         decode_dispatch(p))
