@@ -48,6 +48,16 @@ def _relation(qc: int, kc: int, causal: bool) -> str | None:
     return "causal" if kc == qc else None
 
 
+def _block_pairs(layout: str, rank: int, src: int, P: int, S_r: int, causal: bool):
+    """(query slice, key slice, causal) of every chunk pair of this rank's queries and rank ``src``'s keys that
+    attends anything."""
+    for qs, qc in _chunks(layout, rank, P, S_r):
+        for ks, kc in _chunks(layout, src, P, S_r):
+            rel = _relation(qc, kc, causal)
+            if rel is not None:
+                yield qs, ks, rel == "causal"
+
+
 class _Transfer:
     """A tensor sent to rank + 1 and the next one received from rank − 1, in flight while the caller computes.
     gloo moves CPU tensors: CUDA tensors on a gloo group travel through host copies."""
@@ -107,21 +117,15 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, scale, layout, group, backend):
         rank, P = world(group)
         B, H, S_r, D = q.shape
-        qchunks = _chunks(layout, rank, P, S_r)
         o = torch.zeros(B, H, S_r, v.shape[-1], device=q.device, dtype=torch.float32)
         lse = torch.full((B, H, S_r), float("-inf"), device=q.device, dtype=torch.float32)
         kv = torch.stack([k, v])
         for step in range(P):
             src = (rank - step) % P
             nxt = _Transfer(kv, group) if step < P - 1 else None
-            for qs, qc in qchunks:
-                for ks, kc in _chunks(layout, src, P, S_r):
-                    rel = _relation(qc, kc, causal)
-                    if rel is None:
-                        continue
-                    ob, lb = _block_fwd(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], rel == "causal", scale,
-                                        backend)
-                    o[:, :, qs], lse[:, :, qs] = _merge(o[:, :, qs], lse[:, :, qs], ob, lb)
+            for qs, ks, diag in _block_pairs(layout, rank, src, P, S_r, causal):
+                ob, lb = _block_fwd(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], diag, scale, backend)
+                o[:, :, qs], lse[:, :, qs] = _merge(o[:, :, qs], lse[:, :, qs], ob, lb)
             if nxt is not None:
                 kv = nxt.wait()
         out = o.to(q.dtype)
@@ -136,23 +140,18 @@ class _RingAttention(torch.autograd.Function):
         causal, scale, layout, group, backend = ctx.args
         rank, P = world(group)
         S_r = q.shape[2]
-        qchunks = _chunks(layout, rank, P, S_r)
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         kv = torch.stack([k, v])
         dkv = torch.zeros(kv.shape, device=q.device, dtype=torch.float32)
         for step in range(P):
             src = (rank - step) % P
             nxt = _Transfer(kv, group) if step < P - 1 else None
-            for qs, qc in qchunks:
-                for ks, kc in _chunks(layout, src, P, S_r):
-                    rel = _relation(qc, kc, causal)
-                    if rel is None:
-                        continue
-                    gq, gk, gv = _block_bwd(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], o[:, :, qs],
-                                            lse[:, :, qs], do[:, :, qs], rel == "causal", scale, backend)
-                    dq[:, :, qs] += gq
-                    dkv[0][:, :, ks] += gk
-                    dkv[1][:, :, ks] += gv
+            for qs, ks, diag in _block_pairs(layout, rank, src, P, S_r, causal):
+                gq, gk, gv = _block_bwd(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], o[:, :, qs], lse[:, :, qs],
+                                        do[:, :, qs], diag, scale, backend)
+                dq[:, :, qs] += gq
+                dkv[0][:, :, ks] += gk
+                dkv[1][:, :, ks] += gv
             dkv = _Transfer(dkv, group).wait()        # on to the next rank: after P passes, home
             if nxt is not None:
                 kv = nxt.wait()
