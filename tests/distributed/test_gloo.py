@@ -53,3 +53,22 @@ def test_distributed_gloo_shared_gpu(P):
     """Several processes sharing the one GPU over gloo: the same checks on CUDA tensors (bf16 ring attention on the
     Triton kernels)."""
     run_ranks(P, ("check_vocab", "check_ring"), device="cuda")
+
+
+def test_bench_distributed_suite_on_cpu():
+    """`onlinesoftmax bench distributed --device cpu`: 2 gloo processes time the vocabulary-parallel loss against
+    gathering the logits, and the two ring layouts; every row has a time and the bytes it receives."""
+    import torch
+
+    from onlinesoftmax.bench.harness import BenchContext, run_case
+    from onlinesoftmax.bench.suites.distributed import suite
+
+    ctx = BenchContext(device=torch.device("cpu"), quick=True)
+    cases = list(suite(ctx))
+    assert [c.group for c in cases] == ["ce", "ring"]
+    for case in cases:
+        rows = run_case("distributed", case, ctx, 1.0, {})
+        assert all(r.ok and r.ms > 0 for r in rows)
+        assert all(isinstance(r.info["bytes received per call"], int) for r in rows)
+    ce = {r.impl: r.info["bytes received per call"] for r in run_case("distributed", cases[0], ctx, 1.0, {})}
+    assert ce["vocab-parallel cross_entropy"] < ce["all_gather + F.cross_entropy"]

@@ -86,7 +86,8 @@ class Case:
     x: float | None = None      # x-axis value for the suite's plot (e.g. N)
     group: str = ""             # plot panel (e.g. "fp32, M*N = 64M")
     check: Callable | None = None   # check(out, peer_out): raise on mismatch; default torch.testing
-    timing: str = "device"      # "device": the op's time on the device; "host": host time per eager call
+    timing: str = "device"      # "device": the op's time on the device; "host": host time per eager call;
+                                # "given": impls map each name to a time in ms measured elsewhere
     impl_info: dict[str, dict] = field(default_factory=dict)   # impl -> extra columns, copied to Row.info
     unchecked: tuple[str, ...] = ()  # impls timed as a yardstick, not the op (e.g. a copy of x): output not checked
     # inputs [0..k) are read-only; outputs the op allocates itself are what the timing includes.
@@ -231,7 +232,8 @@ def _default_check(out, ref):
             torch.testing.assert_close(out, ref)
 
 
-def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dict) -> list[Row]:
+def _timed(case: Case, ctx: BenchContext) -> tuple[dict, list]:
+    """Check every implementation against the peer, then time it: {name: (ms, ok, note)}, names in order."""
     first = case.make_inputs()
     per_set = max(_tensor_bytes(first), 1)
     target = L2_ROTATION_FACTOR * cache_bytes(ctx.device)
@@ -241,7 +243,6 @@ def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dic
 
     peer_fn = case.impls[case.peer]
     peer_out = peer_fn(*sets[0])
-    rows, peer_ms = [], None
     names = [case.peer] + [n for n in case.impls if n != case.peer]
     results = {}
     for name in names:
@@ -267,6 +268,16 @@ def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dic
 
         ms = (host_ms if case.timing == "host" else time_ms)(call, ctx.device, ctx.quick)
         results[name] = (ms, ok, note)
+    return results, names
+
+
+def run_case(suite: str, case: Case, ctx: BenchContext, ceiling: float, env: dict) -> list[Row]:
+    if case.timing == "given":      # measured elsewhere (several processes, checks done there): impls hold the ms
+        names = [case.peer] + [n for n in case.impls if n != case.peer]
+        results = {n: (case.impls[n], True, "measured in the ranks' processes") for n in names}
+    else:
+        results, names = _timed(case, ctx)
+    rows = []
     peer_ms = results.get(case.peer, (None,))[0]
     for name in names:
         ms, ok, note = results[name]
