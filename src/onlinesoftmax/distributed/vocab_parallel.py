@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from .._checks import check_float_tensor
 from ..state import accumulation_dtype
+from ..topk.api import order_key
 from .state import gather_rows, local_state, merge_gathered, slices, world
 
 __all__ = ["TopK", "cross_entropy", "log_softmax", "logsumexp", "softmax", "softmax_topk"]
@@ -122,18 +123,6 @@ def logsumexp(x_shard: torch.Tensor, *, keepdim: bool = False, group=None) -> to
 
 
 # ---- softmax + top-k ---------------------------------------------------------------------------------------------
-_INT32_MASK = (1 << 32) - 1
-
-
-def _order_key(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """int64 keys whose descending order is (value descending, NaN highest, -0 == +0; then index ascending)."""
-    v = torch.where(values == 0, torch.zeros_like(values), values.float())
-    bits = v.view(torch.int32).to(torch.int64)
-    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)                       # signed order = float order
-    key = torch.where(torch.isnan(v), torch.full_like(key, 0x7FC00000), key)   # every NaN above +inf
-    return (key << 32) | (_INT32_MASK - index)
-
-
 def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     """The k largest probabilities of the full rows' softmax, their indices into the full vocabulary (ties to the
     lowest global index) and the rows' logsumexp, the same on every rank; ``k`` may exceed a shard's width.
@@ -152,7 +141,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     xf = x2.float()
     kl = min(k, w)
     idx = torch.arange(w, device=x2.device).expand(rows, w)
-    _, pos = torch.topk(_order_key(xf, idx), kl, dim=-1) if kl else (None, idx[:, :0])
+    _, pos = torch.topk(order_key(xf, idx), kl, dim=-1) if kl else (None, idx[:, :0])
     cand = torch.full((rows, k), float("-inf"), device=x2.device)
     cidx = torch.full((rows, k), total, dtype=torch.int64, device=x2.device)      # pads: after every real index
     cand[:, :kl] = xf.gather(-1, pos)
@@ -163,7 +152,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     m, d = merge_gathered(g_vals[:, :2])
     vals = g_vals[:, 2:].permute(2, 0, 1).reshape(rows, P * k)
     inds = g_idx.permute(2, 0, 1).reshape(rows, P * k)
-    _, best = torch.topk(_order_key(vals, inds), k, dim=-1)
+    _, best = torch.topk(order_key(vals, inds), k, dim=-1)
     top, top_i = vals.gather(-1, best), inds.gather(-1, best)
     p = torch.exp(top - m.unsqueeze(-1)) / d.unsqueeze(-1)                     # e^(x - m) / d: exact at large x
     p = torch.where(torch.isfinite(m).unsqueeze(-1), p, torch.full_like(p, float("nan")))

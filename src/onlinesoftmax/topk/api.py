@@ -101,12 +101,18 @@ def _first_k(xc: torch.Tensor, ent: torch.Tensor, k: int) -> torch.Tensor:
         ent, order = torch.sort(ent, dim=-1)
         vals = torch.sort(xc.gather(-1, order), dim=-1, descending=True, stable=True)
         return ent.gather(-1, vals[1][:, :k])
-    bits = xc.view(torch.int32)
+    return 0xFFFFFFFF - (torch.topk(order_key(xc, ent), k, dim=-1)[0] & 0xFFFFFFFF)
+
+
+def order_key(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose descending order is (value descending, NaN first, -0.0 == 0.0; then index ascending), every
+    entry distinct: an order-preserving int of the fp32 value's bits in the high 32 bits, the inverted index
+    (``index < 2^32``) in the low 32."""
+    bits = values.view(torch.int32)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = torch.where(xc == 0, 0, key)                  # -0.0 == 0.0
-    key = torch.where(torch.isnan(xc), 0x7FC00000, key)     # every NaN one key, above +inf
-    key = key.to(torch.int64) * (1 << 32) + (0xFFFFFFFF - ent)    # (key, -index): every entry distinct
-    return 0xFFFFFFFF - (torch.topk(key, k, dim=-1)[0] & 0xFFFFFFFF)
+    key = torch.where(values == 0, 0, key)                  # -0.0 == 0.0
+    key = torch.where(torch.isnan(values), 0x7FC00000, key)     # every NaN one key, above +inf
+    return key.to(torch.int64) * (1 << 32) + (0xFFFFFFFF - index)
 
 
 def _top_indices(xf: torch.Tensor, k: int) -> torch.Tensor:
