@@ -1,6 +1,7 @@
 """Context-parallel (ring) attention: each rank holds its part of the sequence of q, k and v, and the key/value
 blocks travel around the ring while each rank attends its queries to the block in hand; the partial (o, lse) of the
-blocks merge with ⊕ (o = o_a·e^(lse_a − lse) + o_b·e^(lse_b − lse), lse = logaddexp(lse_a, lse_b)).
+blocks merge with ⊕ (``onlinesoftmax.merge_attention_states``: o = o_a·e^(lse_a − lse) + o_b·e^(lse_b − lse),
+lse = logaddexp(lse_a, lse_b)).
 
 Layouts of a sequence of S positions over P ranks:
     "contiguous": rank r holds positions [r·S/P, (r+1)·S/P);
@@ -20,18 +21,10 @@ import torch
 import torch.distributed as dist
 
 from ..attention.api import attention as _attention
+from ..decode.api import merge_attention_states
 from .state import world
 
 __all__ = ["attention"]
-
-
-def _merge(o_a, lse_a, o_b, lse_b):
-    """(o, lse) ⊕ in fp32: exact when a side is empty (lse −inf); both empty → o = 0, lse = −inf."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isinf(lse) & (lse < 0), torch.zeros_like(lse), lse)
-    wa = torch.exp(lse_a - safe).nan_to_num(0.0)
-    wb = torch.exp(lse_b - safe).nan_to_num(0.0)
-    return o_a * wa.unsqueeze(-1) + o_b * wb.unsqueeze(-1), lse
 
 
 def _chunks(layout: str, rank: int, P: int, S_r: int):
@@ -125,7 +118,7 @@ class _RingAttention(torch.autograd.Function):
             nxt = _Transfer(kv, group) if step < P - 1 else None
             for qs, ks, diag in _block_pairs(layout, rank, src, P, S_r, causal):
                 ob, lb = _block_fwd(q[:, :, qs], kv[0][:, :, ks], kv[1][:, :, ks], diag, scale, backend)
-                o[:, :, qs], lse[:, :, qs] = _merge(o[:, :, qs], lse[:, :, qs], ob, lb)
+                o[:, :, qs], lse[:, :, qs] = merge_attention_states(o[:, :, qs], lse[:, :, qs], ob, lb)
             if nxt is not None:
                 kv = nxt.wait()
         out = o.to(q.dtype)
