@@ -114,6 +114,24 @@ def _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH: tl.constexpr, HAS_Z: tl.co
 
 
 @triton.jit
+def _fold_tile(X_row, W, start, cols, V, m, d, sz, softcap, EVICT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+               HAS_SMOOTH: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr):
+    """The tile of logits at ``start`` folded into the running (m, d) by ⊕ (and Σ w·z for smoothing): one read."""
+    mask = start + cols < V
+    x = tl.load(X_row + start + cols, mask=mask, other=0.0, eviction_policy=EVICT)
+    z = tl.where(mask, _softcapped(x.to(tl.float32), softcap, HAS_SOFTCAP, FAST), float("-inf"))
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    d = d * _alpha(m, m_new) + tl.sum(_exp(z - _shift(m_new), FAST), axis=0)
+    if HAS_SMOOTH:
+        if HAS_WEIGHT:
+            w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
+            sz += tl.sum(w * tl.where(mask, z, 0.0), axis=0)
+        else:
+            sz += tl.sum(tl.where(mask, z, 0.0), axis=0)
+    return m_new, d, sz
+
+
+@triton.jit
 def ce_row_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g, V, ignore_index,
                   eps, z_loss, softcap,
                   BLOCK: tl.constexpr, ONE_BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -167,18 +185,8 @@ def ce_row_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g
             d = 0.0
             sz = 0.0
             for start in range(0, V, BLOCK):
-                mask = start + cols < V
-                x = tl.load(X_row + start + cols, mask=mask, other=0.0, eviction_policy="evict_last")
-                z = tl.where(mask, _softcapped(x.to(tl.float32), softcap, HAS_SOFTCAP, FAST), float("-inf"))
-                m_new = tl.maximum(m, tl.max(z, axis=0))
-                d = d * _alpha(m, m_new) + tl.sum(_exp(z - _shift(m_new), FAST), axis=0)
-                m = m_new
-                if HAS_SMOOTH:
-                    if HAS_WEIGHT:
-                        w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
-                        sz += tl.sum(w * tl.where(mask, z, 0.0), axis=0)
-                    else:
-                        sz += tl.sum(tl.where(mask, z, 0.0), axis=0)
+                m, d, sz = _fold_tile(X_row, W, start, cols, V, m, d, sz, softcap, "evict_last", HAS_WEIGHT,
+                                      HAS_SMOOTH, HAS_SOFTCAP, FAST)
             lse = _lse(m, d)
             s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
             tl.store(LOSS + row, _row_loss(lse, zt, wt, sz, Wsum, eps, V, HAS_SMOOTH))
@@ -217,18 +225,8 @@ def ce_split_stats_kernel(X, stride_x, T, W, PM, PD, PS, V, ignore_index, softca
         sz = 0.0
         # 1. the chunk's state (m_c, d_c) (and Σ w·z for smoothing): CHUNK·bytes read
         for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
-            mask = start + cols < V
-            x = tl.load(X_row + start + cols, mask=mask, other=0.0)
-            z = tl.where(mask, _softcapped(x.to(tl.float32), softcap, HAS_SOFTCAP, FAST), float("-inf"))
-            m_new = tl.maximum(m, tl.max(z, axis=0))
-            d = d * _alpha(m, m_new) + tl.sum(_exp(z - _shift(m_new), FAST), axis=0)
-            m = m_new
-            if HAS_SMOOTH:
-                if HAS_WEIGHT:
-                    w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
-                    sz += tl.sum(w * tl.where(mask, z, 0.0), axis=0)
-                else:
-                    sz += tl.sum(tl.where(mask, z, 0.0), axis=0)
+            m, d, sz = _fold_tile(X_row, W, start, cols, V, m, d, sz, softcap, "", HAS_WEIGHT, HAS_SMOOTH,
+                                  HAS_SOFTCAP, FAST)
         tl.store(PM + row * C + c, m)
         tl.store(PD + row * C + c, d)
         tl.store(PS + row * C + c, sz)
