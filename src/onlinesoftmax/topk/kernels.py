@@ -93,14 +93,31 @@ def _exp2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _log2_rel(x, m2, FAST: tl.constexpr):
-    """``x·log2(e) − m2`` with one rounding: an FMA, so the term is exact relative to the row's reference even
-    when |x| is large (the interpreter emulates the FMA in fp64). Stage 1 and the merge use this same form."""
+def _log2_rel(x, c, m2, FAST: tl.constexpr):
+    """``x·c − m2`` (``c = log2(e) / T``) with one rounding: an FMA, so the term is exact relative to the row's
+    reference even when |x| is large (the interpreter emulates the FMA in fp64). Stage 1 and the merge use this
+    same form."""
     if FAST:
-        return tl.fma(x, LOG2E, -m2)
+        return tl.fma(x, c, -m2)
     else:
-        c = tl.full([], LOG2E, tl.float32).to(tl.float64)
-        return (x.to(tl.float64) * c - m2.to(tl.float64)).to(tl.float32)
+        return (x.to(tl.float64) * c.to(tl.float64) - m2.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _log2_scale(t_ptr, t_val, t_stride, row, T_MODE: tl.constexpr):
+    """``c = log2(e) / T`` for row ``row``, the temperature folded into the one read of x: ``T_MODE`` 0: T = 1;
+    1: the scalar ``t_val``; 2: ``t_ptr[row · t_stride]``. A T that is not finite and > 0 (0 is greedy, the
+    sampler's business) counts as 1 here: the probabilities of such a row are not used."""
+    if T_MODE == 0:
+        c = tl.full([], LOG2E, tl.float32)
+    else:
+        if T_MODE == 1:
+            t = tl.full([], t_val, tl.float32)
+        else:
+            t = tl.load(t_ptr + row.to(tl.int64) * t_stride).to(tl.float32)
+        ok = (t > 0.0) & (t < float("inf"))
+        c = tl.where(ok, LOG2E / tl.where(ok, t, 1.0), LOG2E)
+    return c
 
 
 @triton.jit
@@ -211,10 +228,10 @@ def _compact(slots_ptr, run, cnt, x, idx, t, win, EXACT: tl.constexpr, ASM: tl.c
                                                               0xFFFFFFFF), mask=win)
 
 
-@triton.jit
-def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
+@triton.jit(do_not_specialize=("k", "S", "BS", "t_val", "t_stride"))
+def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, t_ptr, t_val, t_stride,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
-                       RADIX: tl.constexpr, PEEL: tl.constexpr):
+                       RADIX: tl.constexpr, PEEL: tl.constexpr, T_MODE: tl.constexpr):
     """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at (``PEEL`` > 0: that rank
     among distinct column maxima, found by peeling)."""
     G: tl.constexpr = BLOCK // R
@@ -232,11 +249,13 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
     # a. chunk state in base 2: m2 = log2(e)·max x, d = Σ 2^(x·log2(e) − m2) = Σ e^(x − m). For m = ±inf, d is
     # taken relative to 0: (-inf, 0) is ⊕'s identity, (+inf, d) gives lse = +inf. A NaN anywhere makes d NaN
     # (and takes the exact path below).
+    # With a temperature T, base 2 means c = log2(e) / T in place of log2(e): (m, d) of x / T.
     gmax = tl.max(x, axis=0)                                               # [R] column maxima, in-thread
     m = tl.max(gmax)
-    m2 = m * LOG2E
+    c = _log2_scale(t_ptr, t_val, t_stride, row, T_MODE)
+    m2 = m * c
     m2_ref = tl.where((m2 == float("inf")) | (m2 == float("-inf")), 0.0, m2)
-    d = tl.sum(tl.sum(_exp2(_log2_rel(x, m2_ref, FAST), FAST), axis=0))
+    d = tl.sum(tl.sum(_exp2(_log2_rel(x, c, m2_ref, FAST), FAST), axis=0))
     # b. t <= the k-th largest column maximum <= the chunk's k-th largest key (columns with no element of
     # the row are padding)
     gkey = tl.where(start + tl.arange(0, R) < V, _key_of(gmax), INT32_MIN)
@@ -265,7 +284,7 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
 
 
 @triton.jit
-def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
+def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start, c,
                  BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
     """1d. Exact path of chunk ``pid`` (more than CAP candidates: sorted rows, long runs of ties; or a NaN, or
     fewer than k finite column maxima): the chunk's k first elements (key desc, index asc), re-read from x: the
@@ -276,7 +295,7 @@ def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
     mask = off < V - start
     x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
     keys = tl.where(mask, _key_of(x), INT32_MIN)
-    m2 = _value_of(tl.max(tl.max(keys, axis=0))) * LOG2E
+    m2 = _value_of(tl.max(tl.max(keys, axis=0))) * c
     idx = start + off
     win = _select(keys, idx, k, _kth_key(keys, k, 32)) & mask
     cnt = tl.sum(win.to(tl.int32), axis=0)
@@ -286,14 +305,16 @@ def _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, start,
     tl.store(ws_ptr + 2 * BS + pid, tl.sum(cnt))
 
 
-@triton.jit
-def _topk_exact_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS,
-                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr):
+@triton.jit(do_not_specialize=("k", "S", "BS", "t_val", "t_stride"))
+def _topk_exact_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, t_ptr, t_val, t_stride,
+                       BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, T_MODE: tl.constexpr):
     """1d as a launch of its own (``exact_apart``), one program per chunk, between stage 1 and the merge: the
     merge then carries none of the exact path's registers (its [G, R] tiles made the k = 1024 merge spill)."""
     pid = tl.program_id(0)
     if tl.load(ws_ptr + 2 * BS + pid) < 0:
-        _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, pid // S, pid, (pid % S) * BLOCK, BLOCK, R, CAP)
+        row = pid // S
+        _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, pid, (pid % S) * BLOCK,
+                     _log2_scale(t_ptr, t_val, t_stride, row, T_MODE), BLOCK, R, CAP)
 
 
 @triton.jit
@@ -400,11 +421,12 @@ def _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE: tl.constexpr
     return n, t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("k", "S", "BS", "GS", "NG", "t_val", "t_stride"))
 def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, ind_ptr, lse_ptr, k, S, BS, GS, NG,
+                       t_ptr, t_val, t_stride,
                        BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
                        CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr,
-                       W: tl.constexpr):
+                       W: tl.constexpr, T_MODE: tl.constexpr):
     """Program ``pid`` merges chunks ``[g·GS, g·GS + SC)`` of row ``pid // NG`` (g = pid % NG; S chunks per row in
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
     state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input.
@@ -420,6 +442,7 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
         c0 = 0
         SC = S
     base_s = row * S + c0
+    c = _log2_scale(t_ptr, t_val, t_stride, row, T_MODE)
     m_ptr = ws_ptr.to(tl.pointer_type(tl.float32))
     n_ptr = ws_ptr + 2 * BS + base_s
     so = tl.arange(0, SP)
@@ -427,10 +450,10 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     # 0. chunks stage 1 left to the exact path (n_c = -1), rare
     if EXACT:
         if tl.min(tl.load(n_ptr + so, mask=smask, other=0)) < 0:
-            for c in range(SC):
-                if tl.load(n_ptr + c, cache_modifier=".cg") < 0:
-                    _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, (c0 + c) * BLOCK,
-                                 BLOCK, R, CAP)
+            for j in range(SC):
+                if tl.load(n_ptr + j, cache_modifier=".cg") < 0:
+                    _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + j, (c0 + j) * BLOCK,
+                                 c, BLOCK, R, CAP)
             tl.debug_barrier()
     # 1. (m, d) = ⊕ over the S chunks, in base 2: m = max m_c, d = Σ d_c 2^(m_c − m)   (NaN in any chunk → NaN)
     mc = tl.load(m_ptr + base_s + so, mask=smask, other=float("-inf"), cache_modifier=".cg")
@@ -468,10 +491,10 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
             # t_c <= kh leaves out only keys < kh; one with t_c > kh is re-read for its exact top k. Then the
             # whole CAP slots of every chunk, from lo = kh (#{key >= kh} >= k still holds).
             kh = _kth_key(keys0, k, 32)
-            for c in range(SC):
-                if tl.load(ws_ptr + 3 * BS + base_s + c) > kh:
-                    _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + c, (c0 + c) * BLOCK,
-                                 BLOCK, R, CAP)
+            for j in range(SC):
+                if tl.load(ws_ptr + 3 * BS + base_s + j) > kh:
+                    _chunk_exact(x_ptr, ws_ptr, stride_b, stride_v, V, k, BS, row, base_s + j, (c0 + j) * BLOCK,
+                                 c, BLOCK, R, CAP)
             tl.debug_barrier()
             keys1 = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP, CAP)[0]
             n, t = _select_into(keys1, cand_ptr, n_ptr, SC, tl.maximum(kh, NEG_INF_KEY), k, buf, OUT_STATE,
@@ -486,11 +509,11 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
         tl.store(out_ptr + 2 * BP + pid, n)
         tl.store(out_ptr + 3 * BP + pid, t)
     else:
-        _finish(buf, n, m, d, val_ptr, ind_ptr, row, k, CAP, FAST)
+        _finish(buf, n, m, d, c, val_ptr, ind_ptr, row, k, CAP, FAST)
 
 
 @triton.jit
-def _finish(buf, n, m, d, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: tl.constexpr):
+def _finish(buf, n, m, d, c, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: tl.constexpr):
     """The ``n <= CAP`` survivors in ``buf`` sorted; the first k as probabilities and indices."""
     tl.debug_barrier()
     j = tl.arange(0, CAP)
@@ -498,9 +521,9 @@ def _finish(buf, n, m, d, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: tl.
     packed = tl.sort(packed, descending=True)
     key = (packed >> 32).to(tl.int32)
     ind = 0x7FFFFFFF - (packed & 0xFFFFFFFF).to(tl.int32)
-    # 5. p = e^(x − m) / d = 2^(x·log2(e) − m2) / d; NaN where torch.softmax gives NaN for the whole row
+    # 5. p = e^(x/T − m) / d = 2^(x·c − m2) / d; NaN where torch.softmax gives NaN for the whole row
     # (m = ±inf, or NaN)
-    p = tl.exp2(_log2_rel(_value_of(key), m, FAST)) / d
+    p = tl.exp2(_log2_rel(_value_of(key), c, m, FAST)) / d
     p = tl.where((m == float("inf")) | (m == float("-inf")), float("nan"), p)
     out = row.to(tl.int64) * k + j
     tl.store(val_ptr + out, p, mask=j < k)

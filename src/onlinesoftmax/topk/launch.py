@@ -31,23 +31,34 @@ def _workspace(device: torch.device, words: int, words2: int = 0) -> tuple[torch
                           zeroed=0)
 
 
+NO_T = (None, 1.0, 0)       # (t_ptr, t_val, t_stride) of a launch without a temperature (T_MODE 0)
+
+
 @cached
-def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int) -> tuple:
+def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, t_mode: int = 0) -> tuple:
     """The launches of ``cfg`` for one problem, bound once (``BoundKernel``: no per-call argument binding):
-    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out)`` giving the run-time arguments. Stage 1 first."""
+    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out, tt)`` giving the run-time arguments. Stage 1 first.
+
+    ``t_mode``: the temperature folded into the read of x (``kernels._log2_scale``): 0 none, 1 the scalar
+    ``tt[1]``, 2 the per-row tensor ``tt[0]`` (stride ``tt[2]``); ``tt = (t_ptr, t_val, t_stride)``."""
     S = cfg.splits
     fast = cfg.fast
     BS = B * S
     blk = dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap)
     opt = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and fast else {}
     head = (stride_b, stride_v, V)
+    tm = dict(T_MODE=t_mode)
+
+    def t(x, tt):
+        return (tt[0] if tt[0] is not None else x, *tt[1:])
+
     out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, PEEL=cfg.peel,
-                                                         num_warps=cfg.num_warps, **opt)),
-            lambda x, ws, ws2, o: (x, ws, *head, cfg.kb or k, S, BS))]
+                                                         num_warps=cfg.num_warps, **tm, **opt)),
+            lambda x, ws, ws2, o, tt=NO_T: (x, ws, *head, cfg.kb or k, S, BS, *t(x, tt)))]
     if cfg.exact_apart:
-        out.append((BoundKernel(_topk_exact_kernel, (BS,), dict(blk, num_warps=cfg.num_warps)),
-                    lambda x, ws, ws2, o: (x, ws, *head, k, S, BS)))
-    merge = dict(blk, FAST=fast)
+        out.append((BoundKernel(_topk_exact_kernel, (BS,), dict(blk, num_warps=cfg.num_warps, **tm)),
+                    lambda x, ws, ws2, o, tt=NO_T: (x, ws, *head, k, S, BS, *t(x, tt))))
+    merge = dict(blk, FAST=fast, **tm)
     exact = not cfg.exact_apart
     S2 = S
     if cfg.tree:
@@ -55,19 +66,21 @@ def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int) -
         sp = pow2(cfg.tree)
         out.append((BoundKernel(_topk_merge_kernel, (B * ng,), dict(merge, SP=sp, CT=sp, EXACT=exact, OUT_STATE=True,
                                                                     W=cfg.cap, num_warps=cfg.tree_warps)),
-                    lambda x, ws, ws2, o: (x, *head, ws, ws2, *o, k, S, BS, cfg.tree, ng)))
+                    lambda x, ws, ws2, o, tt=NO_T: (x, *head, ws, ws2, *o, k, S, BS, cfg.tree, ng, *t(x, tt))))
         S2, exact = ng, False
     sp = pow2(S2)
     final = BoundKernel(_topk_merge_kernel, (B,), dict(merge, SP=sp, CT=max(1, min(sp, cfg.merge_tile // cfg.cap)),
                                                        EXACT=exact, OUT_STATE=False, W=cfg.width or cfg.cap,
                                                        num_warps=cfg.merge_warps))
-    out.append((final, lambda x, ws, ws2, o: (x, *head, *(2 * (ws2 if cfg.tree else ws,)), *o, k, S2, B * S2, S2, 1)))
+    out.append((final, lambda x, ws, ws2, o, tt=NO_T: (x, *head, *(2 * (ws2 if cfg.tree else ws,)), *o, k, S2, B * S2,
+                                                       S2, 1, *t(x, tt))))
     return tuple(out)
 
 
-def _run(x: torch.Tensor, launches, ws, ws2, out):
+def _run(x: torch.Tensor, launches, ws, ws2, out, tt=NO_T):
+    check = (x,) if tt[0] is None else (x, tt[0])
     for kernel, args in launches:
-        kernel(args(x, ws, ws2, out), (x,), x.device)
+        kernel(args(x, ws, ws2, out, tt), check, x.device)
 
 
 def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: Plan):
@@ -83,25 +96,28 @@ def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: i
     _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1))[1:], ws, ws2, out)
 
 
-def softmax_topk_2d(x: torch.Tensor, k: int, cfg: Plan | None = None):
+def softmax_topk_2d(x: torch.Tensor, k: int, cfg: Plan | None = None, out: tuple | None = None,
+                    t_mode: int = 0, tt: tuple = NO_T):
     """``x``: ``[B, V]``, any strides, fp32/fp16/bf16 -> fp32 values ``[B, k]``, int64 indices, fp32 lse.
 
     Launches: stage 1 (B·S programs); with ``exact_apart`` the chunks' exact paths (B·S, most return at once);
     the merge (B programs), or with ``tree`` two levels: B·NG programs of ``tree`` chunks each, then B over the
-    NG group states."""
+    NG group states. ``out``: the three outputs, given (else allocated); ``t_mode``, ``tt``: the temperature
+    (see :func:`_launches`): the values are then ``softmax(x / T)`` and lse ``logsumexp(x / T)``."""
     B, V = x.shape
     cfg = cfg or cached_plan(B, V, k, x.dtype, x.device)
     if cfg.path == "sort":
         raise ValueError("softmax_topk_2d: the sort path is not a kernel; the op runs it")
     dev = x.device
-    values = torch.empty((B, k), device=dev, dtype=torch.float32)
-    indices = torch.empty((B, k), device=dev, dtype=torch.int64)
-    lse = torch.empty((B,), device=dev, dtype=torch.float32)
+    if out is None:
+        out = (torch.empty((B, k), device=dev, dtype=torch.float32),
+               torch.empty((B, k), device=dev, dtype=torch.int64),
+               torch.empty((B,), device=dev, dtype=torch.float32))
     if B == 0:
-        return values, indices, lse
+        return out
     ws, ws2 = workspaces(B, cfg, dev)
-    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1)), ws, ws2, (values, indices, lse))
-    return values, indices, lse
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), t_mode), ws, ws2, out, tt)
+    return out
 
 
 def workspaces(B: int, cfg: Plan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

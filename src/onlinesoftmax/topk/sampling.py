@@ -1,22 +1,33 @@
-"""``sample``: temperature / top-k / top-p sampling from logits, with no host synchronisation.
+"""``sample``: temperature / top-k / top-p / min-p sampling from logits, with no host synchronisation.
 
-Every step is a tensor op whose shapes depend only on the input's shape and on Python arguments, so a call
-can be captured in a CUDA graph and never waits for the device. Randomness comes from
-``torch.Tensor.exponential_`` with the given ``generator`` (same generator state → same ids), through the
-exponential race: with ``E_i ~ Exp(1)``, ``argmax_i w_i / E_i`` is ``i`` with probability ``w_i / Σ w``.
+Filters, in this order, each keeping a prefix of the row sorted by (logit descending, index ascending):
 
-* ``top_k`` a Python int: the candidates are ``softmax_topk(logits / T, top_k)`` (one read of the logits, the
-  fused kernel on CUDA; an exact ``torch.topk`` on the CPU); a per-row integer tensor (0 or less: no top-k on
-  that row): a full sort of each row (sync-free, but V log V).
-* ``top_p``: after top-k, keep the shortest prefix of the descending probabilities whose mass reaches
-  ``top_p`` (the first token always stays), then renormalise.
 * ``temperature``: a float or a per-row tensor; 0 means greedy (argmax, lowest index among ties).
+* ``top_k``: the first k (an int, or a per-row integer tensor: 0 or less, or >= V, keeps the row).
+* ``top_p``: the shortest prefix whose mass reaches ``top_p`` of the mass top-k kept (the first token always
+  stays).
+* ``min_p``: the tokens with ``p >= min_p · p_max`` (``p_max`` the row's largest probability).
+
+Then one draw from the kept tokens, renormalised. No step's shape depends on the values, so a call never waits
+for the device and can be captured in a CUDA graph (per-row tensors may change between replays).
+
+The draw: ``u = torch.rand(B, generator=generator)`` (or the ``uniform`` given), and the first kept token in
+index order whose running probability exceeds ``u`` times the kept mass (inverse CDF; the same rule on both
+backends, so the same ``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids.
+
+On CUDA (``topk/sampling_kernels.py``): ``softmax_topk`` with the temperature folded into its one read of the
+logits gives K sorted candidates (K = ``top_k`` for an int, else 64); one small kernel applies the filters and
+draws from them; a row whose filters run past the candidates (top-p or min-p over more than K tokens, a per-row
+top-k above K) is finished by an exact kernel over its logits (bisection on the values, no sort). Elsewhere:
+torch ops (an exact ``torch.topk`` for an int ``top_k`` on the CPU, a sort otherwise).
 
 Arguments are checked where that needs no host synchronisation: Python values always (``temperature`` finite and
-``>= 0``, ``top_p`` in ``(0, 1]``, ``top_k`` an int ``>= 1``), a tensor's dtype and size always, and a tensor's
-values when it is on the CPU (``ValueError``). The values of a tensor on another device are not read by the host
-(the call stays sync-free and graph-safe): a row whose ``temperature`` or ``top_p`` is out of range there gets
-the result of a row with no distribution, below.
+``>= 0``, ``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``, ``top_k`` an int ``>= 1``), a tensor's dtype and size
+always, and a tensor's values when it is on the CPU (``ValueError``). The values of a tensor on another device are
+not read by the host (the call stays sync-free and graph-safe): a row whose ``temperature``, ``top_p`` or ``min_p``
+is out of range there gets the result of a row with no distribution, below. A CUDA graph that captures a call
+with a ``generator`` other than the default one needs it registered with the graph
+(``torch.cuda.CUDAGraph.register_generator_state``).
 
 A row with no distribution (after temperature: a NaN logit, a ``+inf`` logit or no logit above ``-inf``, where
 ``torch.softmax`` is NaN) gets id ``-1`` and log-probability NaN, greedy or not.
@@ -30,6 +41,7 @@ from numbers import Real
 import torch
 
 from .._checks import check_float_tensor
+from ..backend import resolve_backend
 from .api import softmax_topk
 
 __all__ = ["sample"]
@@ -66,69 +78,120 @@ def _p_ok(p):
     return (p > 0) & (p <= 1)
 
 
-def _race(w: torch.Tensor, generator) -> torch.Tensor:
-    """Index of ``argmax w / E`` per row, ``E ~ Exp(1)``: a draw from ``w / Σ w`` (w >= 0, Σ w > 0)."""
-    e = torch.empty_like(w).exponential_(generator=generator)
-    return torch.argmax(w / e.clamp_min(torch.finfo(w.dtype).tiny), dim=-1, keepdim=True)
+def _q_ok(q):
+    return (q >= 0) & (q <= 1)
 
 
-def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None,
-           generator: torch.Generator | None = None):
+def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
+           generator: torch.Generator | None = None, uniform: torch.Tensor | None = None,
+           backend: str | None = None):
     """Draw one token id per row of ``logits`` (``[..., V]``). Returns ``(ids, logprobs)``: int64 ids of shape
     ``logits.shape[:-1]`` and float32 log-probabilities of those ids under the distribution sampled from
-    (after temperature, top-k, top-p and renormalisation; 0 for greedy rows). A row with no distribution (a
-    NaN or ``+inf`` logit, or every logit ``-inf``), or with a parameter out of range on a device tensor, gets
-    id -1 and log-probability NaN (see the module's docstring for what is checked where).
+    (after temperature, top-k, top-p, min-p and renormalisation; 0 for greedy rows). A row with no distribution
+    (a NaN or ``+inf`` logit, or every logit ``-inf``), or with a parameter out of range on a device tensor,
+    gets id -1 and log-probability NaN (see the module's docstring for what is checked where).
+
+    ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all), in place
+    of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose running mass
+    reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device). ``backend``:
+    ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``.
     """
     check_float_tensor(logits, "sample: logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError("sample: logits must have a non-empty last dimension")
+    which = resolve_backend(backend, logits, "sample")
     lead, V = logits.shape[:-1], logits.shape[-1]
-    x = logits.reshape(-1, V).float()
+    x = logits.reshape(-1, V)
     B, dev = x.shape[0], x.device
-    per_row_t = isinstance(temperature, torch.Tensor)
-    if not per_row_t:
+    if not isinstance(temperature, torch.Tensor):
         temperature = _number(temperature, "temperature", lambda v: math.isfinite(v) and v >= 0,
                               "finite and >= 0")
     if top_p is not None and not isinstance(top_p, torch.Tensor):
         top_p = _number(top_p, "top_p", lambda v: 0 < v <= 1, "in (0, 1]")
+    if min_p is not None and not isinstance(min_p, torch.Tensor):
+        min_p = _number(min_p, "min_p", lambda v: 0 <= v <= 1, "in [0, 1]")
     if top_k is not None and not isinstance(top_k, torch.Tensor):
         if isinstance(top_k, bool) or not isinstance(top_k, int):
             raise TypeError(f"sample: top_k must be an int or an integer tensor, got {type(top_k).__name__}")
         if top_k < 1:
             raise ValueError(f"sample: top_k must be >= 1 (or a per-row tensor, 0 for no top-k), got {top_k}")
         top_k = min(top_k, V)
+    t = _per_row(temperature, B, dev, torch.float32, "temperature", _t_ok, "finite and >= 0") \
+        if isinstance(temperature, torch.Tensor) else temperature
+    kk = _per_row(top_k, B, dev, torch.int64, "top_k") if isinstance(top_k, torch.Tensor) else top_k
+    pp = _per_row(top_p, B, dev, torch.float32, "top_p", _p_ok, "in (0, 1]") \
+        if isinstance(top_p, torch.Tensor) else top_p
+    qq = _per_row(min_p, B, dev, torch.float32, "min_p", _q_ok, "in [0, 1]") \
+        if isinstance(min_p, torch.Tensor) else min_p
+    if uniform is None:
+        u = torch.rand(B, device=dev, generator=generator)
+    else:
+        u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
+    if which == "triton" and B > 0:
+        from .sampling_launch import sample_2d
+
+        out = sample_2d(x, t, kk, pp, qq, u)
+        if out is not None:
+            return out[0].reshape(lead), out[1].reshape(lead)
+    return _sample_torch(x.float(), t, kk, pp, qq, u.reshape(-1, 1), lead)
+
+
+def _u_ok(u):
+    return (u >= 0) & (u < 1)
+
+
+def _inverse_cdf(w: torch.Tensor, cand: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+    """Positions in ``w`` ``[B, n]`` (weights >= 0, some > 0 per row) of the draws ``u`` ``[B, 1]``: the first
+    entry, in the order of the token ids ``cand`` (None: w's own order), whose running weight exceeds ``u · Σ w``,
+    never one of weight 0."""
+    order = None
+    if cand is not None:
+        cand, order = torch.sort(cand, dim=-1)
+        w = w.gather(-1, order)
+    cs = torch.cumsum(w, dim=-1)
+    pos = (cs <= u * w.sum(-1, keepdim=True)).sum(-1, keepdim=True)
+    n = w.shape[-1]
+    last = torch.where(w > 0, torch.arange(n, device=w.device), 0).amax(-1, keepdim=True)
+    pos = torch.minimum(pos, last)
+    return pos if order is None else order.gather(-1, pos)
+
+
+def _sample_torch(x, t, kk, pp, qq, u, lead):
+    """The portable path (any device; the CPU's): torch ops. ``t``, ``kk``, ``pp``, ``qq``: Python values, None,
+    or ``[B, 1]`` tensors on x's device; ``u`` the draws ``[B, 1]``."""
+    B, V = x.shape
+    dev = x.device
     bad = None                                              # rows whose device-tensor parameters are out of range
+    per_row_t = isinstance(t, torch.Tensor)
     if per_row_t:
-        t = _per_row(temperature, B, dev, torch.float32, "temperature", _t_ok, "finite and >= 0")
         bad = ~_t_ok(t)
         greedy = t == 0
         z = x / torch.where(greedy, torch.ones_like(t), t)
-    elif temperature == 0:                                  # every row greedy: the argmax, nothing drawn
+    elif t == 0:                                            # every row greedy: the argmax, nothing drawn
         ids = torch.argmax(x, dim=-1, keepdim=True)
         undefined = ~torch.isfinite(x.gather(-1, ids))
         return _result(ids, torch.zeros_like(ids, dtype=torch.float32), undefined, None, lead)
     else:
-        z = x if temperature == 1 else x / temperature
-    if isinstance(top_k, torch.Tensor):
-        kk = _per_row(top_k, B, dev, torch.int64, "top_k")
-    if isinstance(top_p, torch.Tensor):
-        pp = _per_row(top_p, B, dev, torch.float32, "top_p", _p_ok, "in (0, 1]")
-        bad = ~_p_ok(pp) if bad is None else bad | ~_p_ok(pp)
-    elif top_p is not None:
-        pp = top_p
-
-    if top_k is None and top_p is None:
+        z = x if t == 1 else x / t
+    for v, ok in ((pp, _p_ok), (qq, _q_ok)):
+        if isinstance(v, torch.Tensor):
+            bad = ~ok(v) if bad is None else bad | ~ok(v)
+    if qq is not None and not isinstance(qq, torch.Tensor) and qq == 0:
+        qq = None
+    if kk is None and pp is None:
         # the whole row: no sort, no top-k. log p = (z - m) - log d, exact at any magnitude of z
         m, top = torch.max(z, dim=-1, keepdim=True)          # NaN if the row holds one
         p = torch.softmax(z, dim=-1)
-        pick = _race(p, generator)
+        w = p if qq is None else torch.where(p >= qq * p.gather(-1, top), p, torch.zeros_like(p))
+        pick = _inverse_cdf(torch.nan_to_num(w), None, u)
         logp = (z.gather(-1, pick) - m) + torch.log(p.gather(-1, top))     # p(argmax) = 1 / d
+        if qq is not None:
+            logp = logp - torch.log(w.sum(-1, keepdim=True))
         ids = pick
         undefined = ~torch.isfinite(m)
     else:
-        if isinstance(top_k, int):
-            probs, cand, lse = softmax_topk(z, top_k)       # sorted descending, ties to the lower index
+        if isinstance(kk, int):
+            probs, cand, lse = softmax_topk(z, kk, backend="torch")     # sorted descending, ties to the lower index
             undefined = ~torch.isfinite(lse).unsqueeze(-1)
             keep = None
         else:
@@ -136,14 +199,18 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None,
             probs = torch.softmax(zs, dim=-1)
             undefined = ~torch.isfinite(zs[:, :1])          # NaN sorts first: the row's maximum, or NaN
             keep = None
-            if top_k is not None:
-                kk = torch.where(kk < 1, torch.full_like(kk, V), kk)     # 0 (or less) disables top-k on a row
-                keep = torch.arange(V, device=dev).unsqueeze(0) < kk
+            if kk is not None:
+                kr = torch.where((kk < 1) | (kk > V), torch.full_like(kk, V), kk)   # 0 (or less): no top-k
+                keep = torch.arange(V, device=dev).unsqueeze(0) < kr
         w = probs if keep is None else torch.where(keep, probs, torch.zeros_like(probs))
-        if top_p is not None:
+        if pp is not None:
             before = torch.cumsum(w, dim=-1) - w                         # mass strictly before each position
             cut = before < pp * w.sum(-1, keepdim=True)
             cut[:, :1] = True
+            w = torch.where(cut, w, torch.zeros_like(w))
+            keep = cut if keep is None else keep & cut
+        if qq is not None:
+            cut = probs >= qq * probs[:, :1]
             w = torch.where(cut, w, torch.zeros_like(w))
             keep = cut if keep is None else keep & cut
         if keep is not None and dev.type == "cpu" and w.shape[-1] > 256:
@@ -153,7 +220,7 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None,
             n = max(int(keep.sum(-1).max()) if keep.numel() else 1, 1)
             w, cand = w[:, :n], cand[:, :n]
         total = w.sum(-1, keepdim=True)
-        pos = _race(w, generator)
+        pos = _inverse_cdf(torch.nan_to_num(w), cand, u)
         ids = cand.gather(-1, pos)
         logp = torch.log(w.gather(-1, pos) / total)
     # greedy rows: argmax of the logits (lowest index among ties), probability 1
