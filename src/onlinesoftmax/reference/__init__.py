@@ -15,6 +15,8 @@ from .softmax import (
     state_combine,
     tree_reduce_states,
 )
+from .sampling import sample_distribution as sample_distribution
+from .sampling import sample_draw as sample_draw
 from .topk import softmax_topk as softmax_topk
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "online_normalizer",
     "online_softmax",
     "safe_softmax",
+    "sample_distribution",
+    "sample_draw",
     "softmax",
     "state_combine",
     "tree_reduce_states",

@@ -1,0 +1,131 @@
+"""sample() on both backends against the fp64 reference draw: with the same uniform per row, the same id (the
+inverse CDF in index order), and the log-probability of the reference's kept distribution. Covers the kernels'
+two steps (the candidates decide the row; the exact row kernel finishes it), per-row parameters, dtypes with ties,
+strides and rows without a distribution. On CPU the kernels run in the interpreter (small sizes)."""
+
+import numpy as np
+import pytest
+import torch
+
+from onlinesoftmax.reference import sample_distribution, sample_draw
+from onlinesoftmax.topk import sample
+
+BACKENDS = ("torch", "triton")
+
+
+def _rows(v, B, cast=float):
+    if v is None:
+        return [None] * B
+    if isinstance(v, torch.Tensor):
+        return [cast(a) for a in v.reshape(-1).expand(B).tolist()]
+    return [v] * B
+
+
+def check_draws(x, u, *, temperature=1.0, top_k=None, top_p=None, min_p=None, backend):
+    """ids and logprobs of ``sample`` against the reference, row by row (rows whose u lies within rounding of a
+    boundary of the CDF are only checked to draw a kept token)."""
+    ids, logp = sample(x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, uniform=u,
+                       backend=backend)
+    B = x.shape[0]
+    ts, ks, ps, qs = (_rows(temperature, B), _rows(top_k, B, int), _rows(top_p, B), _rows(min_p, B))
+    xs = x.double().cpu().numpy()
+    near = 0
+    for r in range(B):
+        probs = sample_distribution(xs[r], ts[r], ks[r], ps[r], qs[r])
+        if probs is None:
+            assert ids[r] == -1 and torch.isnan(logp[r]), r
+            continue
+        want, gap = sample_draw(probs, float(u[r]))
+        got = int(ids[r])
+        assert 0 <= got < x.shape[1] and probs[got] > 0, (r, got)
+        if gap > 1e-5:
+            assert got == want, (r, got, want, gap)
+        else:
+            near += 1
+        lp = 0.0 if ts[r] == 0 else np.log(probs[got])
+        assert abs(float(logp[r]) - lp) <= 2e-5 + 2e-5 * abs(lp), (r, float(logp[r]), lp)
+    assert near <= B // 4
+
+
+def _logits(B, V, dtype=torch.float32, scale=2.0, device="cpu"):
+    return (torch.randn(B, V) * scale).to(dtype).to(device)
+
+
+MIXES = [dict(), dict(top_k=5), dict(top_k=1), dict(top_k=5, top_p=0.5), dict(top_p=0.9), dict(top_p=0.05),
+         dict(min_p=0.3), dict(min_p=0.01), dict(top_p=0.3, min_p=0.1), dict(top_k=40, top_p=0.95, min_p=0.05),
+         dict(temperature=0.0), dict(temperature=0.6, top_k=8), dict(temperature=3.0, top_p=0.7)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kw", MIXES, ids=[str(m) for m in MIXES])
+@pytest.mark.parametrize("V", [12, 300])
+def test_draw_matches_reference(kernel_device, backend, kw, V):
+    """V = 12: the 64 candidates hold the row; V = 300: top-p / min-p / no filter past them take the row kernel."""
+    B = 6
+    x = _logits(B, V, device=kernel_device)
+    u = torch.rand(B, device=kernel_device)
+    check_draws(x, u, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_row_parameters_match_reference(kernel_device, backend):
+    """Each row its own temperature (0: greedy), top-k (0: off, 1, inside and past the 64 candidates, >= V),
+    top-p and min-p, as device tensors."""
+    B, V = 8, 300
+    d = kernel_device
+    x = _logits(B, V, device=d)
+    u = torch.rand(B, device=d)
+    t = torch.tensor([1.0, 0.0, 0.5, 2.0, 1.0, 1.3, 0.9, 1.0], device=d)
+    k = torch.tensor([0, 3, 100, 70, 1, 300, 500, 20], device=d)
+    p = torch.tensor([0.9, 1.0, 0.8, 0.99, 0.5, 1.0, 0.6, 0.3], device=d)
+    q = torch.tensor([0.0, 0.2, 0.0, 0.05, 0.0, 0.3, 0.0, 0.1], device=d)
+    check_draws(x, u, temperature=t, top_k=k, backend=backend)
+    check_draws(x, u, top_k=k, top_p=p, backend=backend)
+    check_draws(x, u, temperature=t, top_p=p, min_p=q, backend=backend)
+    check_draws(x, u, temperature=t, top_k=k, top_p=p, min_p=q, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ties_in_half_precision_logits(kernel_device, backend, dtype):
+    """bf16 / fp16 logits hold many equal values: the filters' boundaries fall inside runs of ties, cut by the
+    index (top-k and top-p of the row kernel and of the candidates)."""
+    B, V = 4, 400
+    x = torch.randint(-6, 3, (B, V)).to(dtype).to(kernel_device)        # 9 values, about 44 copies each
+    u = torch.rand(B, device=kernel_device)
+    for kw in (dict(top_k=50), dict(top_k=torch.tensor([70, 100, 130, 5], device=kernel_device)),
+               dict(top_p=0.6), dict(top_k=30, top_p=0.45), dict(min_p=0.3)):   # (no mass boundary at a tie)
+        check_draws(x, u, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_rows_and_special_rows(kernel_device, backend):
+    """Rows of a transposed view (no copy on the kernels' path), a NaN row, a row of -inf, a +inf row, a row
+    with one finite logit, under temperature and filters."""
+    d = kernel_device
+    base = _logits(300, 7, device=d)
+    x = base.t()                                                          # [7, 300], stride (1, 7)
+    x[1, 5] = float("nan")
+    x[2] = float("-inf")
+    x[3, 9] = float("inf")
+    x[4] = float("-inf")
+    x[4, 17] = 0.5
+    u = torch.rand(7, device=d)
+    for kw in (dict(top_p=0.9), dict(top_k=3, temperature=0.7), dict(temperature=0.0), dict(min_p=0.2)):
+        check_draws(x, u, backend=backend, **kw)
+
+
+def test_uniform_argument_checks():
+    x = torch.randn(3, 10)
+    with pytest.raises(ValueError, match="uniform"):
+        sample(x, uniform=torch.tensor([0.5, 1.0, 0.2]))
+    with pytest.raises(ValueError, match="uniform"):
+        sample(x, uniform=torch.rand(4))
+    with pytest.raises(TypeError, match="uniform"):
+        sample(x, uniform=torch.tensor([1, 0, 0]).bool())
+    with pytest.raises(ValueError, match="min_p"):
+        sample(x, min_p=1.5)
+    with pytest.raises(ValueError, match="min_p"):
+        sample(x, min_p=torch.tensor([0.1, -0.1, 0.2]))
+    ids, _ = sample(x, uniform=torch.tensor(0.0))                          # one uniform for every row
+    assert ids.shape == (3,)
