@@ -106,18 +106,23 @@ def _log2_rel(x, c, m2, FAST: tl.constexpr):
 @triton.jit
 def _log2_scale(t_ptr, t_val, t_stride, row, T_MODE: tl.constexpr):
     """``c = log2(e) / T`` for row ``row``, the temperature folded into the one read of x: ``T_MODE`` 0: T = 1;
-    1: the scalar ``t_val``; 2: ``t_ptr[row · t_stride]``. A T that is not finite and > 0 (0 is greedy, the
-    sampler's business) counts as 1 here: the probabilities of such a row are not used."""
+    1: the scalar ``t_val`` where ``t_stride < 0``, else ``t_ptr[row · t_stride]`` (one compiled kernel for
+    both). A T that is not finite and > 0 (0 is greedy, the sampler's business) counts as 1 here: the
+    probabilities of such a row are not used."""
     if T_MODE == 0:
         c = tl.full([], LOG2E, tl.float32)
     else:
-        if T_MODE == 1:
-            t = tl.full([], t_val, tl.float32)
-        else:
-            t = tl.load(t_ptr + row.to(tl.int64) * t_stride).to(tl.float32)
+        t = _param(t_ptr, t_val, t_stride, row)
         ok = (t > 0.0) & (t < float("inf"))
         c = tl.where(ok, LOG2E / tl.where(ok, t, 1.0), LOG2E)
     return c
+
+
+@triton.jit
+def _param(ptr, val, stride, row):
+    """A per-row parameter: the scalar ``val`` where ``stride < 0``, else ``ptr[row · stride]`` as fp32."""
+    v = tl.load(ptr + row.to(tl.int64) * tl.maximum(stride, 0)).to(tl.float32)
+    return tl.where(stride < 0, val, v)
 
 
 @triton.jit

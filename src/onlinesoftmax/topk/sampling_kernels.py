@@ -25,36 +25,20 @@ import triton
 import triton.language as tl
 
 from .._triton.online import LOG2E
-from .kernels import INT32_MIN, _key_of, _log2_scale, _value_of
-
-
-@triton.jit
-def _param(ptr, val, stride, row, MODE: tl.constexpr, default):
-    """A per-row parameter: ``MODE`` 0 → ``default``, 1 → the scalar ``val``, 2 → ``ptr[row · stride]``."""
-    if MODE == 0:
-        v = tl.full([], default, tl.float32)
-    elif MODE == 1:
-        v = tl.full([], val, tl.float32)
-    else:
-        v = tl.load(ptr + row.to(tl.int64) * stride).to(tl.float32)
-    return v
+from .kernels import INT32_MIN, _key_of, _log2_scale, _param, _value_of
 
 
 @triton.jit
 def _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                row, V, T_MODE: tl.constexpr, K_MODE: tl.constexpr, P_MODE: tl.constexpr, Q_MODE: tl.constexpr):
-    """(T, top-k length or V, top_p (1: off), min_p (0: off), bad): bad where a value is out of range (T not
-    finite or < 0, top_p not in (0, 1], min_p not in [0, 1]). A top-k of 0 or less, or >= V, keeps every entry."""
-    t = _param(t_ptr, t_val, t_stride, row, T_MODE, 1.0)
-    tp = _param(p_ptr, p_val, p_stride, row, P_MODE, 1.0)
-    mp = _param(q_ptr, q_val, q_stride, row, Q_MODE, 0.0)
-    if K_MODE == 0:
-        kk = V
-    elif K_MODE == 1:
-        kk = tl.full([], k_val, tl.int32)
-    else:
-        kk = tl.load(k_ptr + row.to(tl.int64) * k_stride).to(tl.int64)
-        kk = tl.where(kk > V, V, kk).to(tl.int32)
+                row, V):
+    """(T, top-k length or V, top_p (1: off), min_p (0: off), bad) of row ``row`` (each a scalar where its stride
+    is < 0, else loaded: ``_param``); bad where a value is out of range (T not finite or < 0, top_p not in
+    (0, 1], min_p not in [0, 1]). A top-k of 0 or less, or >= V, keeps every entry."""
+    t = _param(t_ptr, t_val, t_stride, row)
+    tp = _param(p_ptr, p_val, p_stride, row)
+    mp = _param(q_ptr, q_val, q_stride, row)
+    kl = tl.load(k_ptr + row.to(tl.int64) * tl.maximum(k_stride, 0)).to(tl.int64)
+    kk = tl.where(k_stride < 0, k_val, tl.where(kl > V, V, kl)).to(tl.int32)
     kk = tl.where((kk <= 0) | (kk > V), V, kk)
     bad = ~((t >= 0.0) & (t < float("inf"))) | ~((tp > 0.0) & (tp <= 1.0)) | ~((mp >= 0.0) & (mp <= 1.0))
     return t, kk, tp, mp, bad
@@ -64,8 +48,7 @@ def _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_
                                "q_val", "q_stride"))
 def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                    t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                   K, V, KP: tl.constexpr, T_MODE: tl.constexpr, K_MODE: tl.constexpr, P_MODE: tl.constexpr,
-                   Q_MODE: tl.constexpr):
+                   K, V, KP: tl.constexpr):
     """Step 1 on row ``pid``'s K candidates (``p`` sorted descending, their indices, the row's lse of x / T)."""
     row = tl.program_id(0)
     j = tl.arange(0, KP)
@@ -73,7 +56,7 @@ def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr
     p = tl.load(val_ptr + row.to(tl.int64) * K + j, mask=live, other=0.0)
     lse = tl.load(lse_ptr + row)
     t, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
-                                     q_ptr, q_val, q_stride, row, V, T_MODE, K_MODE, P_MODE, Q_MODE)
+                                     q_ptr, q_val, q_stride, row, V)
     undefined = bad | ~((lse > float("-inf")) & (lse < float("inf")))    # also NaN
     greedy = t == 0.0
     all_in = K == V                         # the candidates are the whole row: every filter ends inside
@@ -201,24 +184,22 @@ def _prefix_cut(x_row, stride_v, V, c, lse2, t, n_incl, BLOCK: tl.constexpr):
                                "p_val", "p_stride", "q_val", "q_stride"))
 def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                       q_stride, K, BLOCK: tl.constexpr, T_MODE: tl.constexpr, K_MODE: tl.constexpr,
-                       P_MODE: tl.constexpr, Q_MODE: tl.constexpr):
+                       q_stride, K, BLOCK: tl.constexpr):
     """Step 2 for row ``pid`` if step 1 flagged it, over x (see the module's docstring)."""
     row = tl.program_id(0)
     if tl.load(flag_ptr + row) != 0:
         _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
                     t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                    q_stride, K, row, BLOCK, T_MODE, K_MODE, P_MODE, Q_MODE)
+                    q_stride, K, row, BLOCK)
 
 
 @triton.jit
 def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
                 t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                K, row, BLOCK: tl.constexpr, T_MODE: tl.constexpr, K_MODE: tl.constexpr, P_MODE: tl.constexpr,
-                Q_MODE: tl.constexpr):
+                K, row, BLOCK: tl.constexpr):
     _, kk, tp, mp, _ = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
-                                   q_ptr, q_val, q_stride, row, V, T_MODE, K_MODE, P_MODE, Q_MODE)
-    c = _log2_scale(t_ptr, t_val, t_stride, row, T_MODE)
+                                   q_ptr, q_val, q_stride, row, V)
+    c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
     lse2 = tl.load(lse_ptr + row) * LOG2E
     x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
     p_max = tl.exp2(x_max * c - lse2)                # as every p here: the min-p test is on this same form

@@ -15,22 +15,19 @@ ROW_BLOCK = 1024                # elements per step of the row kernel's passes o
 ROW_WARPS = 4
 
 
-def _mode(v, off) -> tuple[int, object, float, int]:
-    """(MODE, pointer tensor or None, scalar, stride) of a parameter: 0 off (None or the value ``off``), 1 a
-    Python scalar, 2 a ``[B, 1]`` tensor (stride 0 when broadcast)."""
-    if v is None or (not isinstance(v, torch.Tensor) and v == off):
-        return 0, None, 0.0, 0
+def _param(v, off, dummy: torch.Tensor) -> tuple:
+    """(pointer, scalar, stride) of a parameter for the kernels (``kernels._param``): a ``[B, 1]`` tensor (stride 0
+    when broadcast), or the Python value (``off`` for None) with stride -1 and a dummy pointer."""
     if isinstance(v, torch.Tensor):
-        return 2, v, 0.0, v.stride(0)
-    return 1, None, v, 0
+        return v, 0.0, v.stride(0)
+    return dummy, off if v is None else v, -1
 
 
 @cached
-def _launches(B: int, V: int, K: int, modes: tuple, row: bool):
+def _launches(B: int, V: int, K: int, row: bool):
     """The sampling kernels after ``softmax_topk``: step 1 (B programs) and, where some row may need it, step 2."""
-    meta = dict(T_MODE=modes[0], K_MODE=modes[1], P_MODE=modes[2], Q_MODE=modes[3])
-    one = BoundKernel(_sample_kernel, (B,), dict(meta, KP=max(MIN_KP, pow2(K)), num_warps=1 if K <= 256 else 4))
-    two = BoundKernel(_sample_row_kernel, (B,), dict(meta, BLOCK=ROW_BLOCK, num_warps=ROW_WARPS)) if row else None
+    one = BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)), num_warps=1 if K <= 256 else 4))
+    two = BoundKernel(_sample_row_kernel, (B,), dict(BLOCK=ROW_BLOCK, num_warps=ROW_WARPS)) if row else None
     return one, two
 
 
@@ -49,28 +46,21 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
     cfg = cached_plan(B, V, K, x.dtype, dev)
     if cfg.path == "sort":
         return None
-    tm = _mode(t, 1.0)
-    km = (1, None, 0.0, 0) if isinstance(kk, int) else _mode(kk, None)
-    if km[0] == 1:
-        km = (1, None, kk, 0)
-    pm, qm = _mode(pp, 1.0), _mode(qq, 0.0)
-    modes = (tm[0], km[0], pm[0], qm[0])
-    row = km[0] != 1 and K < V and not greedy
+    row = not isinstance(kk, int) and K < V and not greedy
     vals, inds, lse, flag = stream_scratch("sample", dev, ((B * K, torch.float32), (B * K, torch.int64),
                                                            (B, torch.float32), (B, torch.int32)), zeroed=0)
     vals, inds, lse, flag = vals[:B * K].view(B, K), inds[:B * K].view(B, K), lse[:B], flag[:B]
-    softmax_topk_2d(x, K, cfg, (vals, inds, lse), tm[0], (tm[1], float(tm[2]), tm[3]))
+    # parameters: a [B, 1] tensor (float32; top_k int64) or a scalar with a dummy pointer of that same dtype, so
+    # every call of one (B, V, K) runs one compiled kernel
+    tt = _param(t, 1.0, vals)
+    t_mode = 0 if tt[2] < 0 and tt[1] == 1.0 else 1
+    softmax_topk_2d(x, K, cfg, (vals, inds, lse), t_mode, (tt[0], float(tt[1]), tt[2]))
     ids = torch.empty(B, device=dev, dtype=torch.int64)
     logp = torch.empty(B, device=dev, dtype=torch.float32)
-    one, two = _launches(B, V, K, modes, row)
-    params = []
-    check = [x, u]
-    for _, ptr, val, stride in (tm, km, pm, qm):
-        params += [ptr if ptr is not None else vals, val, stride]
-        if ptr is not None:
-            check.append(ptr)
-    params[4] = int(params[4])                      # top_k's scalar is an int
-    check = tuple(check)
+    one, two = _launches(B, V, K, row)
+    kt, pt, qt = _param(kk, 0, inds), _param(pp, 1.0, vals), _param(qq, 0.0, vals)
+    params = (*tt, kt[0], int(kt[1]), kt[2], *pt, *qt)
+    check = (x, u, tt[0], kt[0], pt[0], qt[0])
     one((vals, inds, lse, u, ids, logp, flag, *params, K, V), check, dev)
     if two is not None:
         two((x, x.stride(0), x.stride(1), V, inds, lse, u, ids, logp, flag, *params, K), check, dev)
