@@ -10,10 +10,11 @@ from .softmax.api import log_softmax, logsumexp, softmax
 from .state import SoftmaxState
 from .topk.api import TopK, softmax_topk
 from .topk.sampling import sample
+from .topk.warmup import warmup
 
 __version__ = "0.1.0"
 
 __all__ = ["SoftmaxState", "__version__", "log_softmax", "logsumexp", "softmax"]
-__all__ += ["TopK", "sample", "softmax_topk"]
+__all__ += ["TopK", "sample", "softmax_topk", "warmup"]
 __all__ += ["cross_entropy", "linear_cross_entropy"]
 __all__ += ["attention", "attention_varlen", "attention_with_kvcache", "merge_attention_states"]

@@ -246,3 +246,92 @@ def test_gpu_device_tensor_parameters_out_of_range():
     assert ids[3] == x[3].argmax() and ids[0] >= 0
     with pytest.raises(ValueError, match="temperature"):
         sample(x.cpu(), temperature=t.cpu())
+
+
+GPU_MIXES = [dict(temperature=0.8, top_k=6, top_p=0.9), dict(top_p=0.8), dict(min_p=0.2), dict(),
+             dict(temperature=1.3, top_k=8, top_p=0.9, min_p=0.1), dict(top_k=1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", GPU_MIXES, ids=[str(m) for m in GPU_MIXES])
+@pytest.mark.parametrize("wide", [False, True])
+def test_gpu_chi2_every_mix(kw, wide):
+    """χ² against the fp64 distribution on the kernels. ``wide``: the 12 logits inside a 300-wide row of -inf
+    masks (V > 64 candidates: top-p / min-p / no filter take the exact row kernel)."""
+    from onlinesoftmax.reference import sample_distribution
+
+    n = 60000
+    row = LOGITS if not wide else torch.cat([LOGITS, torch.full((288,), float("-inf"))])
+    x = row.cuda().expand(n, -1).contiguous()
+    ids, logp = sample(x, generator=torch.Generator(device="cuda").manual_seed(11), **kw)
+    probs = sample_distribution(row.numpy(), kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"),
+                                kw.get("min_p"))
+    assert_distribution(ids.cpu(), probs)
+    torch.testing.assert_close(logp.cpu().double(), torch.from_numpy(np.log(probs[ids.cpu().numpy()])),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_reproducible_and_graph_replays_follow_per_row_tensors():
+    """Same generator state, same ids; a captured call replays with per-row tensors (and uniforms) changed in
+    place between replays, and matches the eager call on the same values; no call synchronises."""
+    B, V = 16, 128256
+    x = torch.randn(B, V, device="cuda") * 3
+    a = sample(x, temperature=0.8, top_k=50, top_p=0.9, generator=torch.Generator(device="cuda").manual_seed(3))
+    b = sample(x, temperature=0.8, top_k=50, top_p=0.9, generator=torch.Generator(device="cuda").manual_seed(3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    t = torch.full((B,), 0.8, device="cuda")
+    k = torch.full((B,), 40, device="cuda")
+    p = torch.full((B,), 0.9, device="cuda")
+    q = torch.zeros(B, device="cuda")
+    u = torch.rand(B, device="cuda")
+    kw = dict(temperature=t, top_k=k, top_p=p, min_p=q, uniform=u)
+    sample(x, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            g_ids, g_logp = sample(x, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for step in range(3):
+        t.copy_(torch.rand(B, device="cuda") + 0.3)
+        t[0] = 0.0                                                   # greedy row
+        k.copy_(torch.randint(-1, 2000, (B,), device="cuda"))       # inside, past the candidates, off
+        p.copy_(torch.rand(B, device="cuda") * 0.9 + 0.1)
+        q.copy_(torch.rand(B, device="cuda") * 0.1)
+        u.copy_(torch.rand(B, device="cuda"))
+        graph.replay()
+        e_ids, e_logp = sample(x, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(g_ids, e_ids), step
+        torch.testing.assert_close(g_logp, e_logp, rtol=0, atol=0)
+        assert g_ids[0] == x[0].argmax()
+
+
+@pytest.mark.gpu
+def test_gpu_no_compile_stall_after_warmup():
+    """After ``warmup``, a first call with a new k (same bucket), a new B, or new parameter kinds takes <= 50 ms
+    (k, B and the chunk counts are run-time arguments of the kernels)."""
+    import time
+
+    V = 128256
+    onlinesoftmax.warmup(V, top_k=(50,), batch_sizes=(1, 256))
+    cases = [(5, dict(top_k=37)), (77, dict(top_k=50, top_p=0.8)), (300, dict(top_k=33, temperature=0.5)),
+             (3, dict(top_p=0.95)), (9, dict(min_p=0.1, temperature=1.2)), (130, dict(temperature=0.0))]
+    for B, kw in cases:
+        x = torch.randn(B, V, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sample(x, **kw)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        assert ms <= 50, (B, kw, ms)
+    for B, k in ((7, 41), (200, 60)):
+        x = torch.randn(B, V, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        onlinesoftmax.softmax_topk(x, k)
+        torch.cuda.synchronize()
+        assert (time.perf_counter() - t0) * 1e3 <= 50, (B, k)

@@ -3,6 +3,8 @@
 Optimised code never imports this package; tests compare every backend against it.
 """
 
+from .sampling import sample_distribution as sample_distribution
+from .sampling import sample_draw as sample_draw
 from .softmax import (
     chunked_online_softmax,
     log_softmax,
@@ -15,8 +17,6 @@ from .softmax import (
     state_combine,
     tree_reduce_states,
 )
-from .sampling import sample_distribution as sample_distribution
-from .sampling import sample_draw as sample_draw
 from .topk import softmax_topk as softmax_topk
 
 __all__ = [

@@ -1,7 +1,9 @@
 """The top-k family: fused softmax + top-k (``api.py``: ``softmax_topk``, ``explain``) and sampling
-(``sampling.py``); ``plan.py`` chooses the launches, ``kernels.py`` holds them, ``launch.py`` binds them."""
+(``sampling.py``: ``sample``, on ``sampling_kernels.py`` bound by ``sampling_launch.py``); ``plan.py`` chooses the
+launches, ``kernels.py`` holds them, ``launch.py`` binds them; ``warmup.py`` compiles them ahead of time."""
 
 from .api import TopK, explain, softmax_topk
 from .sampling import sample
+from .warmup import warmup
 
-__all__ = ["TopK", "explain", "sample", "softmax_topk"]
+__all__ = ["TopK", "explain", "sample", "softmax_topk", "warmup"]

@@ -1,0 +1,50 @@
+"""``warmup``: compile the decode loop's kernels (``softmax_topk``, ``sample``) before the first request needs them.
+
+A kernel compiles once per set of compile-time constants: here the plan's tile sizes (k rounded up to a power of
+two, >= 16; the chunk size, from V; the merge's warps, which change between B <= 128 and B > 128), the logits'
+dtype, and whether a temperature is folded in. k itself, B and the per-chunk counts are run-time arguments, so a
+later call with another k of a compiled bucket, or another B of a compiled class, launches at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._triton.host import pow2
+from .api import softmax_topk
+from .plan import MIN_KP
+from .sampling import sample
+
+BATCH_CLASSES = (1, 256)        # one B on each side of the merge's few-rows rule (plan.MERGE_FEW_ROWS = 128)
+
+
+def warmup(vocab_size: int, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(torch.float32,),
+           sampling: bool = True, device=None) -> int:
+    """Run ``softmax_topk`` (and with ``sampling``, ``sample``'s kernel paths: a temperature with an int top_k;
+    top-p, min-p and per-row top-k on 64 candidates; the exact row kernel) once per k bucket of ``top_k``, batch
+    size and dtype, on ``device`` (default: the current CUDA device). Returns the number of calls made.
+    """
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    buckets = sorted({max(MIN_KP, pow2(min(int(k), vocab_size))) for k in top_k})
+    calls = 0
+    for dtype in dtypes:
+        for B in batch_sizes:
+            x = torch.randn(B, vocab_size, device=device).to(dtype)
+            for kp in buckets:
+                k = min(kp, vocab_size)
+                softmax_topk(x, k)
+                calls += 1
+                if sampling:
+                    sample(x, temperature=0.7, top_k=k, top_p=0.9)
+                    calls += 1
+            if sampling:
+                t = torch.full((B,), 0.7, device=device)
+                sample(x, temperature=0.7, top_p=0.9, min_p=0.05)
+                sample(x, temperature=t, top_k=torch.full((B,), 100, device=device))
+                sample(x, temperature=0.0)
+                calls += 3
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return calls
