@@ -64,6 +64,10 @@ def compile_launch(fn, args: tuple, meta: dict, arch: int) -> dict:
         if isinstance(a, torch.Tensor):
             sig[p.name] = PTR[a.dtype]
             attrs[(fn.arg_names.index(p.name),)] = [["tt.divisibility", 16]]
+        elif isinstance(a, float):
+            sig[p.name] = "fp32"
+        elif p.do_not_specialize:
+            sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
         elif a == 1:
             sig[p.name], const[p.name] = "constexpr", 1
         else:
@@ -91,7 +95,8 @@ def _meta(shape, dtype):
 
 def _key(fn, meta: dict, args: tuple) -> str:
     return json.dumps([fn.__name__, sorted((k, str(v)) for k, v in meta.items()),
-                       [str(a.dtype) if isinstance(a, torch.Tensor) else [a == 1, a % 16 == 0] for a in args]])
+                       [str(a.dtype) if isinstance(a, torch.Tensor) else "f" if isinstance(a, float)
+                        else [a == 1, a % 16 == 0] for a in args]])
 
 
 def softmax_problems():

@@ -136,7 +136,7 @@ def _kth_by_count(x_row, stride_v, V, c, lse2, n, BLOCK: tl.constexpr):
     t = tl.full([], INT32_MIN, tl.int32)
     for i in range(32):
         cand = t + (tl.full([], 1, tl.int32) << (31 - i))
-        cnt, _ = _mass_count(x_row, stride_v, V, c, lse2, cand, BLOCK)
+        cnt, mass = _mass_count(x_row, stride_v, V, c, lse2, cand, BLOCK)
         t = tl.where(cnt >= n, cand, t)
     return t
 
@@ -147,7 +147,7 @@ def _kth_by_mass(x_row, stride_v, V, c, lse2, target, BLOCK: tl.constexpr):
     t = tl.full([], INT32_MIN, tl.int32)
     for i in range(32):
         cand = t + (tl.full([], 1, tl.int32) << (31 - i))
-        _, mass = _mass_count(x_row, stride_v, V, c, lse2, cand, BLOCK)
+        cnt, mass = _mass_count(x_row, stride_v, V, c, lse2, cand, BLOCK)
         t = tl.where(mass >= target, cand, t)
     return t
 
@@ -172,8 +172,8 @@ def _tie_cut(x_row, stride_v, V, t, n, BLOCK: tl.constexpr):
 def _prefix_cut(x_row, stride_v, V, c, lse2, t, n_incl, BLOCK: tl.constexpr):
     """A prefix of the order ending at key t with ``n_incl`` of its ties as (t, index cut): members are key > t,
     or key == t and index <= cut."""
-    cnt_ge, _ = _mass_count(x_row, stride_v, V, c, lse2, t, BLOCK)
-    cnt_gt, _ = _mass_count(x_row, stride_v, V, c, lse2, t + 1, BLOCK)
+    cnt_ge, m_ge = _mass_count(x_row, stride_v, V, c, lse2, t, BLOCK)
+    cnt_gt, m_gt = _mass_count(x_row, stride_v, V, c, lse2, t + 1, BLOCK)
     cut = 2147483647
     if n_incl < cnt_ge - cnt_gt:
         cut = _tie_cut(x_row, stride_v, V, t, n_incl, BLOCK)
@@ -197,8 +197,8 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
 def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
                 t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
                 K, row, BLOCK: tl.constexpr):
-    _, kk, tp, mp, _ = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
-                                   q_ptr, q_val, q_stride, row, V)
+    t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
+                                         q_ptr, q_val, q_stride, row, V)
     c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
     lse2 = tl.load(lse_ptr + row) * LOG2E
     x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
@@ -213,7 +213,7 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
         uk = _prefix_cut(x_row, stride_v, V, c, lse2, tk, kk - n_gt, BLOCK)
         w = m_gt + (kk - n_gt).to(tl.float32) * tl.exp2(_value_of(tk) * c - lse2)
     else:
-        _, w = _mass_count(x_row, stride_v, V, c, lse2, INT32_MIN, BLOCK)
+        n_all, w = _mass_count(x_row, stride_v, V, c, lse2, INT32_MIN, BLOCK)
     # b. top-p inside the top-k: the boundary key tb (largest with mass(key >= tb) >= top_p · W), and how many of
     # its ties have mass before them below top_p · W
     tb = tl.full([], INT32_MIN, tl.int32)
