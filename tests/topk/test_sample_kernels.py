@@ -129,3 +129,38 @@ def test_uniform_argument_checks():
         sample(x, min_p=torch.tensor([0.1, -0.1, 0.2]))
     ids, _ = sample(x, uniform=torch.tensor(0.0))                          # one uniform for every row
     assert ids.shape == (3,)
+
+
+def test_row_kernel_chunks_per_target():
+    """The row kernel's programs per row: as many as stay resident with the batch's other rows (one per SM in
+    all), at least 2048 elements each; one under the interpreter."""
+    from onlinesoftmax.target import H200, INTERPRETER, L4
+    from onlinesoftmax.topk.sampling_launch import row_chunks
+
+    assert row_chunks(1, 128256, H200) == (63, 2048)
+    assert row_chunks(8, 128256, H200) == (16, 8192)
+    assert row_chunks(64, 262144, H200) == (2, 131072)
+    assert row_chunks(256, 128256, H200) == (1, 129024)          # chunks are whole 1024-element steps
+    assert row_chunks(1, 300, H200) == (1, 1024)
+    assert row_chunks(1, 128256, INTERPRETER) == (1, 129024)
+    assert row_chunks(1, 128256, L4) == (42, 3072)                # <= 58 SMs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_row_kernel_many_chunks_matches_reference(dtype):
+    """Flat rows of a real vocabulary: the nucleus holds ~10^5 tokens, so the row kernel runs with its chunks
+    waiting for each other (C > 1); bf16 logits put the boundaries inside runs of ties."""
+    from onlinesoftmax.target import target_of
+    from onlinesoftmax.topk.sampling_launch import row_chunks
+
+    B, V = 4, 128256
+    assert row_chunks(B, V, target_of(torch.device("cuda")))[0] > 1
+    x = torch.randn(B, V, device="cuda").to(dtype)
+    u = torch.rand(B, device="cuda")
+    check_draws(x, u, top_p=0.9, backend="triton")
+    check_draws(x, u, temperature=0.7, top_p=0.5, min_p=0.02, backend="triton")
+    check_draws(x, u, top_k=torch.tensor([0, 5000, 100, 70000], device="cuda"), top_p=0.95, backend="triton")
+    check_draws(x.t().contiguous().t(), u, top_k=torch.tensor([3000, 0, 1, 129000], device="cuda"),
+                backend="triton")
+    check_draws(x, u, backend="triton")

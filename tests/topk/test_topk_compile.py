@@ -97,8 +97,10 @@ for B, V, K in itertools.product((1, 3), (1, 3, 300), (1, 3, 64)):
         params = (vals, 0.8, s, inds, 5, s, vals, 0.9, s, vals, 0.1, s)
         launches = [(_sample_kernel, (vals, inds, lse, u, ids, logp, flag, *params, K, V),
                      dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1)),
-                    (_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, K),
-                     dict(BLOCK=1024, num_warps=4))]
+                    (_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, K,
+                                          M((B,), i32), M((B,), i32), M((64 * B,), i32), M((64 * B,), f32),
+                                          M((3 * B,), i32), M((4 * B,), f32), 2, 1024),
+                     dict(BLOCK=1024, CP=2, num_warps=4))]
         for fn, args, meta in launches:
             try:
                 CR.compile_launch(fn, args, meta, 90)

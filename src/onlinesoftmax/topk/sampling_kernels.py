@@ -12,11 +12,15 @@ of p = 0). The log-probability is ``log p − log W_kept``.
    kept length is the shortest decided one. Rows it cannot decide (top-p or min-p past the K candidates, a
    per-row top-k above K, no filter on a row longer than K) are flagged for step 2; greedy rows (T = 0) take the
    first candidate; rows with no distribution (lse not finite) or a parameter out of range get id -1, NaN.
-2. ``_sample_row_kernel``, one program per flagged row (the others return at once), over x itself: the boundary
-   of each filter by bisection on the order-preserving int32 key of x (32 passes over the row each: counts for
-   top-k, masses for top-p), ties at a boundary cut by the index (bisection on the index bits), then the mass
-   of the kept set and the inverse-CDF scan in index order. Exact and sync-free, but O(V · 32) work per flagged
-   row on one program: a cost for flat rows, whose nucleus holds thousands of tokens.
+2. ``_sample_row_kernel``, C programs per flagged row (the others return at once), each over a chunk of x, the
+   row's programs waiting for each other at a per-row barrier (``_triton/online.py``; all B·C programs resident at
+   once: ``row_chunks``). The boundary key of each filter by radix select on ``u = key + 2^31``, 4 bits per level
+   from the top: each chunk's 16-bin histogram of (count, mass) of the elements that match the prefix so far,
+   published; after the barrier every program sums the C histograms in chunk order (deterministic, no atomics) and
+   takes the same digit: the largest whose count (top-k) or mass (top-p) from the top still reaches the target.
+   8 levels per boundary. Ties at a boundary are cut by index (the n-th tie in index order: per-chunk counts, a
+   barrier, the chunk holding it finds it). Then each chunk's kept mass, a barrier, and the chunk holding
+   ``u · W_kept`` scans for the drawn token.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton.online import LOG2E
-from .kernels import INT32_MIN, _key_of, _log2_scale, _param, _value_of
+from .._triton.online import LOG2E, _row_barrier, _row_generation
+from .kernels import INT32_MIN, _key_of, _log2_scale, _param
 
 
 @triton.jit
@@ -117,152 +121,224 @@ def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr
 
 
 @triton.jit
-def _mass_count(x_row, stride_v, V, c, lse2, t, BLOCK: tl.constexpr):
-    """(#{key >= t}, Σ p over key >= t) of the row, p = 2^(x·c − lse2): one pass over x."""
-    cnt = 0
-    mass = 0.0
-    for s in range(0, V, BLOCK):
+def _u64(x):
+    """The order-preserving key of x as int64 in [0, 2^32): ascending with (x, NaN highest)."""
+    return _key_of(x).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _load_chunk(x_row, stride_v, o, hi):
+    return tl.load(x_row + o.to(tl.int64) * stride_v, mask=o < hi, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BLOCK: tl.constexpr):
+    """Chunk [lo, hi)'s 16-bin (count, mass) histogram of digit ``(u >> shift) & 15`` over the elements whose
+    ``u >> (shift + 4) == prefix`` (p = 2^(x·c − lse2))."""
+    bins = tl.arange(0, 16)
+    cnt = tl.zeros([16], tl.int32)
+    mass = tl.zeros([16], tl.float32)
+    for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
-        x = tl.load(x_row + o.to(tl.int64) * stride_v, mask=o < V, other=float("-inf")).to(tl.float32)
-        ge = (_key_of(x) >= t) & (o < V)
-        cnt += tl.sum(ge.to(tl.int32))
-        mass += tl.sum(tl.where(ge, tl.exp2(x * c - lse2), 0.0))
+        x = _load_chunk(x_row, stride_v, o, hi)
+        u = _u64(x)
+        sel = (o < hi) & ((u >> (shift + 4).to(tl.int64)) == prefix)
+        hit = (((u >> shift.to(tl.int64)) & 15)[:, None] == bins[None, :]) & sel[:, None]
+        cnt += tl.sum(hit.to(tl.int32), axis=0)
+        mass += tl.sum(tl.where(hit, tl.exp2(x * c - lse2)[:, None], 0.0), axis=0)
     return cnt, mass
 
 
 @triton.jit
-def _kth_by_count(x_row, stride_v, V, c, lse2, n, BLOCK: tl.constexpr):
-    """The largest key t with #{key >= t} >= n (the n-th largest key): 32 passes of bisection."""
-    t = tl.full([], INT32_MIN, tl.int32)
-    for i in range(32):
-        cand = t + (tl.full([], 1, tl.int32) << (31 - i))
-        cnt, mass = _mass_count(x_row, stride_v, V, c, lse2, cand, BLOCK)
-        t = tl.where(cnt >= n, cand, t)
-    return t
+def _chunk_mass(x_row, stride_v, lo, hi, c, lse2, BLOCK: tl.constexpr):
+    """Σ p over the chunk [lo, hi)."""
+    mass = 0.0
+    for s in range(lo, hi, BLOCK):
+        o = s + tl.arange(0, BLOCK)
+        mass += tl.sum(tl.where(o < hi, tl.exp2(_load_chunk(x_row, stride_v, o, hi) * c - lse2), 0.0))
+    return mass
 
 
 @triton.jit
-def _kth_by_mass(x_row, stride_v, V, c, lse2, target, BLOCK: tl.constexpr):
-    """The largest key t with Σ p over key >= t >= ``target`` (the top-p boundary key): 32 passes."""
-    t = tl.full([], INT32_MIN, tl.int32)
-    for i in range(32):
-        cand = t + (tl.full([], 1, tl.int32) << (31 - i))
-        cnt, mass = _mass_count(x_row, stride_v, V, c, lse2, cand, BLOCK)
-        t = tl.where(mass >= target, cand, t)
-    return t
+def _gather16(ptr, row, C, CP: tl.constexpr):
+    """Σ over the row's C chunks, in chunk order, of the 16-vectors at ``ptr + (row·C + j)·16`` (read from L2)."""
+    j = tl.arange(0, CP)
+    v = tl.load(ptr + ((row * C + j) * 16)[:, None] + tl.arange(0, 16)[None, :], mask=(j < C)[:, None], other=0,
+                cache_modifier=".cg")
+    return tl.sum(v, axis=0)
 
 
 @triton.jit
-def _tie_cut(x_row, stride_v, V, t, n, BLOCK: tl.constexpr):
-    """The index of the n-th (n >= 1) element of key t in index order: bisection on the index bits."""
-    u = -1
-    for i in range(31):     # the largest u with #{key == t, index <= u} < n; the answer is u + 1's element
-        cand = u + (1 << (30 - i))
-        if cand < V:        # (a cut at or past V counts every tie: u stays)
-            cnt = 0
-            for s in range(0, V, BLOCK):
-                o = s + tl.arange(0, BLOCK)
-                x = tl.load(x_row + o.to(tl.int64) * stride_v, mask=o < V, other=float("-inf")).to(tl.float32)
-                cnt += tl.sum(((_key_of(x) == t) & (o <= cand) & (o < V)).to(tl.int32))
-            u = tl.where(cnt < n, cand, u)
-    return u + 1
+def _barrier(ARRIVE, GEN, row, C):
+    _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
 
 
 @triton.jit
-def _prefix_cut(x_row, stride_v, V, c, lse2, t, n_incl, BLOCK: tl.constexpr):
-    """A prefix of the order ending at key t with ``n_incl`` of its ties as (t, index cut): members are key > t,
-    or key == t and index <= cut."""
-    cnt_ge, m_ge = _mass_count(x_row, stride_v, V, c, lse2, t, BLOCK)
-    cnt_gt, m_gt = _mass_count(x_row, stride_v, V, c, lse2, t + 1, BLOCK)
-    cut = 2147483647
-    if n_incl < cnt_ge - cnt_gt:
-        cut = _tie_cut(x_row, stride_v, V, t, n_incl, BLOCK)
-    return cut
+def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, HM, ARRIVE, GEN, row, chunk, C,
+           level0, BLOCK: tl.constexpr, CP: tl.constexpr):
+    """The largest key t whose count (``BY_MASS`` off) or mass of elements ``>= t`` reaches ``target``, with the
+    (count, mass) strictly above t and at t: 8 levels of 4 bits, a barrier each (histogram buffers alternate by
+    level parity from ``level0``: a fast program never overwrites one a slow program still reads)."""
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    m_gt = tl.zeros([], tl.float32)
+    n_eq = tl.zeros([], tl.int32)
+    m_eq = tl.zeros([], tl.float32)
+    bins = tl.arange(0, 16)
+    for lv in range(8):
+        shift = tl.full([], 28, tl.int32) - 4 * lv
+        cnt, mass = _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BLOCK)
+        buf = ((level0 + lv) % 2) * (tl.num_programs(0) * 16)
+        dst = (row * C + chunk) * 16 + bins
+        tl.store(HC + buf + dst, cnt)
+        tl.store(HM + buf + dst, mass)
+        _barrier(ARRIVE, GEN, row, C)
+        cnt = _gather16(HC + buf, row, C, CP)
+        mass = _gather16(HM + buf, row, C, CP)
+        # suffix sums from the top digit: what is >= each digit, above what earlier levels left above
+        ge_n = tl.sum(cnt) - (tl.cumsum(cnt, 0) - cnt)
+        ge_m = tl.sum(mass) - (tl.cumsum(mass, 0) - mass)
+        if BY_MASS:
+            ok = (m_gt + ge_m >= target) & (cnt > 0)
+        else:
+            ok = (n_gt + ge_n >= target) & (cnt > 0)
+        d = tl.max(tl.where(ok, bins, 0))
+        sel = bins == d
+        n_eq = tl.sum(tl.where(sel, cnt, 0))
+        m_eq = tl.sum(tl.where(sel, mass, 0.0))
+        n_gt += tl.sum(tl.where(sel, ge_n, 0)) - n_eq
+        m_gt += tl.sum(tl.where(sel, ge_m, 0.0)) - m_eq
+        prefix = prefix * 16 + d
+    return (prefix - 2147483648).to(tl.int32), n_gt, m_gt, n_eq, m_eq
 
 
-@triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "t_val", "t_stride", "k_val", "k_stride",
+@triton.jit
+def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOCK: tl.constexpr,
+             CP: tl.constexpr):
+    """The index of the n-th (n >= 1) element of key t in index order: each chunk's count of them, a barrier, the
+    chunk holding it finds it and publishes it, a barrier."""
+    cnt = 0
+    for s in range(lo, hi, BLOCK):
+        o = s + tl.arange(0, BLOCK)
+        cnt += tl.sum(((_key_of(_load_chunk(x_row, stride_v, o, hi)) == t) & (o < hi)).to(tl.int32))
+    tl.store(WC + row * C + chunk, cnt)
+    _barrier(ARRIVE, GEN, row, C)
+    j = tl.arange(0, CP)
+    counts = tl.load(WC + row * C + j, mask=j < C, other=0, cache_modifier=".cg")
+    before = tl.sum(tl.where(j < chunk, counts, 0))
+    if (before < n) & (n <= before + cnt):
+        run = before
+        cut = -1
+        for s in range(lo, hi, BLOCK):
+            o = s + tl.arange(0, BLOCK)
+            tie = (_key_of(_load_chunk(x_row, stride_v, o, hi)) == t) & (o < hi)
+            at = run + tl.cumsum(tie.to(tl.int32), 0)
+            hit = tl.min(tl.where(tie & (at == n), o, 2147483647))
+            cut = tl.where((cut < 0) & (hit < 2147483647), hit, cut)
+            run += tl.sum(tie.to(tl.int32))
+        tl.store(WC + tl.num_programs(0) + row, cut)
+    _barrier(ARRIVE, GEN, row, C)
+    return tl.load(WC + tl.num_programs(0) + row, cache_modifier=".cg")
+
+
+@triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
                                "p_val", "p_stride", "q_val", "q_stride"))
 def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                       q_stride, K, BLOCK: tl.constexpr):
-    """Step 2 for row ``pid`` if step 1 flagged it, over x (see the module's docstring)."""
-    row = tl.program_id(0)
+                       q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr):
+    """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row."""
+    pid = tl.program_id(0)
+    row = pid // C
     if tl.load(flag_ptr + row) != 0:
         _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
                     t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                    q_stride, K, row, BLOCK)
+                    q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, row, pid % C, C, CH, BLOCK, CP)
 
 
 @triton.jit
 def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
                 t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                K, row, BLOCK: tl.constexpr):
+                K, ARRIVE, GEN, HC, HM, WC, WM, row, chunk, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr):
     t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                          q_ptr, q_val, q_stride, row, V)
     c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
     lse2 = tl.load(lse_ptr + row) * LOG2E
     x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
     p_max = tl.exp2(x_max * c - lse2)                # as every p here: the min-p test is on this same form
-    top = tl.full([], 2147483647, tl.int32)
-    # a. top-k: its boundary key and tie cut, and the mass W it keeps (else W = the whole row's)
+    lo = chunk * CH
+    hi = tl.minimum(lo + CH, V)
+    level = 0
+    # a. top-k: its boundary key tk and the mass W it keeps (else W = the row's); ties at tk cut by index
     tk = tl.full([], INT32_MIN, tl.int32)
     uk = 2147483647
+    n_tk = 0
     if kk < V:
-        tk = _kth_by_count(x_row, stride_v, V, c, lse2, kk, BLOCK)
-        n_gt, m_gt = _mass_count(x_row, stride_v, V, c, lse2, tk + 1, BLOCK)
-        uk = _prefix_cut(x_row, stride_v, V, c, lse2, tk, kk - n_gt, BLOCK)
-        w = m_gt + (kk - n_gt).to(tl.float32) * tl.exp2(_value_of(tk) * c - lse2)
+        tk, n_gt, m_gt, n_eq, m_eq = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row,
+                                            chunk, C, level, BLOCK, CP)
+        level += 8
+        n_tk = kk - n_gt
+        w = m_gt + n_tk.to(tl.float32) * (m_eq / n_eq.to(tl.float32))
+        if n_tk < n_eq:
+            uk = _tie_cut(x_row, stride_v, lo, hi, tk, n_tk, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
+    elif tp < 1.0:
+        tl.store(WM + tl.num_programs(0) + row * C + chunk, _chunk_mass(x_row, stride_v, lo, hi, c, lse2, BLOCK))
+        _barrier(ARRIVE, GEN, row, C)
+        j = tl.arange(0, CP)
+        w = tl.sum(tl.load(WM + tl.num_programs(0) + row * C + j, mask=j < C, other=0.0, cache_modifier=".cg"))
     else:
-        n_all, w = _mass_count(x_row, stride_v, V, c, lse2, INT32_MIN, BLOCK)
-    # b. top-p inside the top-k: the boundary key tb (largest with mass(key >= tb) >= top_p · W), and how many of
-    # its ties have mass before them below top_p · W
+        w = 1.0             # (unused: no top-p)
+    # b. top-p inside the top-k: the boundary key tb (largest with mass(key >= tb) >= top_p · W, at least tk) and
+    # how many of its ties have mass before them below top_p · W
     tb = tl.full([], INT32_MIN, tl.int32)
     ub = 2147483647
     if tp < 1.0:
-        target = tp * w
-        tb = tl.maximum(_kth_by_mass(x_row, stride_v, V, c, lse2, target, BLOCK), tk)
-        n_gt, m_gt = _mass_count(x_row, stride_v, V, c, lse2, tb + 1, BLOCK)
-        pb = tl.maximum(tl.exp2(_value_of(tb) * c - lse2), 1e-38)   # > 0: tb is the key of a mass
-        n_incl = tl.maximum(tl.ceil((target - m_gt) / pb).to(tl.int32), 1)
-        ub = _prefix_cut(x_row, stride_v, V, c, lse2, tb, n_incl, BLOCK)
-        if tb == tk:
-            ub = tl.minimum(ub, uk)
-    # c. the kept set: every filter's prefix (min-p: p >= min_p · p_max); its mass, then the inverse-CDF scan in
-    # index order (never landing on p = 0)
+        P = tp * w
+        tb, nb_gt, mb_gt, nb_eq, mb_eq = _radix(x_row, stride_v, lo, hi, c, lse2, P, True, HC, HM, ARRIVE, GEN, row,
+                                                chunk, C, level, BLOCK, CP)
+        if tb <= tk:        # the nucleus reaches the top-k's last key: its cut stands
+            tb = tk
+            ub = uk
+        else:
+            pb = tl.maximum(mb_eq / nb_eq.to(tl.float32), 1e-38)
+            n_incl = tl.minimum(tl.maximum(tl.ceil((P - mb_gt) / pb).to(tl.int32), 1), nb_eq)
+            if n_incl < nb_eq:
+                ub = _tie_cut(x_row, stride_v, lo, hi, tb, n_incl, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
+    # c. the kept set (every filter's prefix; min-p: p >= min_p · p_max): each chunk's kept mass, a barrier, then
+    # the chunk holding u · W_kept scans for the first kept token (index order) whose running mass passes it
     thr = mp * p_max
-    w_kept = 0.0
-    for s in range(0, V, BLOCK):
+    mine = 0.0
+    for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
-        x = tl.load(x_row + o.to(tl.int64) * stride_v, mask=o < V, other=float("-inf")).to(tl.float32)
+        x = _load_chunk(x_row, stride_v, o, hi)
         key = _key_of(x)
         pr = tl.exp2(x * c - lse2)
         kept = ((key > tk) | ((key == tk) & (o <= uk))) & ((key > tb) | ((key == tb) & (o <= ub)))
-        kept = kept & (pr >= thr) & (o < V)
-        w_kept += tl.sum(tl.where(kept, pr, 0.0))
+        mine += tl.sum(tl.where(kept & (pr >= thr) & (o < hi), pr, 0.0))
+    tl.store(WM + row * C + chunk, mine)
+    _barrier(ARRIVE, GEN, row, C)
+    j = tl.arange(0, CP)
+    masses = tl.load(WM + row * C + j, mask=j < C, other=0.0, cache_modifier=".cg")
+    before = tl.cumsum(masses, 0) - masses
+    w_kept = tl.sum(masses)
     target = tl.load(u_ptr + row).to(tl.float32) * w_kept
-    run = 0.0
-    pick = -1
-    last = -1
-    p_pick = 0.0
-    for s in range(0, V, BLOCK):
-        o = s + tl.arange(0, BLOCK)
-        x = tl.load(x_row + o.to(tl.int64) * stride_v, mask=o < V, other=float("-inf")).to(tl.float32)
-        key = _key_of(x)
-        pr = tl.exp2(x * c - lse2)
-        kept = ((key > tk) | ((key == tk) & (o <= uk))) & ((key > tb) | ((key == tb) & (o <= ub)))
-        kept = kept & (pr >= thr) & (o < V) & (pr > 0.0)
-        pk = tl.where(kept, pr, 0.0)
-        cs = run + tl.cumsum(pk, 0)
-        first = tl.min(tl.where(kept & (cs > target), o, top))
-        take = (pick < 0) & (first < top)
-        p_first = tl.sum(tl.where(o == first, pr, 0.0))
-        pick = tl.where(take, first, pick)
-        p_pick = tl.where(take, p_first, p_pick)
-        last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
-        run += tl.sum(pk)
-    if pick < 0:            # rounding: u · W_kept at or past the scan's total; the last kept entry
-        pick = last
-        xl = tl.load(x_row + last.to(tl.int64) * stride_v).to(tl.float32)
-        p_pick = tl.exp2(xl * c - lse2)
-    tl.store(ids_ptr + row, pick.to(tl.int64))
-    tl.store(logp_ptr + row, tl.log(p_pick) - tl.log(w_kept))
+    owner = tl.max(tl.where((before <= target) & (masses > 0.0) & (j < C), j, -1))
+    if owner == chunk:
+        run = tl.sum(tl.where(j == chunk, before, 0.0))
+        pick = -1
+        last = -1
+        for s in range(lo, hi, BLOCK):
+            o = s + tl.arange(0, BLOCK)
+            x = _load_chunk(x_row, stride_v, o, hi)
+            key = _key_of(x)
+            pr = tl.exp2(x * c - lse2)
+            kept = ((key > tk) | ((key == tk) & (o <= uk))) & ((key > tb) | ((key == tb) & (o <= ub)))
+            kept = kept & (pr >= thr) & (o < hi) & (pr > 0.0)
+            pk = tl.where(kept, pr, 0.0)
+            first = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
+            pick = tl.where((pick < 0) & (first < 2147483647), first, pick)
+            last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
+            run += tl.sum(pk)
+        pick = tl.where(pick < 0, last, pick)          # rounding: u · W_kept at or past the chunk's end
+        p_pick = tl.exp2(tl.load(x_row + pick.to(tl.int64) * stride_v).to(tl.float32) * c - lse2)
+        tl.store(ids_ptr + row, pick.to(tl.int64))
+        tl.store(logp_ptr + row, tl.log(p_pick) - tl.log(w_kept))
