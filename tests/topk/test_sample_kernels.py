@@ -21,9 +21,10 @@ def _rows(v, B, cast=float):
     return [v] * B
 
 
-def check_draws(x, u, *, temperature=1.0, top_k=None, top_p=None, min_p=None, backend):
-    """ids and logprobs of ``sample`` against the reference, row by row (rows whose u lies within rounding of a
-    boundary of the CDF are only checked to draw a kept token)."""
+def check_draws(x, u, *, temperature=1.0, top_k=None, top_p=None, min_p=None, backend, gap=1e-5, max_near=0.25):
+    """ids and logprobs of ``sample`` against the reference, row by row. Rows whose u lies within ``gap`` of a
+    boundary of the CDF (fp32 running sums round there) are only checked to draw a kept token with its
+    log-probability; at most ``max_near`` of the rows may be such."""
     ids, logp = sample(x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, uniform=u,
                        backend=backend)
     B = x.shape[0]
@@ -35,16 +36,16 @@ def check_draws(x, u, *, temperature=1.0, top_k=None, top_p=None, min_p=None, ba
         if probs is None:
             assert ids[r] == -1 and torch.isnan(logp[r]), r
             continue
-        want, gap = sample_draw(probs, float(u[r]))
+        want, dist = sample_draw(probs, float(u[r]))
         got = int(ids[r])
         assert 0 <= got < x.shape[1] and probs[got] > 0, (r, got)
-        if gap > 1e-5:
-            assert got == want, (r, got, want, gap)
+        if dist > gap:
+            assert got == want, (r, got, want, dist)
         else:
             near += 1
         lp = 0.0 if ts[r] == 0 else np.log(probs[got])
         assert abs(float(logp[r]) - lp) <= 2e-5 + 2e-5 * abs(lp), (r, float(logp[r]), lp)
-    assert near <= B // 4
+    assert near <= max_near * B, (near, B)
 
 
 def _logits(B, V, dtype=torch.float32, scale=2.0, device="cpu"):
@@ -137,13 +138,13 @@ def test_row_kernel_chunks_per_target():
     from onlinesoftmax.target import H200, INTERPRETER, L4
     from onlinesoftmax.topk.sampling_launch import row_chunks
 
-    assert row_chunks(1, 128256, H200) == (63, 2048)
-    assert row_chunks(8, 128256, H200) == (16, 8192)
-    assert row_chunks(64, 262144, H200) == (2, 131072)
-    assert row_chunks(256, 128256, H200) == (1, 129024)          # chunks are whole 1024-element steps
-    assert row_chunks(1, 300, H200) == (1, 1024)
-    assert row_chunks(1, 128256, INTERPRETER) == (1, 129024)
-    assert row_chunks(1, 128256, L4) == (42, 3072)                # <= 58 SMs
+    assert row_chunks(1, 128256, H200) == (63, 2048, 256)
+    assert row_chunks(8, 128256, H200) == (16, 8192, 256)
+    assert row_chunks(64, 262144, H200) == (2, 131072, 256)
+    assert row_chunks(256, 128256, H200) == (1, 129024, 256)     # chunks are whole 1024-element steps
+    assert row_chunks(1, 300, H200) == (1, 1024, 256)
+    assert row_chunks(1, 128256, INTERPRETER) == (1, 129024, 1)
+    assert row_chunks(1, 128256, L4) == (42, 3072, 64)             # <= 58 SMs
 
 
 @pytest.mark.gpu
@@ -154,13 +155,14 @@ def test_gpu_row_kernel_many_chunks_matches_reference(dtype):
     from onlinesoftmax.target import target_of
     from onlinesoftmax.topk.sampling_launch import row_chunks
 
-    B, V = 4, 128256
+    B, V = 16, 128256
     assert row_chunks(B, V, target_of(torch.device("cuda")))[0] > 1
     x = torch.randn(B, V, device="cuda").to(dtype)
     u = torch.rand(B, device="cuda")
-    check_draws(x, u, top_p=0.9, backend="triton")
-    check_draws(x, u, temperature=0.7, top_p=0.5, min_p=0.02, backend="triton")
-    check_draws(x, u, top_k=torch.tensor([0, 5000, 100, 70000], device="cuda"), top_p=0.95, backend="triton")
-    check_draws(x.t().contiguous().t(), u, top_k=torch.tensor([3000, 0, 1, 129000], device="cuda"),
-                backend="triton")
-    check_draws(x, u, backend="triton")
+    k = torch.tensor([0, 5000, 100, 70000] * 4, device="cuda")
+    tol = dict(gap=2e-6, max_near=0.5)      # p ~ 1e-5 per token: boundaries every ~1e-5 of the CDF
+    check_draws(x, u, top_p=0.9, backend="triton", **tol)
+    check_draws(x, u, temperature=0.7, top_p=0.5, min_p=0.02, backend="triton", **tol)
+    check_draws(x, u, top_k=k, top_p=0.95, backend="triton", **tol)
+    check_draws(x.t().contiguous().t(), u, top_k=k.flip(0), backend="triton", **tol)
+    check_draws(x, u, backend="triton", **tol)

@@ -132,21 +132,57 @@ def _load_chunk(x_row, stride_v, o, hi):
 
 
 @triton.jit
-def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BLOCK: tl.constexpr):
-    """Chunk [lo, hi)'s 16-bin (count, mass) histogram of digit ``(u >> shift) & 15`` over the elements whose
-    ``u >> (shift + 4) == prefix`` (p = 2^(x·c − lse2))."""
+def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk [lo, hi)'s 16-bin histogram (counts, or with ``BY_MASS`` masses p = 2^(x·c − lse2)) of digit
+    ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``."""
     bins = tl.arange(0, 16)
-    cnt = tl.zeros([16], tl.int32)
-    mass = tl.zeros([16], tl.float32)
+    if BY_MASS:
+        h = tl.zeros([16], tl.float32)
+    else:
+        h = tl.zeros([16], tl.int32)
     for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
         x = _load_chunk(x_row, stride_v, o, hi)
         u = _u64(x)
         sel = (o < hi) & ((u >> (shift + 4).to(tl.int64)) == prefix)
         hit = (((u >> shift.to(tl.int64)) & 15)[:, None] == bins[None, :]) & sel[:, None]
-        cnt += tl.sum(hit.to(tl.int32), axis=0)
-        mass += tl.sum(tl.where(hit, tl.exp2(x * c - lse2)[:, None], 0.0), axis=0)
-    return cnt, mass
+        if BY_MASS:
+            h += tl.sum(tl.where(hit, tl.exp2(x * c - lse2)[:, None], 0.0), axis=0)
+        else:
+            h += tl.sum(hit.to(tl.int32), axis=0)
+    return h
+
+
+@triton.jit
+def _at_and_above(x_row, stride_v, lo, hi, c, lse2, t, WM, ARRIVE, GEN, row, chunk, C, BLOCK: tl.constexpr,
+                  CP: tl.constexpr):
+    """(count, mass) of the row's keys > t and == t: per-chunk sums, a barrier, summed in chunk order."""
+    n_gt = 0
+    n_eq = 0
+    m_gt = 0.0
+    m_eq = 0.0
+    for s in range(lo, hi, BLOCK):
+        o = s + tl.arange(0, BLOCK)
+        x = _load_chunk(x_row, stride_v, o, hi)
+        key = _key_of(x)
+        p = tl.exp2(x * c - lse2)
+        gt = (key > t) & (o < hi)
+        eq = (key == t) & (o < hi)
+        n_gt += tl.sum(gt.to(tl.int32))
+        n_eq += tl.sum(eq.to(tl.int32))
+        m_gt += tl.sum(tl.where(gt, p, 0.0))
+        m_eq += tl.sum(tl.where(eq, p, 0.0))
+    q = tl.arange(0, 4)
+    base = WM + 2 * tl.num_programs(0) + (row * C + chunk) * 4
+    tl.store(base + q, tl.where(q == 0, n_gt.to(tl.float32), tl.where(q == 1, n_eq.to(tl.float32),
+                                                                      tl.where(q == 2, m_gt, m_eq))))
+    _barrier(ARRIVE, GEN, row, C)
+    j = tl.arange(0, CP)
+    v = tl.load(WM + 2 * tl.num_programs(0) + ((row * C + j) * 4)[:, None] + q[None, :], mask=(j < C)[:, None],
+                other=0.0, cache_modifier=".cg")
+    v = tl.sum(v, axis=0)
+    return (tl.sum(tl.where(q == 0, v, 0.0)).to(tl.int32), tl.sum(tl.where(q == 1, v, 0.0)).to(tl.int32),
+            tl.sum(tl.where(q == 2, v, 0.0)), tl.sum(tl.where(q == 3, v, 0.0)))
 
 
 @triton.jit
@@ -176,40 +212,36 @@ def _barrier(ARRIVE, GEN, row, C):
 @triton.jit
 def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, HM, ARRIVE, GEN, row, chunk, C,
            level0, BLOCK: tl.constexpr, CP: tl.constexpr):
-    """The largest key t whose count (``BY_MASS`` off) or mass of elements ``>= t`` reaches ``target``, with the
-    (count, mass) strictly above t and at t: 8 levels of 4 bits, a barrier each (histogram buffers alternate by
-    level parity from ``level0``: a fast program never overwrites one a slow program still reads)."""
+    """The largest key t whose count (``BY_MASS`` off) or mass of elements ``>= t`` reaches ``target``: 8 levels
+    of 4 bits, a barrier each (histogram buffers alternate by level parity from ``level0``: a fast program never
+    overwrites one a slow program still reads). The chosen digit is the largest whose total from the top reaches
+    the target and whose bin is not empty (of positive mass, by mass: the boundary holds mass)."""
     prefix = tl.zeros([], tl.int64)
-    n_gt = tl.zeros([], tl.int32)
-    m_gt = tl.zeros([], tl.float32)
-    n_eq = tl.zeros([], tl.int32)
-    m_eq = tl.zeros([], tl.float32)
+    if BY_MASS:
+        above = tl.zeros([], tl.float32)
+    else:
+        above = tl.zeros([], tl.int32)
     bins = tl.arange(0, 16)
     for lv in range(8):
         shift = tl.full([], 28, tl.int32) - 4 * lv
-        cnt, mass = _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BLOCK)
+        h = _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS, BLOCK)
         buf = ((level0 + lv) % 2) * (tl.num_programs(0) * 16)
         dst = (row * C + chunk) * 16 + bins
-        tl.store(HC + buf + dst, cnt)
-        tl.store(HM + buf + dst, mass)
-        _barrier(ARRIVE, GEN, row, C)
-        cnt = _gather16(HC + buf, row, C, CP)
-        mass = _gather16(HM + buf, row, C, CP)
-        # suffix sums from the top digit: what is >= each digit, above what earlier levels left above
-        ge_n = tl.sum(cnt) - (tl.cumsum(cnt, 0) - cnt)
-        ge_m = tl.sum(mass) - (tl.cumsum(mass, 0) - mass)
         if BY_MASS:
-            ok = (m_gt + ge_m >= target) & (cnt > 0)
+            tl.store(HM + buf + dst, h)
         else:
-            ok = (n_gt + ge_n >= target) & (cnt > 0)
-        d = tl.max(tl.where(ok, bins, 0))
+            tl.store(HC + buf + dst, h)
+        _barrier(ARRIVE, GEN, row, C)
+        if BY_MASS:
+            h = _gather16(HM + buf, row, C, CP)
+        else:
+            h = _gather16(HC + buf, row, C, CP)
+        ge = tl.sum(h) - (tl.cumsum(h, 0) - h)          # what is >= each digit (suffix sums from the top)
+        d = tl.max(tl.where((above + ge >= target) & (h > 0), bins, 0))
         sel = bins == d
-        n_eq = tl.sum(tl.where(sel, cnt, 0))
-        m_eq = tl.sum(tl.where(sel, mass, 0.0))
-        n_gt += tl.sum(tl.where(sel, ge_n, 0)) - n_eq
-        m_gt += tl.sum(tl.where(sel, ge_m, 0.0)) - m_eq
+        above += tl.sum(tl.where(sel, ge - h, 0))
         prefix = prefix * 16 + d
-    return (prefix - 2147483648).to(tl.int32), n_gt, m_gt, n_eq, m_eq
+    return (prefix - 2147483648).to(tl.int32)
 
 
 @triton.jit
@@ -273,9 +305,10 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     uk = 2147483647
     n_tk = 0
     if kk < V:
-        tk, n_gt, m_gt, n_eq, m_eq = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row,
-                                            chunk, C, level, BLOCK, CP)
+        tk = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row, chunk, C, level, BLOCK, CP)
         level += 8
+        n_gt, n_eq, m_gt, m_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tk, WM, ARRIVE, GEN, row, chunk, C,
+                                               BLOCK, CP)
         n_tk = kk - n_gt
         w = m_gt + n_tk.to(tl.float32) * (m_eq / n_eq.to(tl.float32))
         if n_tk < n_eq:
@@ -293,12 +326,13 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     ub = 2147483647
     if tp < 1.0:
         P = tp * w
-        tb, nb_gt, mb_gt, nb_eq, mb_eq = _radix(x_row, stride_v, lo, hi, c, lse2, P, True, HC, HM, ARRIVE, GEN, row,
-                                                chunk, C, level, BLOCK, CP)
+        tb = _radix(x_row, stride_v, lo, hi, c, lse2, P, True, HC, HM, ARRIVE, GEN, row, chunk, C, level, BLOCK, CP)
         if tb <= tk:        # the nucleus reaches the top-k's last key: its cut stands
             tb = tk
             ub = uk
         else:
+            nb_gt, nb_eq, mb_gt, mb_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tb, WM, ARRIVE, GEN, row,
+                                                       chunk, C, BLOCK, CP)
             pb = tl.maximum(mb_eq / nb_eq.to(tl.float32), 1e-38)
             n_incl = tl.minimum(tl.maximum(tl.ceil((P - mb_gt) / pb).to(tl.int32), 1), nb_eq)
             if n_incl < nb_eq:

@@ -13,18 +13,23 @@ from .sampling_kernels import _sample_kernel, _sample_row_kernel
 
 FREE_K = 64                 # candidates when top_k is not a Python int (the bucket of k = 50: one compile)
 ROW_BLOCK = 1024                # elements per step of the row kernel's passes over x
-ROW_WARPS = 4
+ROW_WARPS = 8                   # (1024 x 4 warps spills: 255 registers, 160 bytes of stack)
 ROW_MIN_CHUNK = 2048            # the row kernel's chunks hold at least this many elements
 
 
-def row_chunks(B: int, V: int, target: Target) -> tuple[int, int]:
-    """(C, CH): the row kernel's programs per row and elements per chunk (a multiple of ROW_BLOCK). All B·C programs
-    wait for each other row by row, so B·C stays within what is surely resident (``programs_resident``); the
-    interpreter runs programs one after another: C = 1 there."""
-    C = 1 if target.interpret else max(1, min(target.programs_resident() // max(B, 1), -(-V // ROW_MIN_CHUNK)))
+def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
+    """(C, CH, CP): the row kernel's programs per row, elements per chunk (a multiple of ROW_BLOCK), and the
+    power of two its per-chunk tables are read with (the same for every B and V of a target: one compile). All
+    B·C programs wait for each other row by row, so B·C stays within what is surely resident
+    (``programs_resident``); the interpreter runs programs one after another: C = 1 there."""
+    if target.interpret:
+        C, cp = 1, 1
+    else:
+        C = max(1, min(target.programs_resident() // max(B, 1), -(-V // ROW_MIN_CHUNK)))
+        cp = pow2(target.programs_resident())
     per = -(-V // C)
     ch = -(-per // ROW_BLOCK) * ROW_BLOCK
-    return -(-V // ch), ch
+    return -(-V // ch), ch, cp
 
 
 def _param(v, off, dummy: torch.Tensor) -> tuple:
@@ -36,13 +41,13 @@ def _param(v, off, dummy: torch.Tensor) -> tuple:
 
 
 @cached
-def _launches(B: int, V: int, K: int, C: int):
+def _launches(B: int, V: int, K: int, C: int, CP: int):
     """The sampling kernels after ``softmax_topk``: step 1 (B programs) and, where some row may need it (C > 0),
     step 2 (B·C programs)."""
     one = BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)), num_warps=1 if K <= 256 else 4))
     two = None
     if C:
-        two = BoundKernel(_sample_row_kernel, (B * C,), dict(BLOCK=ROW_BLOCK, CP=pow2(C), num_warps=ROW_WARPS))
+        two = BoundKernel(_sample_row_kernel, (B * C,), dict(BLOCK=ROW_BLOCK, CP=CP, num_warps=ROW_WARPS))
     return one, two
 
 
@@ -72,17 +77,18 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
     softmax_topk_2d(x, K, cfg, (vals, inds, lse), t_mode, (tt[0], float(tt[1]), tt[2]))
     ids = torch.empty(B, device=dev, dtype=torch.int64)
     logp = torch.empty(B, device=dev, dtype=torch.float32)
-    C, CH = row_chunks(B, V, target_of(dev)) if row else (0, 0)
-    one, two = _launches(B, V, K, C)
+    C, CH, CP = row_chunks(B, V, target_of(dev)) if row else (0, 0, 0)
+    one, two = _launches(B, V, K, C, CP)
     kt, pt, qt = _param(kk, 0, inds), _param(pp, 1.0, vals), _param(qq, 0.0, vals)
     params = (*tt, kt[0], int(kt[1]), kt[2], *pt, *qt)
     check = (x, u, tt[0], kt[0], pt[0], qt[0])
     one((vals, inds, lse, u, ids, logp, flag, *params, K, V), check, dev)
     if two is not None:
         BC = B * C
-        # barrier words (zeroed, left as found), the levels' histograms (two buffers), tie counts and cuts, masses
+        # barrier words (zeroed, left as found), the levels' histograms (two buffers), tie counts and cuts, then
+        # per chunk: the kept mass, the row's mass, (count, mass) above and at a boundary
         ws = stream_scratch("sample-row", dev, ((B, torch.int32), (B, torch.int32), (32 * BC, torch.int32),
                                                 (32 * BC, torch.float32), (BC + B, torch.int32),
-                                                (2 * BC, torch.float32)), zeroed=2)
+                                                (6 * BC, torch.float32)), zeroed=2)
         two((x, x.stride(0), x.stride(1), V, inds, lse, u, ids, logp, flag, *params, K, *ws, C, CH), check, dev)
     return ids, logp
