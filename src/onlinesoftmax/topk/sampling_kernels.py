@@ -15,12 +15,12 @@ of p = 0). The log-probability is ``log p − log W_kept``.
 2. ``_sample_row_kernel``, C programs per flagged row (the others return at once), each over a chunk of x, the
    row's programs waiting for each other at a per-row barrier (``_triton/online.py``; all B·C programs resident at
    once: ``row_chunks``). The boundary key of each filter by radix select on ``u = key + 2^31``, 4 bits per level
-   from the top: each chunk's 16-bin histogram of (count, mass) of the elements that match the prefix so far,
-   published; after the barrier every program sums the C histograms in chunk order (deterministic, no atomics) and
-   takes the same digit: the largest whose count (top-k) or mass (top-p) from the top still reaches the target.
-   8 levels per boundary. Ties at a boundary are cut by index (the n-th tie in index order: per-chunk counts, a
-   barrier, the chunk holding it finds it). Then each chunk's kept mass, a barrier, and the chunk holding
-   ``u · W_kept`` scans for the drawn token.
+   from the top: each chunk's 16-bin histogram (counts for top-k, masses for top-p) of the elements that match the
+   prefix so far, published; after the barrier every program sums the C histograms in chunk order (deterministic,
+   no atomics) and takes the same digit: the largest whose total from the top still reaches the target. 8 levels
+   per boundary, then the other unit above and at the boundary in one pass. Ties at a boundary are cut by index
+   (the n-th tie in index order: per-chunk counts, a barrier, the chunk holding it finds it). Then each chunk's
+   kept mass, a barrier, and the chunk holding ``u · W_kept`` scans for the drawn token.
 """
 
 from __future__ import annotations
