@@ -1,0 +1,173 @@
+"""A Llama-3-8B-shaped transformers model (random weights, 4 decoder layers, bf16) on onlinesoftmax's attention and
+loss, against transformers' "sdpa" attention and the model's own loss: prefill, a training step, greedy decoding.
+
+    PYTHONPATH=src python examples/transformers_llama.py                 # the H200 figures (bf16, CUDA)
+    PYTHONPATH=src python examples/transformers_llama.py --small --device cpu   # a smoke run of the same code
+
+Prints one table; ``--json PATH`` also writes it (with the device and versions) for ``benchmarks/results/``.
+Rows: prefill of B x S tokens (forward, no cache), a training step (forward + backward: ``causal_lm_loss``, which never
+builds the [tokens, vocab] logits, against ``model(input_ids, labels=labels).loss``), greedy decoding of N new tokens
+from a P-token prompt (tokens/s). Time: median of ``--reps`` runs after one warm-up run; peak: the CUDA allocator's
+peak over one run, above what the model and inputs hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                 num_key_value_heads=8, head_dim=128, rope_theta=500000.0, max_position_embeddings=8192)
+SMALL = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, max_position_embeddings=512)
+
+
+def build(impl: str, small: bool, layers: int, dtype, device):
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**(SMALL if small else LLAMA3_8B), num_hidden_layers=layers,
+                                   attention_dropout=0.0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=dtype).to(device)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(fn, device, reps: int):
+    """(median seconds, peak bytes above the start) of ``fn()``."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+    return statistics.median(times), peak
+
+
+def run_impl(impl: str, args, ids, prompt, device, dtype) -> tuple[list[dict], torch.Tensor]:
+    """The three measurements for one attention implementation, and its greedy tokens."""
+    from onlinesoftmax.integrations import transformers as osst
+
+    B, S = ids.shape
+    model = build(impl, args.small, args.layers, dtype, device)
+    rows = []
+    model.eval()
+    with torch.no_grad():
+        t, peak = measure(lambda: model(ids, use_cache=False).logits, device, args.reps)
+    rows.append(dict(case=f"prefill {B}x{S}", impl=impl, seconds=t, peak_bytes=peak, tokens_per_s=B * S / t))
+    model.train()
+
+    def step():
+        if impl == "onlinesoftmax":
+            loss = osst.causal_lm_loss(model, ids, ids, use_cache=False)
+        else:
+            loss = model(ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return loss
+
+    model.zero_grad(set_to_none=True)
+    t, peak = measure(step, device, args.reps)
+    model.zero_grad(set_to_none=True)
+    rows.append(dict(case=f"training step {B}x{S}", impl=impl, seconds=t, peak_bytes=peak, tokens_per_s=B * S / t))
+    model.eval()
+    out = {}
+
+    def gen():
+        with torch.no_grad():
+            out["ids"] = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                        pad_token_id=0)
+
+    t, peak = measure(gen, device, max(1, args.reps // 2))
+    n = prompt.shape[0] * args.new_tokens
+    rows.append(dict(case=f"greedy decode {prompt.shape[0]}x{args.new_tokens} from {prompt.shape[1]}", impl=impl,
+                     seconds=t, peak_bytes=peak, tokens_per_s=n / t))
+    return rows, out["ids"]
+
+
+def run(args) -> list[dict]:
+    from onlinesoftmax.integrations import transformers as osst
+
+    osst.register()
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(1)
+    vocab = (SMALL if args.small else LLAMA3_8B)["vocab_size"]
+    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=g).to(device)
+    prompt = torch.randint(0, vocab, (args.decode_batch, args.prompt), generator=g).to(device)
+    rows, tokens = [], {}
+    for impl in ("sdpa", "onlinesoftmax"):
+        r, tokens[impl] = run_impl(impl, args, ids, prompt, device, dtype)
+        rows += r
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    same = torch.equal(tokens["sdpa"], tokens["onlinesoftmax"])
+    for r in rows:
+        r["greedy tokens identical"] = same if r["case"].startswith("greedy") else None
+    return rows
+
+
+def table(rows) -> str:
+    by = {}
+    for r in rows:
+        by.setdefault(r["case"], {})[r["impl"]] = r
+    lines = ["| case | sdpa ms | onlinesoftmax ms | speed-up | sdpa peak MiB | onlinesoftmax peak MiB "
+             "| tokens/s (ours) |", "|---|---|---|---|---|---|---|"]
+    for case, d in by.items():
+        a, b = d["sdpa"], d["onlinesoftmax"]
+
+        def mib(v):
+            return "-" if v is None else f"{v / 2**20:.0f}"
+        lines.append(f"| {case} | {a['seconds'] * 1e3:.1f} | {b['seconds'] * 1e3:.1f} | "
+                     f"{a['seconds'] / b['seconds']:.2f}x | {mib(a['peak_bytes'])} | {mib(b['peak_bytes'])} | "
+                     f"{b['tokens_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true", help="a tiny config (a smoke run: CPU, CI)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--decode-batch", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=2048)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args(argv)
+    rows = run(args)
+    print(table(rows))
+    same = next(r["greedy tokens identical"] for r in rows if r["greedy tokens identical"] is not None)
+    print(f"greedy tokens identical to sdpa's: {same}")
+    if args.json:
+        import transformers
+
+        env = dict(device=torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+                   torch=torch.__version__, transformers=transformers.__version__, args=vars(args),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        with open(args.json, "w") as f:
+            json.dump(dict(env=env, rows=rows), f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
