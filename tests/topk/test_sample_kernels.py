@@ -136,7 +136,7 @@ def test_row_kernel_chunks_per_target():
     """The row kernel's programs per row: as many as stay resident with the batch's other rows (one per SM in
     all), at least 2048 elements each; one under the interpreter."""
     from onlinesoftmax.target import H200, INTERPRETER, L4
-    from onlinesoftmax.topk.sampling_launch import row_chunks
+    from onlinesoftmax.topk.plan import row_chunks
 
     assert row_chunks(1, 128256, H200) == (63, 2048, 256)
     assert row_chunks(8, 128256, H200) == (16, 8192, 256)
@@ -153,7 +153,7 @@ def test_gpu_row_kernel_many_chunks_matches_reference(dtype):
     """Flat rows of a real vocabulary: the nucleus holds ~10^5 tokens, so the row kernel runs with its chunks
     waiting for each other (C > 1); bf16 logits put the boundaries inside runs of ties."""
     from onlinesoftmax.target import target_of
-    from onlinesoftmax.topk.sampling_launch import row_chunks
+    from onlinesoftmax.topk.plan import row_chunks
 
     B, V = 16, 128256
     assert row_chunks(B, V, target_of(torch.device("cuda")))[0] > 1
@@ -166,3 +166,22 @@ def test_gpu_row_kernel_many_chunks_matches_reference(dtype):
     check_draws(x, u, top_k=k, top_p=0.95, backend="triton", **tol)
     check_draws(x.t().contiguous().t(), u, top_k=k.flip(0), backend="triton", **tol)
     check_draws(x, u, backend="triton", **tol)
+
+
+def test_explain_sample_names_the_launches():
+    """explain_sample: the candidates K (top_k for an int, 64 otherwise, 1 for greedy), their top-k plan, and
+    whether the row kernel launches (not for an int top_k or greedy) with its chunks; per target; the torch path."""
+    from onlinesoftmax.target import A100, H200
+    from onlinesoftmax.topk import explain_sample
+
+    x = torch.empty(8, 128256, device="meta")
+    p = explain_sample(x, top_k=50, target=H200)
+    assert (p.path, p.k, p.row_chunks, p.topk.path) == ("kernels", 50, 0, "filter")
+    p = explain_sample(x, target=H200)
+    assert (p.k, p.row_chunks, p.chunk, p.table) == (64, 16, 8192, 256)
+    assert explain_sample(x, top_k=torch.ones(8, dtype=torch.long), target=A100).row_chunks == 13
+    p = explain_sample(x, temperature=0.0, top_k=50, target=H200)
+    assert (p.k, p.row_chunks) == (1, 0)
+    assert explain_sample(x, top_k=5000, target=H200).path == "torch"          # past the fused kernels: sort
+    assert explain_sample(torch.randn(3, 12), backend="torch").path == "torch"
+    assert explain_sample(torch.randn(3, 12), target=H200).row_chunks == 0      # K = V: the candidates hold the row

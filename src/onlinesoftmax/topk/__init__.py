@@ -3,7 +3,7 @@
 launches, ``kernels.py`` holds them, ``launch.py`` binds them; ``warmup.py`` compiles them ahead of time."""
 
 from .api import TopK, explain, softmax_topk
-from .sampling import sample
+from .sampling import explain_sample, sample
 from .warmup import warmup
 
-__all__ = ["TopK", "explain", "sample", "softmax_topk", "warmup"]
+__all__ = ["TopK", "explain", "explain_sample", "sample", "softmax_topk", "warmup"]

@@ -186,3 +186,54 @@ def topk_plan(B: int, V: int, k: int, esize: int, target: Target, knobs: Knobs =
         peel = kb if kb and num_warps == 1 and kb <= NARROW_PEEL_MAX else 0
     return Plan("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg, kb,
                 width, peel, tile, fast)
+
+
+# --- sample (sampling_kernels.py) ----------------------------------------------------------------------------
+
+FREE_K = 64                     # candidates when top_k is not a Python int (the bucket of k = 50: one compile)
+ROW_BLOCK = 1024                # elements per step of the row kernel's passes over x
+ROW_WARPS = 8                   # (1024 x 4 warps spills: 255 registers, 160 bytes of stack)
+ROW_MIN_CHUNK = 2048            # the row kernel's chunks hold at least this many elements
+
+
+def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
+    """(C, CH, CP): the row kernel's programs per row, elements per chunk (a multiple of ROW_BLOCK), and the
+    power of two its per-chunk tables are read with (the same for every B and V of a target: one compile). All
+    B·C programs wait for each other row by row, so B·C stays within what is surely resident
+    (``programs_resident``); the interpreter runs programs one after another: C = 1 there."""
+    if target.interpret:
+        C, cp = 1, 1
+    else:
+        C = max(1, min(target.programs_resident() // max(B, 1), -(-V // ROW_MIN_CHUNK)))
+        cp = pow2(target.programs_resident())
+    per = -(-V // C)
+    ch = -(-per // ROW_BLOCK) * ROW_BLOCK
+    return -(-V // ch), ch, cp
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """What ``sample`` launches for one problem (``explain_sample`` returns it)."""
+
+    path: str                   # "kernels", or "torch" (the portable path: not CUDA, or K past the fused kernels)
+    k: int = 0                  # K: candidates from softmax_topk (the temperature folded into its read)
+    topk: Plan | None = None    # their plan
+    row_chunks: int = 0         # the row kernel's programs per row; 0: not launched (an int top_k decides every row)
+    chunk: int = 0              # its elements per program
+    table: int = 0              # the power of two its per-chunk tables are read with
+
+
+TORCH_SAMPLE_PLAN = SamplePlan("torch")
+
+
+def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = False, top_k: int | None = None
+                ) -> SamplePlan:
+    """The launches of ``sample`` on a ``[B, V]`` input of ``esize``-byte floats on ``target``: ``greedy`` when every
+    row's temperature is 0 (a Python 0), ``top_k`` a Python int (or None: no top-k, or a per-row tensor)."""
+    K = 1 if greedy else top_k if top_k is not None else min(V, FREE_K)
+    cfg = topk_plan(B, V, K, esize, target)
+    if cfg.path == "sort":
+        return TORCH_SAMPLE_PLAN
+    if greedy or top_k is not None or K == V:
+        return SamplePlan("kernels", K, cfg)
+    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target))

@@ -44,7 +44,7 @@ from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from .api import softmax_topk
 
-__all__ = ["sample"]
+__all__ = ["explain_sample", "sample"]
 
 
 def _number(v, name: str, ok, rule: str):
@@ -134,6 +134,29 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         if out is not None:
             return out[0].reshape(lead), out[1].reshape(lead)
     return _sample_torch(x.float(), t, kk, pp, qq, u.reshape(-1, 1), lead)
+
+
+def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend: str | None = None, target=None):
+    """The plan ``sample(logits, temperature=..., top_k=...)`` runs (top-p and min-p do not change it), without
+    running it: a ``SamplePlan`` (``path`` "kernels" or "torch"; the candidates K and their top-k plan; the row
+    kernel's chunks, 0 where it is not launched). ``target`` plans for another GPU than the logits' (e.g.
+    ``onlinesoftmax.target.H200`` for a CPU or meta tensor)."""
+    from ..target import target_of
+    from .plan import TORCH_SAMPLE_PLAN, sample_plan
+
+    check_float_tensor(logits, "explain_sample: logits")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError("explain_sample: logits must have a non-empty last dimension")
+    if target is None and resolve_backend(backend, logits, "explain_sample") == "torch":
+        return TORCH_SAMPLE_PLAN
+    V = logits.shape[-1]
+    B = logits.numel() // V
+    if B == 0:
+        return TORCH_SAMPLE_PLAN
+    greedy = not isinstance(temperature, torch.Tensor) and temperature == 0
+    k = None if greedy or not isinstance(top_k, int) or isinstance(top_k, bool) else min(top_k, V)
+    esize = 4 if logits.dtype == torch.float64 else logits.dtype.itemsize
+    return sample_plan(B, V, esize, target or target_of(logits.device), greedy=greedy, top_k=k)
 
 
 def _u_ok(u):

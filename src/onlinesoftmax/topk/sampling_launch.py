@@ -6,30 +6,16 @@ from __future__ import annotations
 import torch
 
 from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
-from ..target import Target, target_of
-from .launch import cached_plan, softmax_topk_2d
-from .plan import MIN_KP
+from ..target import target_of
+from .launch import softmax_topk_2d
+from .plan import MIN_KP, ROW_BLOCK, ROW_WARPS, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_row_kernel
 
-FREE_K = 64                 # candidates when top_k is not a Python int (the bucket of k = 50: one compile)
-ROW_BLOCK = 1024                # elements per step of the row kernel's passes over x
-ROW_WARPS = 8                   # (1024 x 4 warps spills: 255 registers, 160 bytes of stack)
-ROW_MIN_CHUNK = 2048            # the row kernel's chunks hold at least this many elements
 
-
-def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
-    """(C, CH, CP): the row kernel's programs per row, elements per chunk (a multiple of ROW_BLOCK), and the
-    power of two its per-chunk tables are read with (the same for every B and V of a target: one compile). All
-    B·C programs wait for each other row by row, so B·C stays within what is surely resident
-    (``programs_resident``); the interpreter runs programs one after another: C = 1 there."""
-    if target.interpret:
-        C, cp = 1, 1
-    else:
-        C = max(1, min(target.programs_resident() // max(B, 1), -(-V // ROW_MIN_CHUNK)))
-        cp = pow2(target.programs_resident())
-    per = -(-V // C)
-    ch = -(-per // ROW_BLOCK) * ROW_BLOCK
-    return -(-V // ch), ch, cp
+@cached
+def cached_sample_plan(B: int, V: int, dtype: torch.dtype, device: torch.device, greedy: bool, top_k) -> SamplePlan:
+    return sample_plan(B, V, 4 if dtype == torch.float64 else dtype.itemsize, target_of(device), greedy=greedy,
+                       top_k=top_k)
 
 
 def _param(v, off, dummy: torch.Tensor) -> tuple:
@@ -62,11 +48,10 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
     greedy = not isinstance(t, torch.Tensor) and t == 0
     if greedy:                                      # every row greedy: the first candidate
         kk = pp = qq = None
-    K = 1 if greedy else kk if isinstance(kk, int) else min(V, FREE_K)
-    cfg = cached_plan(B, V, K, x.dtype, dev)
-    if cfg.path == "sort":
+    plan = cached_sample_plan(B, V, x.dtype, dev, greedy, kk if isinstance(kk, int) else None)
+    if plan.path != "kernels":
         return None
-    row = not isinstance(kk, int) and K < V and not greedy
+    K, cfg, C, CH, CP = plan.k, plan.topk, plan.row_chunks, plan.chunk, plan.table
     vals, inds, lse, flag = stream_scratch("sample", dev, ((B * K, torch.float32), (B * K, torch.int64),
                                                            (B, torch.float32), (B, torch.int32)), zeroed=0)
     vals, inds, lse, flag = vals[:B * K].view(B, K), inds[:B * K].view(B, K), lse[:B], flag[:B]
@@ -77,7 +62,6 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
     softmax_topk_2d(x, K, cfg, (vals, inds, lse), t_mode, (tt[0], float(tt[1]), tt[2]))
     ids = torch.empty(B, device=dev, dtype=torch.int64)
     logp = torch.empty(B, device=dev, dtype=torch.float32)
-    C, CH, CP = row_chunks(B, V, target_of(dev)) if row else (0, 0, 0)
     one, two = _launches(B, V, K, C, CP)
     kt, pt, qt = _param(kk, 0, inds), _param(pp, 1.0, vals), _param(qq, 0.0, vals)
     params = (*tt, kt[0], int(kt[1]), kt[2], *pt, *qt)
