@@ -206,6 +206,9 @@ def _gather16(ptr, row, C, CP: tl.constexpr):
 
 @triton.jit
 def _barrier(ARRIVE, GEN, row, C):
+    """Every program of the row past its stores before any reads what they published: the program's threads first
+    (their stores ordered before the one thread's release), then the row's programs."""
+    tl.debug_barrier()
     _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
 
 
