@@ -123,8 +123,8 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         if isinstance(top_p, torch.Tensor) else top_p
     qq = _per_row(min_p, B, dev, torch.float32, "min_p", _q_ok, "in [0, 1]") \
         if isinstance(min_p, torch.Tensor) else min_p
-    if uniform is None:
-        u = torch.rand(B, device=dev, generator=generator)
+    if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
+        u = None if not isinstance(t, torch.Tensor) and t == 0 else torch.rand(B, device=dev, generator=generator)
     else:
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
     if which == "triton" and B > 0:
@@ -133,7 +133,7 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         out = sample_2d(x, t, kk, pp, qq, u)
         if out is not None:
             return out[0].reshape(lead), out[1].reshape(lead)
-    return _sample_torch(x.float(), t, kk, pp, qq, u.reshape(-1, 1), lead)
+    return _sample_torch(x.float(), t, kk, pp, qq, None if u is None else u.reshape(-1, 1), lead)
 
 
 def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend: str | None = None, target=None):

@@ -39,7 +39,7 @@ def _launches(B: int, V: int, K: int, C: int, CP: int):
 
 def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
     """``(ids [B], logp [B])`` for ``x`` ``[B, V]`` (B >= 1) and the rows' uniforms ``u`` (float32 ``[B]`` on x's
-    device) on the kernels, or None where ``softmax_topk`` would
+    device; None for an all-greedy call) on the kernels, or None where ``softmax_topk`` would
     take its sort path (``top_k`` above the fused kernels' range): the caller runs torch's path then."""
     B, V = x.shape
     dev = x.device
@@ -65,6 +65,8 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
     one, two = _launches(B, V, K, C, CP)
     kt, pt, qt = _param(kk, 0, inds), _param(pp, 1.0, vals), _param(qq, 0.0, vals)
     params = (*tt, kt[0], int(kt[1]), kt[2], *pt, *qt)
+    if u is None:                                   # all greedy: nothing is drawn
+        u = vals
     check = (x, u, tt[0], kt[0], pt[0], qt[0])
     one((vals, inds, lse, u, ids, logp, flag, *params, K, V), check, dev)
     if two is not None:
