@@ -39,8 +39,9 @@ def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, t
     """The launches of ``cfg`` for one problem, bound once (``BoundKernel``: no per-call argument binding):
     ``(kernel, args)`` pairs, ``args(x, ws, ws2, out, tt)`` giving the run-time arguments. Stage 1 first.
 
-    ``t_mode``: the temperature folded into the read of x (``kernels._log2_scale``): 0 none, 1 the scalar
-    ``tt[1]``, 2 the per-row tensor ``tt[0]`` (stride ``tt[2]``); ``tt = (t_ptr, t_val, t_stride)``."""
+    ``t_mode``: the temperature folded into the read of x (``kernels._log2_scale``): 0 none; 1 from
+    ``tt = (t_ptr, t_val, t_stride)``: the scalar ``t_val`` where ``t_stride < 0``, else the per-row float32
+    tensor ``t_ptr`` (stride ``t_stride``; x stands in for a missing pointer)."""
     S = cfg.splits
     fast = cfg.fast
     BS = B * S
