@@ -10,7 +10,7 @@ from .softmax.api import log_softmax, logsumexp, softmax
 from .state import SoftmaxState
 from .topk.api import TopK, softmax_topk
 from .topk.sampling import sample
-from .topk.warmup import warmup
+from .warmup import warmup
 
 __version__ = "0.1.0"
 

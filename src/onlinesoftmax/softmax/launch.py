@@ -196,3 +196,19 @@ def backward(y, dy, dx, geo_y, geo_dy, geo_dx, M, N, inner, log: bool, knobs: Kn
         launch = bind_backward(p, backward_plan(p, target, knobs), target)
     launch((y, dy, dx), y.device)
     return launch.plan
+
+
+def warmup_rows(N: int, dtype: torch.dtype, mode: int, max_rows: int, target: Target) -> list[int]:
+    """Row counts M <= ``max_rows`` whose forward launches on contiguous ``[M, N]`` rows cover every compiled
+    variant any M <= max_rows needs on ``target``: one M per distinct (kernels, constexprs, Triton's
+    specialisation of the run-time integers: == 1, divisible by 16). A handful per (N, dtype, mode): the plan's
+    constexprs change with M in a few classes only."""
+    first: dict = {}
+    for M in range(1, max_rows + 1):
+        p = Forward(M, N, 1, (N, 1, 1), (0, 0, 0) if mode == LOGSUMEXP else (N, 1, 1), mode, dtype, dtype)
+        launch = bind_forward(p, forward_plan(p, target), target)
+        key = (tuple((b.fn.__name__, tuple(sorted((k, str(v)) for k, v in b.meta.items()))) for b in launch.kernels),
+               tuple((a == 1, a % 16 == 0) for a in launch.scalars if isinstance(a, int)),
+               launch.workspace is not None)
+        first.setdefault(key, M)
+    return sorted(first.values())

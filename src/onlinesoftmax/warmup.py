@@ -1,0 +1,49 @@
+"""``onlinesoftmax.warmup``: compile, before the first request needs them, the kernels a decode loop or a server
+calls: ``softmax_topk`` / ``sample`` for a vocabulary (``topk/warmup.py``), and the softmax family's forward for
+row lengths N at every row count up to ``max_rows`` (``softmax.launch.warmup_rows``: one call per compiled variant,
+a handful per N). After it, a first call with a new k of a compiled bucket, a new batch size or a new row count
+launches without compiling."""
+
+from __future__ import annotations
+
+import torch
+
+SOFTMAX_OPS = ("softmax", "log_softmax", "logsumexp")
+
+
+def warmup(vocab_size: int | None = None, *, top_k=(50,), batch_sizes=(1, 256), dtypes=(torch.float32,),
+           sampling: bool = True, softmax_sizes=(), softmax_ops=("softmax",), max_rows: int = 1024,
+           device=None) -> int:
+    """Compile ahead of time. ``vocab_size``: ``softmax_topk`` per k bucket of ``top_k`` and ``sample``'s paths
+    (with ``sampling``), per batch class and dtype (``onlinesoftmax.topk.warmup``). ``softmax_sizes``: row lengths N
+    for ``softmax_ops`` (any of softmax, log_softmax, logsumexp) on contiguous ``[M, N]`` rows, every M up to
+    ``max_rows``, per dtype. Returns the number of calls made."""
+    from .softmax.api import log_softmax, logsumexp, softmax
+    from .target import target_of
+    from .topk.warmup import warmup as topk_warmup
+
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    calls = 0
+    if vocab_size is not None:
+        calls += topk_warmup(vocab_size, top_k=top_k, batch_sizes=batch_sizes, dtypes=dtypes, sampling=sampling,
+                             device=device)
+    ops = {"softmax": (softmax, 0), "log_softmax": (log_softmax, 1), "logsumexp": (logsumexp, 2)}
+    for name in softmax_ops:
+        if name not in ops:
+            raise ValueError(f"warmup: softmax_ops must name ops of {SOFTMAX_OPS}, got {name!r}")
+    if softmax_sizes:
+        from .softmax.launch import warmup_rows
+
+        target = target_of(device)
+        for N in softmax_sizes:
+            for dtype in dtypes:
+                for name in softmax_ops:
+                    fn, mode = ops[name]
+                    for M in warmup_rows(int(N), dtype, mode, max_rows, target):
+                        fn(torch.randn(M, int(N), device=device).to(dtype), -1)
+                        calls += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return calls
