@@ -359,6 +359,9 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     w_kept = tl.sum(masses)
     target = tl.load(u_ptr + row).to(tl.float32) * w_kept
     owner = tl.max(tl.where((before <= target) & (masses > 0.0) & (j < C), j, -1))
+    if (owner < 0) & (chunk == 0):      # nothing kept (cannot happen: the row's largest p always stays): say so
+        tl.store(ids_ptr + row, tl.full([], -1, tl.int64))
+        tl.store(logp_ptr + row, float("nan"))
     if owner == chunk:
         run = tl.sum(tl.where(j == chunk, before, 0.0))
         pick = -1
