@@ -132,6 +132,20 @@ def _load_chunk(x_row, stride_v, o, hi):
 
 
 @triton.jit
+def _block(x_row, stride_v, s, hi, c, lse2, BLOCK: tl.constexpr):
+    """Elements [s, s + BLOCK) of the chunk ending at hi: their indices, keys, p = 2^(x·c − lse2), and which exist."""
+    o = s + tl.arange(0, BLOCK)
+    x = _load_chunk(x_row, stride_v, o, hi)
+    return o, _key_of(x), tl.exp2(x * c - lse2), o < hi
+
+
+@triton.jit
+def _in_prefixes(key, o, tk, uk, tb, ub):
+    """Inside both prefixes of the order: top-k's (key > tk, or == tk up to index uk) and top-p's (tb, ub)."""
+    return ((key > tk) | ((key == tk) & (o <= uk))) & ((key > tb) | ((key == tb) & (o <= ub)))
+
+
+@triton.jit
 def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk [lo, hi)'s 16-bin histogram (counts, or with ``BY_MASS`` masses p = 2^(x·c − lse2)) of digit
     ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``."""
@@ -162,12 +176,9 @@ def _at_and_above(x_row, stride_v, lo, hi, c, lse2, t, WM, ARRIVE, GEN, row, chu
     m_gt = 0.0
     m_eq = 0.0
     for s in range(lo, hi, BLOCK):
-        o = s + tl.arange(0, BLOCK)
-        x = _load_chunk(x_row, stride_v, o, hi)
-        key = _key_of(x)
-        p = tl.exp2(x * c - lse2)
-        gt = (key > t) & (o < hi)
-        eq = (key == t) & (o < hi)
+        o, key, p, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
+        gt = (key > t) & live
+        eq = (key == t) & live
         n_gt += tl.sum(gt.to(tl.int32))
         n_eq += tl.sum(eq.to(tl.int32))
         m_gt += tl.sum(tl.where(gt, p, 0.0))
@@ -190,8 +201,8 @@ def _chunk_mass(x_row, stride_v, lo, hi, c, lse2, BLOCK: tl.constexpr):
     """Σ p over the chunk [lo, hi)."""
     mass = 0.0
     for s in range(lo, hi, BLOCK):
-        o = s + tl.arange(0, BLOCK)
-        mass += tl.sum(tl.where(o < hi, tl.exp2(_load_chunk(x_row, stride_v, o, hi) * c - lse2), 0.0))
+        o, key, p, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
+        mass += tl.sum(tl.where(live, p, 0.0))
     return mass
 
 
@@ -345,12 +356,8 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     thr = mp * p_max
     mine = 0.0
     for s in range(lo, hi, BLOCK):
-        o = s + tl.arange(0, BLOCK)
-        x = _load_chunk(x_row, stride_v, o, hi)
-        key = _key_of(x)
-        pr = tl.exp2(x * c - lse2)
-        kept = ((key > tk) | ((key == tk) & (o <= uk))) & ((key > tb) | ((key == tb) & (o <= ub)))
-        mine += tl.sum(tl.where(kept & (pr >= thr) & (o < hi), pr, 0.0))
+        o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
+        mine += tl.sum(tl.where(_in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live, pr, 0.0))
     tl.store(WM + row * C + chunk, mine)
     _barrier(ARRIVE, GEN, row, C)
     j = tl.arange(0, CP)
@@ -367,12 +374,8 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
         pick = -1
         last = -1
         for s in range(lo, hi, BLOCK):
-            o = s + tl.arange(0, BLOCK)
-            x = _load_chunk(x_row, stride_v, o, hi)
-            key = _key_of(x)
-            pr = tl.exp2(x * c - lse2)
-            kept = ((key > tk) | ((key == tk) & (o <= uk))) & ((key > tb) | ((key == tb) & (o <= ub)))
-            kept = kept & (pr >= thr) & (o < hi) & (pr > 0.0)
+            o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
+            kept = _in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live & (pr > 0.0)
             pk = tl.where(kept, pr, 0.0)
             first = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
             pick = tl.where((pick < 0) & (first < 2147483647), first, pick)
