@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from .topk.warmup import BATCH_CLASSES
+from .topk.warmup import warmup as topk_warmup
+
 SOFTMAX_OPS = ("softmax", "log_softmax", "logsumexp")
 
 
-def warmup(vocab_size: int | None = None, *, top_k=(50,), batch_sizes=(1, 256), dtypes=(torch.float32,),
+def warmup(vocab_size: int | None = None, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(torch.float32,),
            sampling: bool = True, softmax_sizes=(), softmax_ops=("softmax",), max_rows: int = 1024,
            device=None) -> int:
     """Compile ahead of time. ``vocab_size``: ``softmax_topk`` per k bucket of ``top_k`` and ``sample``'s paths
@@ -20,7 +23,6 @@ def warmup(vocab_size: int | None = None, *, top_k=(50,), batch_sizes=(1, 256), 
     ``max_rows``, per dtype. Returns the number of calls made."""
     from .softmax.api import log_softmax, logsumexp, softmax
     from .target import target_of
-    from .topk.warmup import warmup as topk_warmup
 
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())

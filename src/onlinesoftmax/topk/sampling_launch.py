@@ -14,8 +14,8 @@ from .sampling_kernels import _sample_kernel, _sample_row_kernel
 
 @cached
 def cached_sample_plan(B: int, V: int, dtype: torch.dtype, device: torch.device, greedy: bool, top_k) -> SamplePlan:
-    return sample_plan(B, V, 4 if dtype == torch.float64 else dtype.itemsize, target_of(device), greedy=greedy,
-                       top_k=top_k)
+    """:func:`sample_plan` for x's device (fp32 / fp16 / bf16: fp64 logits are read as fp32), cached per problem."""
+    return sample_plan(B, V, dtype.itemsize, target_of(device), greedy=greedy, top_k=top_k)
 
 
 def _param(v, off, dummy: torch.Tensor) -> tuple:
