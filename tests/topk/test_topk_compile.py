@@ -61,8 +61,9 @@ print(json.dumps(dict(compiled=len(seen), failed=failed)))
 """
 
 
-@pytest.mark.slow
-def test_topk_kernels_compile_with_unit_sizes_and_strides():
+def _compile_probe(probe: str) -> dict:
+    """Run ``probe`` in a child process without the interpreter (kernels compile there for sm_90a with Triton's
+    ptxas; skip where it is not installed) and return the JSON it prints last."""
     pytest.importorskip("triton")
     import triton
 
@@ -72,9 +73,14 @@ def test_topk_kernels_compile_with_unit_sizes_and_strides():
     src = os.path.dirname(os.path.dirname(onlinesoftmax.__file__))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([src, os.path.join(ROOT, "tools"), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_topk_kernels_compile_with_unit_sizes_and_strides():
+    out = _compile_probe(PROBE)
     assert out["compiled"] >= 30 and not out["failed"], "\n".join(out["failed"])
 
 
@@ -115,16 +121,5 @@ print(json.dumps(dict(compiled=n, failed=failed)))
 def test_sampling_kernels_compile():
     """The sampling kernels compile for sm_90a at unit and odd sizes, with scalar and per-row parameters (the row
     kernel once failed to compile on the GPU only: a name rebound with another type in a branch)."""
-    pytest.importorskip("triton")
-    import triton
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        pytest.skip("Triton's NVIDIA backend (ptxas) is not installed")
-    src = os.path.dirname(os.path.dirname(onlinesoftmax.__file__))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([src, os.path.join(ROOT, "tools"), env.get("PYTHONPATH", "")])
-    res = subprocess.run([sys.executable, "-c", SAMPLE_PROBE], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = _compile_probe(SAMPLE_PROBE)
     assert out["compiled"] >= 40 and not out["failed"], "\n".join(out["failed"])
