@@ -1,12 +1,14 @@
 """warmup: which calls it makes, and (on the GPU) that after it a first call with a new row count, k or batch size
 compiles nothing (<= 50 ms)."""
 
+import dataclasses
 import time
 
 import pytest
 import torch
 
 import onlinesoftmax as oss
+from onlinesoftmax.softmax import explain
 from onlinesoftmax.softmax.launch import warmup_rows
 from onlinesoftmax.target import H200
 
@@ -20,6 +22,24 @@ def test_warmup_rows_are_few_and_cover_every_variant(N, dtype):
         rows = warmup_rows(N, dtype, mode, 1024, H200)
         assert rows[0] == 1 and len(rows) <= 8, rows
         assert rows == sorted(set(rows)) and rows[-1] <= 1024
+
+
+@pytest.mark.parametrize("N", [32000, 128256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_warmup_rows_cover_the_plans_calls_make(N, dtype):
+    """Every plan a call on contiguous [M, N] rows makes (``explain`` on the meta device, M <= 1024) is among the
+    warmed rows' plans: the listed rows take the calls' own row view (an earlier version took another view and
+    missed the shared-memory kernel of M > 264 on the H200)."""
+    for op, mode in (("softmax", 0), ("logsumexp", 2)):
+        warmed = {_shape_free(explain(torch.empty(M, N, dtype=dtype, device="meta"), op=op, target=H200))
+                  for M in warmup_rows(N, dtype, mode, 1024, H200)}
+        for M in range(1, 1025, 7):
+            plan = explain(torch.empty(M, N, dtype=dtype, device="meta"), op=op, target=H200)
+            assert _shape_free(plan) in warmed, (op, M, plan)
+
+
+def _shape_free(plan):
+    return dataclasses.replace(plan, grid=0)
 
 
 def test_warmup_argument_checks():

@@ -100,6 +100,26 @@ def test_ties_in_half_precision_logits(kernel_device, backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_top_p_ends_inside_the_top_k_run_of_ties(kernel_device, backend):
+    """The nucleus ends inside the run of ties the top-k cuts (top_k = 100 > the 64 candidates: the row kernel):
+    top-p keeps fewer of the tied tokens than top-k did. top_p sits halfway between two steps of the sorted CDF."""
+    V, n_ties = 300, 10
+    g = torch.Generator().manual_seed(3)
+    x = torch.full((4, V), -5.0)
+    for r in range(4):
+        perm = torch.randperm(V, generator=g)
+        x[r, perm[:98]] = torch.linspace(3.0, 2.0, 98)
+        x[r, perm[98:98 + n_ties]] = 1.0                 # ranks 98..107 tie; top_k = 100 keeps two of them
+    srt = np.sort(sample_distribution(x[0].double().numpy(), 1.0, 100, None, None))[::-1]
+    cs = np.cumsum(srt)
+    u = torch.linspace(0.02, 0.98, 4)
+    for last in (97, 98, 99):                           # the nucleus's last rank: before, inside, at the top-k cut
+        tp = float((cs[last - 1] + cs[last]) / 2)
+        check_draws(x.to(kernel_device), u.to(kernel_device), top_k=torch.full((4,), 100, device=kernel_device),
+                    top_p=tp, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_strided_rows_and_special_rows(kernel_device, backend):
     """Rows of a transposed view (no copy on the kernels' path), a NaN row, a row of -inf, a +inf row, a row
     with one finite logit, under temperature and filters."""

@@ -235,10 +235,12 @@ def test_gpu_device_tensor_parameters_out_of_range():
     x = torch.randn(6, 100, device="cuda")
     t = torch.tensor([1.0, -1.0, float("nan"), 0.0, 1.0, 1.0], device="cuda")
     p = torch.tensor([0.9, 0.9, 0.9, 0.9, 0.0, 1.5], device="cuda")
+    k = torch.full((6,), 20, device="cuda")
+    sample(x, temperature=t, top_p=p, top_k=k)    # refills the graph reserve the earlier tests' captures took (a sync)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        ids, logp = sample(x, temperature=t, top_p=p, top_k=torch.full((6,), 20, device="cuda"))
+        ids, logp = sample(x, temperature=t, top_p=p, top_k=k)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert ids.cpu().tolist()[1:3] == [-1, -1] and ids.cpu().tolist()[4:] == [-1, -1]

@@ -67,8 +67,9 @@ def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None 
     While a CUDA graph is being captured the caller gets buffers of its own (the graph may replay on any stream),
     and nothing is zeroed inside the graph: a zeroing captured there would run before every replay (a 520 KB
     memset node per softmax call in a graph: 0.8-1.7 µs more per decode-sized replay on the H200). The views
-    past ``zeroed`` come from ``torch.empty``; the zeroed ones from a reserve of
-    buffers zeroed outside the capture (GRAPH_RESERVE per device, topped up by eager calls), which are then kept
+    past ``zeroed`` come from ``torch.empty``; the zeroed ones from a reserve of buffers zeroed outside the capture
+    (GRAPH_RESERVE per device, topped up by eager calls: the first on a device, and the first after captures took
+    some, waits once for the stream, so that a replay on another stream finds them zeroed), which are then kept
     alive for good. Only a capture that finds the reserve empty (no eager call since GRAPH_RESERVE earlier
     captures) or too small zeroes its words inside the graph.
     """

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
 from ..target import Target, target_of
+from .geometry import rows_or_copy
 from .kernels.bf16x2 import softmax_bwd_coop_bf16x2_kernel, softmax_coop_bf16x2_kernel
 from .kernels.chunks import softmax_bwd_chunks_kernel, softmax_chunks_kernel
 from .kernels.logsumexp import logsumexp_rows_pipe_kernel, logsumexp_stream_kernel
@@ -204,8 +205,10 @@ def warmup_rows(N: int, dtype: torch.dtype, mode: int, max_rows: int, target: Ta
     specialisation of the run-time integers: == 1, divisible by 16). A handful per (N, dtype, mode): the plan's
     constexprs change with M in a few classes only."""
     first: dict = {}
+    meta = torch.empty(2, N, dtype=dtype, device="meta")       # the row view a call on contiguous rows takes
+    _, (_, _, inner, (geo, *_)) = rows_or_copy([meta], 1)
     for M in range(1, max_rows + 1):
-        p = Forward(M, N, 1, (N, 1, 1), (0, 0, 0) if mode == LOGSUMEXP else (N, 1, 1), mode, dtype, dtype)
+        p = Forward(M, N, inner, geo, (0, 0, 0) if mode == LOGSUMEXP else geo, mode, dtype, dtype, 16)
         launch = bind_forward(p, forward_plan(p, target), target)
         key = (tuple((b.fn.__name__, tuple(sorted((k, str(v)) for k, v in b.meta.items()))) for b in launch.kernels),
                tuple((a == 1, a % 16 == 0) for a in launch.scalars if isinstance(a, int)),

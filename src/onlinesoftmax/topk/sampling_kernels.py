@@ -318,13 +318,17 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     tk = tl.full([], INT32_MIN, tl.int32)
     uk = 2147483647
     n_tk = 0
+    m_tk = 0.0              # the mass above tk, and p of one tie at tk
+    p_tk = 1.0
     if kk < V:
         tk = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row, chunk, C, level, BLOCK, CP)
         level += 8
         n_gt, n_eq, m_gt, m_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tk, WM, ARRIVE, GEN, row, chunk, C,
                                                BLOCK, CP)
         n_tk = kk - n_gt
-        w = m_gt + n_tk.to(tl.float32) * (m_eq / n_eq.to(tl.float32))
+        m_tk = m_gt
+        p_tk = m_eq / n_eq.to(tl.float32)
+        w = m_gt + n_tk.to(tl.float32) * p_tk
         if n_tk < n_eq:
             uk = _tie_cut(x_row, stride_v, lo, hi, tk, n_tk, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
     elif tp < 1.0:
@@ -341,9 +345,12 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     if tp < 1.0:
         P = tp * w
         tb = _radix(x_row, stride_v, lo, hi, c, lse2, P, True, HC, HM, ARRIVE, GEN, row, chunk, C, level, BLOCK, CP)
-        if tb <= tk:        # the nucleus reaches the top-k's last key: its cut stands
+        if tb <= tk:        # the nucleus ends in the top-k's last run of ties (tb >= tk: mass(key >= tk) >= W)
             tb = tk
+            n_incl = tl.minimum(tl.maximum(tl.ceil((P - m_tk) / tl.maximum(p_tk, 1e-38)).to(tl.int32), 1), n_tk)
             ub = uk
+            if n_incl < n_tk:
+                ub = _tie_cut(x_row, stride_v, lo, hi, tk, n_incl, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
         else:
             nb_gt, nb_eq, mb_gt, mb_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tb, WM, ARRIVE, GEN, row,
                                                        chunk, C, BLOCK, CP)
