@@ -14,9 +14,10 @@ from onlinesoftmax.reference import losses as ref
 from onlinesoftmax.target import A100, H200, INTERPRETER
 
 # The Triton paths, forced small so the interpreter walks every loop and mask: one block; two passes of 256-wide
-# tiles; the row split over programs of 512 classes.
+# tiles; the row split over programs of 512 classes; the coop kernel (one chunk per row in the interpreter, where no
+# program may wait for another: its C > 1 merge runs in the GPU tests).
 PATHS = {"one": CEKnobs(path="row"), "two": CEKnobs(path="row", one_block=False, block=256),
-         "split": CEKnobs(path="split", block=128, chunk=256)}
+         "split": CEKnobs(path="split", block=128, chunk=256), "coop": CEKnobs(path="coop")}
 
 
 def _rel(a, b):
@@ -110,7 +111,8 @@ def test_llm_vocab(V):
     x, t = _inputs(2, V, torch.bfloat16, ignore_every=0)
     lr, gr = _ref(x, t)
     for kw in (dict(backend="torch"), dict(backend="triton", knobs=CEKnobs(path="row", block=16384)),
-               dict(backend="triton", knobs=CEKnobs(path="split", block=16384, chunk=32768))):
+               dict(backend="triton", knobs=CEKnobs(path="split", block=16384, chunk=32768)),
+               dict(backend="triton", knobs=CEKnobs(path="coop"))):
         loss, g = _run(x, t, **kw)
         assert _rel(loss, lr) < 1e-5, kw
         assert _rel(g, gr) < 8e-3, kw
@@ -222,13 +224,23 @@ def test_errors(bad, match):
 
 def test_plans_by_target():
     big = CEProblem(8192, 128256, 2, True)
-    assert plan_cross_entropy(big, H200).path == "row" and not plan_cross_entropy(big, H200).one_block
-    small_batch = CEProblem(64, 128256, 2, True)
-    assert plan_cross_entropy(small_batch, H200).path == "split"
-    p32 = CEProblem(8192, 32000, 2, True)
-    assert plan_cross_entropy(p32, H200).path == "row"
-    # a non-Hopper target keeps the portable sizes: no 32K register-resident row
-    assert plan_cross_entropy(p32, H200).one_block and not plan_cross_entropy(p32, A100).one_block
+    for tgt in (H200, A100):            # every GPU: the row over C programs at a row barrier
+        p = plan_cross_entropy(big, tgt)
+        assert (p.path, p.chunk, p.chunks, p.num_warps) == ("coop", 8192, 16, 8)
+    p32 = plan_cross_entropy(CEProblem(8192, 32000, 2, True), H200)
+    assert (p32.path, p32.chunk, p32.chunks, p32.num_warps) == ("coop", 4096, 8, 4)
+    assert plan_cross_entropy(CEProblem(64, 262144, 2, True), H200).chunks == 32
+    # more chunks than may wait for each other (64; one per SM): one program per row, or the row split
+    huge = CEProblem(8192, 1 << 20, 2, True)
+    assert plan_cross_entropy(huge, H200).path == "row" and not plan_cross_entropy(huge, H200).one_block
+    assert plan_cross_entropy(CEProblem(64, 1 << 20, 2, True), H200).path == "split"
+    with pytest.raises(ValueError, match="coop"):
+        plan_cross_entropy(huge, H200, CEKnobs(path="coop"))
+    # the interpreter: no program may wait for another, so coop only as one chunk per row (knobs)
+    assert plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER).path == "row"
+    assert plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER, CEKnobs(path="coop")).chunks == 1
+    with pytest.raises(ValueError, match="coop"):
+        plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER, CEKnobs(path="coop", chunk=256))
     assert plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER).fast_exp is False
     assert plan_cross_entropy(big, H200, CEKnobs(path="split")).path == "split"
     with pytest.raises(TypeError):
@@ -244,6 +256,6 @@ def test_explain():
     p = explain(oss.cross_entropy, x, t, backend="triton")
     assert p.path == "row" and not p.one_block           # 3000 > the interpreter's one-block size; 20 rows
     assert explain(oss.cross_entropy, x[:4], t[:4], backend="triton").path == "split"   # 4 rows on 4 "SMs"
-    pa = explain(oss.cross_entropy, x, t, target_gpu=A100)           # a GPU keeps a 3000-class row in registers
-    assert pa.path == "row" and pa.one_block and pa.block == 4096 and pa.fast_exp
+    pa = explain(oss.cross_entropy, x, t, target_gpu=A100)           # a GPU: one 4096-class chunk per row
+    assert pa.path == "coop" and pa.chunks == 1 and pa.chunk == 4096 and pa.fast_exp
     assert explain(oss.cross_entropy, x, t, backend="triton", knobs=PATHS["split"]).chunks == 12

@@ -23,7 +23,7 @@ def _grads_ref(fn, *leaves):
 
 
 @pytest.mark.parametrize("V", [32000, 50257, 128256])
-@pytest.mark.parametrize("path", [None, "row", "split"])
+@pytest.mark.parametrize("path", [None, "coop", "row", "split"])
 @pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0, reduction="sum"),
                                   dict(weight=True, reduction="none")])
 def test_cross_entropy_gpu_vs_fp64(V, path, opts):
@@ -52,9 +52,35 @@ def test_cross_entropy_gpu_matches_torch_and_plans():
     x = torch.randn(4096, 128256, device=dev, dtype=torch.bfloat16)
     t = torch.randint(0, 128256, (4096,), device=dev)
     torch.testing.assert_close(oss.cross_entropy(x, t), F.cross_entropy(x.float(), t), rtol=1e-5, atol=1e-5)
-    assert explain(oss.cross_entropy, x, t, need_grad=True).path in ("row", "split")
+    plan = explain(oss.cross_entropy, x, t, need_grad=True)
+    assert plan.path == "coop" and plan.chunks == 16 and plan.chunk == 8192, plan
     t[:] = -100
     assert torch.isnan(oss.cross_entropy(x, t))
+
+
+def test_cross_entropy_gpu_coop_in_place_and_many_rows():
+    """The coop kernel over 8192 rows (more programs than fit at once: rows wait in dispatch order), and in place
+    (dx over x, as the linear cross-entropy's tiles): the target logit is read before any program of its row
+    writes dx."""
+    dev = torch.device("cuda")
+    N, V = 8192, 50257
+    x = (torch.randn(N, V, device=dev) * 2).bfloat16()
+    t = torch.randint(0, V, (N,), device=dev)
+    t[::10] = -100
+    from onlinesoftmax.losses import kernels as K
+    from onlinesoftmax.losses.cross_entropy import _plan_for, _reduction_coefs
+
+    plan = _plan_for(x, True, None)
+    assert plan.path == "coop" and plan.chunks == 13
+    lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t, reduction="sum"), x)
+    for inplace in (False, True):
+        xi = x.clone()
+        dx = xi if inplace else torch.empty_like(xi)
+        loss, lse = torch.empty(N, device=dev), torch.empty(N, device=dev)
+        K.ce_rows(plan, xi, t, None, _reduction_coefs(t, None, -100, "sum", V), loss, lse, dx, None, -100, 0.0,
+                  0.0, None)
+        assert _rel(loss.sum(), lr) < 1e-5, inplace
+        assert _rel(dx, gr) < 8e-3, inplace
 
 
 @pytest.mark.parametrize("bias", [False, True])

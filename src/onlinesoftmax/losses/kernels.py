@@ -19,6 +19,9 @@ Kernels, readable one first:
   (m, d) taken, dx written from the same registers. Else two passes over the row in BLOCK-sized tiles: the first
   folds each tile's state into the running (m, d) by ⊕, the second re-reads the row (from L2 where it is still
   there: the first pass loads with evict_last, the second with evict_first) and writes dx.
+* ``ce_coop_kernel``: a row over C programs (the GPU's path): each holds a chunk in registers, publishes its
+  (m_c, d_c), waits at the row barrier for the row's C states, merges them by ⊕ and writes dx from the same
+  registers. Traffic: x read once, dx written once, for any V up to C·CHUNK.
 * ``ce_split_stats_kernel`` + ``ce_split_grad_kernel``: a row split over C programs (rows too few to fill the GPU,
   or too long). The first writes each chunk's partial state (m, d, Σ w·z); the second merges the C states by ⊕,
   re-reads its chunk and writes dx. Traffic: x read twice, dx written once.
@@ -35,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton.launch import BoundKernel, cached
-from .._triton.online import _alpha, _exp, _lse, _shift
+from .._triton.launch import BoundKernel, cached, stream_scratch
+from .._triton.online import _alpha, _combine_all, _exp, _lse, _row_barrier, _row_generation, _shift, _state
 from .plan import CEPlan
 
 # ---- elementwise pieces ---------------------------------------------------------------------------------
@@ -78,10 +81,9 @@ def _row_loss(lse, zt, wt, sz, Wsum, eps, V, HAS_SMOOTH: tl.constexpr):
 
 
 @triton.jit
-def _grad_tile(z, x_is_col_t, w, lse, A, s_ce, wt, eps, V, softcap, g_row,
-               HAS_SMOOTH: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_G: tl.constexpr, FAST: tl.constexpr):
-    """∂loss/∂x of one tile (see the module docstring)."""
-    p = _exp(z - lse, FAST)                       # p_j = e^(z_j − lse)
+def _grad_tile(p, z, x_is_col_t, w, A, s_ce, wt, eps, V, softcap, g_row,
+               HAS_SMOOTH: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_G: tl.constexpr):
+    """∂loss/∂x of one tile from p_j = e^(z_j − lse) (see the module docstring)."""
     g = p * A
     if HAS_SMOOTH:
         g -= s_ce * (eps / V) * w
@@ -176,8 +178,8 @@ def ce_row_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g
             tl.store(LSE + row, lse)
             # 3. dx from the same registers (V·bytes written)
             if NEED_GRAD:
-                g = _grad_tile(z, cols == t, w, lse, A, s_ce, wt, eps, V, softcap, g_row,
-                               HAS_SMOOTH, HAS_SOFTCAP, HAS_G, FAST)
+                g = _grad_tile(_exp(z - lse, FAST), z, cols == t, w, A, s_ce, wt, eps, V, softcap, g_row,
+                               HAS_SMOOTH, HAS_SOFTCAP, HAS_G)
                 tl.store(DX_row + cols, g.to(DX.dtype.element_ty), mask=mask)
         else:
             # 1. [online softmax] first pass: tile states folded into the running (m, d) by ⊕ (V·bytes read)
@@ -201,8 +203,8 @@ def ce_row_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g
                         w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
                     else:
                         w = 1.0
-                    g = _grad_tile(z, start + cols == t, w, lse, A, s_ce, wt, eps, V, softcap, g_row,
-                                   HAS_SMOOTH, HAS_SOFTCAP, HAS_G, FAST)
+                    g = _grad_tile(_exp(z - lse, FAST), z, start + cols == t, w, A, s_ce, wt, eps, V, softcap,
+                                   g_row, HAS_SMOOTH, HAS_SOFTCAP, HAS_G)
                     tl.store(DX_row + start + cols, g.to(DX.dtype.element_ty), mask=mask,
                              eviction_policy="evict_first")
 
@@ -281,9 +283,78 @@ def ce_split_grad_kernel(X, stride_x, T, W, COEF, PM, PD, PS, LOSS, LSE, DX, str
                     w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
                 else:
                     w = 1.0
-                g = _grad_tile(z, start + cols == t, w, lse, A, s_ce, wt, eps, V, softcap, g_row,
-                               HAS_SMOOTH, HAS_SOFTCAP, HAS_G, FAST)
+                g = _grad_tile(_exp(z - lse, FAST), z, start + cols == t, w, A, s_ce, wt, eps, V, softcap, g_row,
+                               HAS_SMOOTH, HAS_SOFTCAP, HAS_G)
                 tl.store(DX_row + start + cols, g.to(DX.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+# ---- a row over C programs that wait for each other -------------------------------------------------------
+
+
+@triton.jit
+def ce_coop_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g, PART_M, PART_D, PART_S,
+                   ARRIVE, GEN, V, ignore_index, eps, z_loss, softcap, C,
+                   CHUNK: tl.constexpr, CP: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTH: tl.constexpr,
+                   HAS_Z: tl.constexpr, HAS_SOFTCAP: tl.constexpr, NEED_GRAD: tl.constexpr, HAS_G: tl.constexpr,
+                   FAST: tl.constexpr):
+    """Program ``pid`` holds chunk ``pid % C`` of row ``pid // C`` in registers: the logits are read once and dx
+    written from the same registers, the row's C states meeting at a row barrier (all C programs resident: C is at
+    most one per SM). Traffic: x read once, dx written once — the floor of a fused forward + backward."""
+    pid = tl.program_id(0)
+    row = pid // C
+    c = pid % C
+    t = tl.load(T + row)
+    X_row = X + row.to(tl.int64) * stride_x
+    DX_row = DX + row.to(tl.int64) * stride_dx
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < V
+    if t == ignore_index:                         # the row's C programs all skip the barrier
+        if c == 0:
+            tl.store(LOSS + row, 0.0)
+            tl.store(LSE + row, 0.0)
+        if NEED_GRAD:
+            tl.store(DX_row + cols, tl.zeros([CHUNK], DX.dtype.element_ty), mask=mask)
+    else:
+        # 1. read the chunk (CHUNK·bytes), keep z in registers; the chunk's state (m_c, d_c), e = e^(z − m_c)
+        x = tl.load(X_row + cols, mask=mask, other=0.0)
+        gen = _row_generation(GEN, row)                                  # (its round trip overlaps x's)
+        z = tl.where(mask, _softcapped(x.to(tl.float32), softcap, HAS_SOFTCAP, FAST), float("-inf"))
+        m_c, d_c, e = _state(z, 0, FAST)
+        # (z_t, w_t) read before the barrier: past it another program of the row may overwrite x_t (DX may be X)
+        zt, wt = _target_terms(X_row, W, t, V, softcap, ignore_index, HAS_WEIGHT, HAS_SOFTCAP, FAST)
+        if HAS_WEIGHT and HAS_SMOOTH:
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            w = tl.where(mask, 1.0, 0.0)
+        # 2. publish (m_c, d_c) (and Σ w·z for smoothing), wait for the row's C chunks
+        tl.store(PART_M + pid, m_c)
+        tl.store(PART_D + pid, d_c)
+        if HAS_SMOOTH:
+            tl.store(PART_S + pid, tl.sum(w * tl.where(mask, z, 0.0), axis=0))
+        tl.debug_barrier()
+        _row_barrier(ARRIVE, GEN, row, C, gen)
+        # 3. (m, d) = ⊕_c (m_c, d_c), lse = m + log d
+        k = tl.arange(0, CP)
+        pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+        pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+        m, d = _combine_all(pm, pd, 0)
+        lse = _lse(m, d)
+        s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
+        # 4. chunk 0 writes the row's loss and lse
+        if c == 0:
+            sz = 0.0
+            if HAS_SMOOTH:
+                sz = tl.sum(tl.load(PART_S + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)
+            tl.store(LOSS + row, _row_loss(lse, zt, wt, sz, Wsum, eps, V, HAS_SMOOTH))
+            tl.store(LSE + row, lse)
+        # 5. dx from the registers (CHUNK·bytes written): p_j = e_j · e^(m_c − lse), no second exponential
+        if NEED_GRAD:
+            g_row = 1.0
+            if HAS_G:
+                g_row = tl.load(G + row.to(tl.int64) * stride_g).to(tl.float32)
+            p = e * tl.exp(_shift(m_c) - lse)
+            g = _grad_tile(p, z, cols == t, w, A, s_ce, wt, eps, V, softcap, g_row, HAS_SMOOTH, HAS_SOFTCAP, HAS_G)
+            tl.store(DX_row + cols, g.to(DX.dtype.element_ty), mask=mask)
 
 
 # ---- the backward's scale ---------------------------------------------------------------------------------
@@ -331,6 +402,13 @@ def _bound_split(plan: CEPlan, n_rows: int, flags: tuple) -> tuple[BoundKernel, 
     return stats, grad
 
 
+@cached
+def _bound_coop(plan: CEPlan, n_rows: int, flags: tuple) -> BoundKernel:
+    return BoundKernel(ce_coop_kernel, (n_rows * plan.chunks,),
+                       dict(CHUNK=plan.chunk, CP=max(2, triton.next_power_of_2(plan.chunks)), num_warps=plan.num_warps,
+                            **dict(flags)))
+
+
 def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, coef: torch.Tensor,
             loss: torch.Tensor, lse: torch.Tensor, dx: torch.Tensor | None, g: torch.Tensor | None,
             ignore_index: int, eps: float, z_loss: float, softcap: float | None) -> None:
@@ -352,6 +430,15 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
     if plan.path == "row":
         _bound_row(plan, N, flags)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, V,
                                     ignore_index, float(eps), float(z_loss), cap), check, x.device)
+        return
+    if plan.path == "coop":
+        C = plan.chunks
+        arrive, gen, pm, pd, ps = stream_scratch("ce-coop", x.device, ((max(N, 1024), torch.int32),
+                                                 (max(N, 1024), torch.int32), (N * C, torch.float32),
+                                                 (N * C, torch.float32), (N * C, torch.float32)), zeroed=2)
+        _bound_coop(plan, N, flags)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g,
+                                     pm, pd, ps, arrive, gen, V, ignore_index, float(eps), float(z_loss), cap, C),
+                                    check, x.device)
         return
     stats, grad = _bound_split(plan, N, flags)
     C = plan.chunks

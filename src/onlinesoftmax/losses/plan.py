@@ -28,6 +28,10 @@ TILE = 8192                  # classes per tile of the two-pass row kernel and t
 # for the second pass. The one-block row at V = 32000 ran 35 µs faster with 16 warps than with 32.
 TILE_SM90, TILE_WARPS_SM90 = 32768, 32
 ONE_BLOCK_WARPS_MAX_SM90 = 16
+# The GPU's path: a row over C programs of COOP_CHUNK classes each (32 per thread), waiting for each other at a row
+# barrier, at most COOP_MAX_CHUNKS and one per SM (all of a row's programs resident at once).
+COOP_CHUNK_LONG, COOP_CHUNK, COOP_LONG_V = 8192, 4096, 65536
+COOP_MAX_CHUNKS = 64
 INTERPRET_TILE = 256         # ... and in the interpreter (small tiles: the tests exercise the loops and masks)
 INTERPRET_ONE_BLOCK_MAX = 1024
 
@@ -42,8 +46,10 @@ class CEProblem:
 
 @dataclass(frozen=True)
 class CEPlan:
-    """``path``: ``"torch"`` (F.cross_entropy and torch autograd), ``"row"`` (one program per row; ``one_block``:
-    the row in registers, read once) or ``"split"`` (``chunks`` programs per row of ``chunk`` classes each)."""
+    """``path``: ``"torch"`` (F.cross_entropy and torch autograd), ``"coop"`` (``chunks`` programs per row of
+    ``chunk`` classes each in registers, meeting at a row barrier: x read once), ``"row"`` (one program per row;
+    ``one_block``: the row in registers, read once) or ``"split"`` (``chunks`` programs per row of ``chunk``
+    classes each, two launches, x read twice)."""
 
     path: str
     block: int = 0
@@ -86,8 +92,12 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
                else ONE_BLOCK_MAX_SM90 if target.sm90 else ONE_BLOCK_MAX)
     fast = not target.interpret
     path = k.path
+    coop_chunk = COOP_CHUNK_LONG if p.vocab > COOP_LONG_V else COOP_CHUNK
+    coop_c = -(-p.vocab // coop_chunk)
     if path is None:
-        if p.vocab <= one_max:
+        if not target.interpret and coop_c <= min(COOP_MAX_CHUNKS, target.programs_resident()):
+            path, reason = "coop", f"{coop_c} programs of {coop_chunk} classes per row at a row barrier: x read once"
+        elif p.vocab <= one_max:
             path, reason = "row", f"V = {p.vocab} <= {one_max}: the row in registers, read once"
         elif p.n_rows >= ROWS_PER_SM * max(target.sm_count, 1):
             path, reason = "row", f"{p.n_rows} rows fill {target.sm_count} SMs: one program per row, two passes"
@@ -104,6 +114,18 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
             raise ValueError(f"cross_entropy knobs: one_block needs block >= V = {p.vocab}, got {block}")
         warps = k.num_warps or (_warps(block, target) if one else tile_warps)
         return CEPlan("row", block=block, one_block=one, num_warps=warps, fast_exp=fast, reason=reason)
+    if path == "coop":
+        chunk = k.chunk or (coop_chunk if not target.interpret else _pow2(p.vocab))
+        if chunk != _pow2(chunk):
+            raise ValueError(f"cross_entropy knobs: a coop chunk must be a power of two, got {chunk}")
+        chunks = -(-p.vocab // chunk)
+        limit = 1 if target.interpret else min(COOP_MAX_CHUNKS, target.programs_resident())
+        if chunks > limit:          # the interpreter runs programs one after another: none may wait for another
+            raise ValueError(f"cross_entropy knobs: coop needs at most {limit} chunks per row on this target, got "
+                             f"{chunks} of {chunk} classes for V = {p.vocab}")
+        warps = k.num_warps or max(1, min(16, chunk // 1024))
+        return CEPlan("coop", block=chunk, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
+                      reason=reason)
     if path == "split":
         block = k.block or min(TILE if not target.interpret else tile, _pow2(p.vocab))
         chunk = k.chunk or (INTERPRET_TILE * 2 if target.interpret else SPLIT_CHUNK)
@@ -112,7 +134,7 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
         warps = k.num_warps or (4 if target.interpret else 16)
         return CEPlan("split", block=block, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
                       reason=reason)
-    raise ValueError(f"cross_entropy knobs: path must be 'torch', 'row' or 'split', got {path!r}")
+    raise ValueError(f"cross_entropy knobs: path must be 'torch', 'coop', 'row' or 'split', got {path!r}")
 
 
 # ---- linear cross-entropy ---------------------------------------------------------------------------------

@@ -95,23 +95,18 @@ def _ce_case(ctx, N, V, dtype, peers, compiled):
         "torch bf16": lambda x, t: _fwd_bwd(lambda: F.cross_entropy(x, t, ignore_index=IGNORE).float(), x),
         "oss": lambda x, t: _fwd_bwd(lambda: cross_entropy(x, t, ignore_index=IGNORE), x),
     }
+    # the designs the plan passed over: one program per row (two passes over the row, from L2 where it is still
+    # there), the row split over two launches (x read twice), and larger coop chunks
+    impls["oss (row)"] = lambda x, t: _fwd_bwd(
+        lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="row")), x)
     if V > 32768:
-        impls["oss (row)"] = lambda x, t: _fwd_bwd(
-            lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="row")), x)
         impls["oss (split)"] = lambda x, t: _fwd_bwd(
             lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="split")), x)
-        for blk in (16384, 32768):   # fewer, larger programs: rows in flight fit L2 for the second pass
-            impls[f"oss (row, {blk // 1024}K tiles, 32 warps)"] = lambda x, t, blk=blk: _fwd_bwd(
-                lambda: cross_entropy(x, t, ignore_index=IGNORE,
-                                      knobs=CEKnobs(path="row", one_block=False, block=blk, num_warps=32)), x)
+        impls["oss (coop, 16K chunks)"] = lambda x, t: _fwd_bwd(
+            lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="coop", chunk=16384)), x)
     else:
-        impls["oss (row, 2 passes)"] = lambda x, t: _fwd_bwd(
-            lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="row", one_block=False)), x)
-        impls["oss (one block, 16 warps)"] = lambda x, t: _fwd_bwd(
-            lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="row", num_warps=16)), x)
-        impls["oss (row, 4K tiles, 8 warps)"] = lambda x, t: _fwd_bwd(
-            lambda: cross_entropy(x, t, ignore_index=IGNORE,
-                                  knobs=CEKnobs(path="row", one_block=False, block=4096, num_warps=8)), x)
+        impls["oss (coop, 8K chunks)"] = lambda x, t: _fwd_bwd(
+            lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="coop", chunk=8192)), x)
     if compiled is not None:
         impls["torch.compile"] = lambda x, t: _fwd_bwd(lambda: compiled(x, t), x)
     impls["clone of logits"] = lambda x, t: x.detach().clone()
