@@ -224,12 +224,14 @@ def test_errors(bad, match):
 
 def test_plans_by_target():
     big = CEProblem(8192, 128256, 2, True)
-    for tgt in (H200, A100):            # every GPU: the row over C programs at a row barrier
-        p = plan_cross_entropy(big, tgt)
-        assert (p.path, p.chunk, p.chunks, p.num_warps) == ("coop", 8192, 16, 8)
-    p32 = plan_cross_entropy(CEProblem(8192, 32000, 2, True), H200)
-    assert (p32.path, p32.chunk, p32.chunks, p32.num_warps) == ("coop", 4096, 8, 4)
-    assert plan_cross_entropy(CEProblem(64, 262144, 2, True), H200).chunks == 32
+    assert plan_cross_entropy(big, H200).path == "row" and not plan_cross_entropy(big, H200).one_block
+    assert plan_cross_entropy(CEProblem(64, 128256, 2, True), H200).path == "split"
+    for tgt in (H200, A100):            # V <= 64K on a GPU: the row over C programs at a row barrier
+        p = plan_cross_entropy(CEProblem(8192, 32000, 2, True), tgt)
+        assert (p.path, p.chunk, p.chunks, p.num_warps) == ("coop", 8192, 4, 16)
+    p = plan_cross_entropy(big, H200, CEKnobs(path="coop"))
+    assert (p.chunk, p.chunks, p.num_warps) == (8192, 16, 16)
+    assert plan_cross_entropy(CEProblem(64, 262144, 2, True), H200, CEKnobs(path="coop", chunk=4096)).chunks == 64
     # more chunks than may wait for each other (64; one per SM): one program per row, or the row split
     huge = CEProblem(8192, 1 << 20, 2, True)
     assert plan_cross_entropy(huge, H200).path == "row" and not plan_cross_entropy(huge, H200).one_block
@@ -256,6 +258,6 @@ def test_explain():
     p = explain(oss.cross_entropy, x, t, backend="triton")
     assert p.path == "row" and not p.one_block           # 3000 > the interpreter's one-block size; 20 rows
     assert explain(oss.cross_entropy, x[:4], t[:4], backend="triton").path == "split"   # 4 rows on 4 "SMs"
-    pa = explain(oss.cross_entropy, x, t, target_gpu=A100)           # a GPU: one 4096-class chunk per row
-    assert pa.path == "coop" and pa.chunks == 1 and pa.chunk == 4096 and pa.fast_exp
+    pa = explain(oss.cross_entropy, x, t, target_gpu=A100)           # a GPU: one 8192-class chunk per row
+    assert pa.path == "coop" and pa.chunks == 1 and pa.chunk == 8192 and pa.fast_exp
     assert explain(oss.cross_entropy, x, t, backend="triton", knobs=PATHS["split"]).chunks == 12

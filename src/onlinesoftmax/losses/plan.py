@@ -28,9 +28,12 @@ TILE = 8192                  # classes per tile of the two-pass row kernel and t
 # for the second pass. The one-block row at V = 32000 ran 35 µs faster with 16 warps than with 32.
 TILE_SM90, TILE_WARPS_SM90 = 32768, 32
 ONE_BLOCK_WARPS_MAX_SM90 = 16
-# The GPU's path: a row over C programs of COOP_CHUNK classes each (32 per thread), waiting for each other at a row
-# barrier, at most COOP_MAX_CHUNKS and one per SM (all of a row's programs resident at once).
-COOP_CHUNK_LONG, COOP_CHUNK, COOP_LONG_V = 8192, 4096, 65536
+# Rows of V <= COOP_MAX_V on a GPU: a row over C programs of COOP_CHUNK classes each (16 per thread over
+# COOP_WARPS), waiting for each other at a row barrier (all of a row's programs resident at once: at most
+# COOP_MAX_CHUNKS, one per SM). H200, 8192 rows, bf16, fwd + bwd, kernel time: V = 32000 (C = 4) 447 µs; past it
+# the row's programs wait longer than they stream (V = 50257, C = 7: 2029 µs against 1235 for two passes of 8K
+# tiles; V = 128256: 1593 µs at best, 8K chunks over 4 warps, against 1377 µs for two passes of 32K tiles).
+COOP_CHUNK, COOP_WARPS, COOP_MAX_V = 8192, 16, 32768
 COOP_MAX_CHUNKS = 64
 INTERPRET_TILE = 256         # ... and in the interpreter (small tiles: the tests exercise the loops and masks)
 INTERPRET_ONE_BLOCK_MAX = 1024
@@ -92,11 +95,10 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
                else ONE_BLOCK_MAX_SM90 if target.sm90 else ONE_BLOCK_MAX)
     fast = not target.interpret
     path = k.path
-    coop_chunk = COOP_CHUNK_LONG if p.vocab > COOP_LONG_V else COOP_CHUNK
-    coop_c = -(-p.vocab // coop_chunk)
+    coop_c = -(-p.vocab // COOP_CHUNK)
     if path is None:
-        if not target.interpret and coop_c <= min(COOP_MAX_CHUNKS, target.programs_resident()):
-            path, reason = "coop", f"{coop_c} programs of {coop_chunk} classes per row at a row barrier: x read once"
+        if not target.interpret and p.vocab <= COOP_MAX_V and coop_c <= target.programs_resident():
+            path, reason = "coop", f"{coop_c} programs of {COOP_CHUNK} classes per row at a row barrier: x read once"
         elif p.vocab <= one_max:
             path, reason = "row", f"V = {p.vocab} <= {one_max}: the row in registers, read once"
         elif p.n_rows >= ROWS_PER_SM * max(target.sm_count, 1):
@@ -115,7 +117,7 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
         warps = k.num_warps or (_warps(block, target) if one else tile_warps)
         return CEPlan("row", block=block, one_block=one, num_warps=warps, fast_exp=fast, reason=reason)
     if path == "coop":
-        chunk = k.chunk or (coop_chunk if not target.interpret else _pow2(p.vocab))
+        chunk = k.chunk or (COOP_CHUNK if not target.interpret else _pow2(p.vocab))
         if chunk != _pow2(chunk):
             raise ValueError(f"cross_entropy knobs: a coop chunk must be a power of two, got {chunk}")
         chunks = -(-p.vocab // chunk)
@@ -123,7 +125,7 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
         if chunks > limit:          # the interpreter runs programs one after another: none may wait for another
             raise ValueError(f"cross_entropy knobs: coop needs at most {limit} chunks per row on this target, got "
                              f"{chunks} of {chunk} classes for V = {p.vocab}")
-        warps = k.num_warps or max(1, min(16, chunk // 1024))
+        warps = k.num_warps or max(1, min(COOP_WARPS, chunk // 512))
         return CEPlan("coop", block=chunk, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
                       reason=reason)
     if path == "split":
