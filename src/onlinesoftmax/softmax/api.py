@@ -86,9 +86,10 @@ def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, 
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         return _torch_forward(x, dim, mode, out_dtype)
     K = _kernels()
-
-    (x, y), (M, N, inner, (gx, gy)) = rows_or_copy([x, torch.empty_like(x, dtype=out_dtype)], dim)
-    K.forward(x, y, gx, gy, M, N, inner, mode)
+    y = torch.empty_like(x, dtype=out_dtype)
+    if K.forward_rows(x, y, dim, mode) is None:         # no row view of x: copy it first
+        (x, y), (M, N, inner, (gx, gy)) = rows_or_copy([x, y], dim)
+        K.forward(x, y, gx, gy, M, N, inner, mode)
     return y
 
 

@@ -12,11 +12,12 @@ def row_geometry(tensors, dim: int):
     ``(r // INNER) * stride_outer + (r % INNER) * stride_inner``, or ``None`` when the dims other than
     ``dim`` do not fold into two strided groups for all tensors (the caller then copies).
     """
-    return _geometry(tensors[0].shape, tuple(t.stride() for t in tensors), dim)
+    return row_geometry_of(tensors[0].shape, tuple(t.stride() for t in tensors), dim)
 
 
 @cached
-def _geometry(shape, strides: tuple, dim: int):
+def row_geometry_of(shape, strides: tuple, dim: int):
+    """``row_geometry`` of tensors of ``shape`` with these ``strides`` (one tuple per tensor)."""
     lead = [i for i in range(len(shape)) if i != dim and shape[i] != 1]
     groups = []  # [size, [stride per tensor]]
     for i in lead:

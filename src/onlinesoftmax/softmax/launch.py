@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
 from ..target import Target, target_of
-from .geometry import rows_or_copy
+from .geometry import row_geometry_of, rows_or_copy
 from .kernels.bf16x2 import softmax_bwd_coop_bf16x2_kernel, softmax_coop_bf16x2_kernel
 from .kernels.chunks import softmax_bwd_chunks_kernel, softmax_chunks_kernel
 from .kernels.logsumexp import logsumexp_rows_pipe_kernel, logsumexp_stream_kernel
@@ -69,7 +69,7 @@ class Launch:
             args = args + tuple(ws[i] for i in pick)
         args = args + self.scalars
         for bound in self.kernels:
-            bound(args, tensors, device)
+            bound(args, (), device)     # nothing to check: the problem fixes the tensors' dtypes and alignment
 
 
 def workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
@@ -171,6 +171,26 @@ def _forward_launch(p: Forward, device: torch.device) -> Launch:
 def _backward_launch(p: Backward, device: torch.device) -> Launch:
     target = target_of(device)
     return bind_backward(p, backward_plan(p, target), target)
+
+
+def forward_rows(x: torch.Tensor, out: torch.Tensor, dim: int, mode: int) -> Plan | None:
+    """softmax / log-softmax of ``x`` into ``out`` (x's shape) along ``dim`` (0 <= dim < x.dim()), planned by one
+    cached lookup of the layout; None where no row view of both exists (the caller copies and calls ``forward``)."""
+    launch = _forward_by_layout(x.shape, x.stride(), out.stride(), dim, mode, x.dtype, out.dtype, align_of(x, out),
+                                x.device)
+    if launch is None:
+        return None
+    launch((x, out), x.device)
+    return launch.plan
+
+
+@cached
+def _forward_by_layout(shape, stride_x, stride_y, dim, mode, dtype, out_dtype, align, device) -> Launch | None:
+    geo = row_geometry_of(shape, (stride_x, stride_y), dim)
+    if geo is None:
+        return None
+    M, N, inner, (geo_x, geo_y) = geo
+    return _forward_launch(Forward(M, N, inner, geo_x, geo_y, mode, dtype, out_dtype, align), device)
 
 
 def forward(x, out, geo_x, geo_y, M, N, inner, mode: int, knobs: Knobs | None = None) -> Plan:
