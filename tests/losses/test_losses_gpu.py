@@ -65,7 +65,7 @@ def test_cross_entropy_gpu_coop_in_place_and_many_rows():
     (dx over x, as the linear cross-entropy's tiles): the target logit is read before any program of its row
     writes dx."""
     dev = torch.device("cuda")
-    N, V = 8192, 50257
+    N, V = 8192, 32000
     x = (torch.randn(N, V, device=dev) * 2).bfloat16()
     t = torch.randint(0, V, (N,), device=dev)
     t[::10] = -100
@@ -73,7 +73,7 @@ def test_cross_entropy_gpu_coop_in_place_and_many_rows():
     from onlinesoftmax.losses.cross_entropy import _plan_for, _reduction_coefs
 
     plan = _plan_for(x, True, None)
-    assert plan.path == "coop" and plan.chunks == 7
+    assert plan.path == "coop" and plan.chunks == 4
     lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t, reduction="sum"), x)
     for inplace in (False, True):
         xi = x.clone()
