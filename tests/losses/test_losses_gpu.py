@@ -1,5 +1,7 @@
 """Losses on the GPU at real sizes against the fp64 reference (``pytest -m gpu tests/losses``)."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,8 +24,12 @@ def _grads_ref(fn, *leaves):
     return loss.detach(), [x.grad for x in xs]
 
 
+KNOBS = {"plan": None, "coop": CEKnobs(path="coop"), "coop-tiled": CEKnobs(path="coop", chunk=32768, block=8192),
+         "row": CEKnobs(path="row"), "split": CEKnobs(path="split")}
+
+
 @pytest.mark.parametrize("V", [32000, 50257, 128256])
-@pytest.mark.parametrize("path", [None, "coop", "row", "split"])
+@pytest.mark.parametrize("path", list(KNOBS))
 @pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0, reduction="sum"),
                                   dict(weight=True, reduction="none")])
 def test_cross_entropy_gpu_vs_fp64(V, path, opts):
@@ -39,7 +45,7 @@ def test_cross_entropy_gpu_vs_fp64(V, path, opts):
     if opts.pop("weight", False):
         opts["weight"] = torch.rand(V, device=dev) + 0.5
     xl = x.clone().requires_grad_()
-    loss = oss.cross_entropy(xl, t, knobs=CEKnobs(path=path) if path else None, **opts)
+    loss = oss.cross_entropy(xl, t, knobs=KNOBS[path], **opts)
     loss.sum().backward()
     lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t, **opts), x)
     assert loss.dtype == torch.float32 and xl.grad.dtype == torch.bfloat16
@@ -72,17 +78,18 @@ def test_cross_entropy_gpu_coop_in_place_and_many_rows():
     from onlinesoftmax.losses import kernels as K
     from onlinesoftmax.losses.cross_entropy import _plan_for, _reduction_coefs
 
-    plan = _plan_for(x, True, None)
-    assert plan.path == "coop" and plan.chunks == 4
     lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t, reduction="sum"), x)
-    for inplace in (False, True):
+    plans = [_plan_for(x, True, None), _plan_for(x, True, CEKnobs(path="coop", chunk=16384, block=4096))]
+    assert plans[0].path == "coop" and plans[0].chunks == 4 and plans[0].block == plans[0].chunk
+    assert plans[1].chunks == 2 and plans[1].block == 4096        # the tiled kernel
+    for plan, inplace in itertools.product(plans, (False, True)):
         xi = x.clone()
         dx = xi if inplace else torch.empty_like(xi)
         loss, lse = torch.empty(N, device=dev), torch.empty(N, device=dev)
         K.ce_rows(plan, xi, t, None, _reduction_coefs(t, None, -100, "sum", V), loss, lse, dx, None, -100, 0.0,
                   0.0, None)
-        assert _rel(loss.sum(), lr) < 1e-5, inplace
-        assert _rel(dx, gr) < 8e-3, inplace
+        assert _rel(loss.sum(), lr) < 1e-5, (plan, inplace)
+        assert _rel(dx, gr) < 8e-3, (plan, inplace)
 
 
 @pytest.mark.parametrize("bias", [False, True])
