@@ -267,3 +267,21 @@ def test_explain():
     pa = explain(oss.cross_entropy, x, t, target_gpu=A100)           # a GPU: one 8192-class chunk per row
     assert pa.path == "coop" and pa.chunks == 1 and pa.chunk == 8192 and pa.fast_exp
     assert explain(oss.cross_entropy, x, t, backend="triton", knobs=PATHS["split"]).chunks == 12
+
+
+def test_bound_kernels_keyed_by_integer_specialisation():
+    """One plan serves rows of several lengths and strides (two passes of the same tiles): a bound kernel replays
+    the variant Triton compiled at its first call, so each specialisation of the run-time integers (== 1, % 16)
+    gets its own (on the H200 a kernel compiled for rows of 128256 replayed for rows of 50257 faulted)."""
+    from onlinesoftmax.losses import kernels as K
+
+    knobs = CEKnobs(path="row", one_block=False, block=64)
+    before = K._bound_row.cache_info().misses
+    for V in (128, 130, 144):           # 16-divisible, not, 16-divisible: two variants
+        x, t = _inputs(4, V, ignore_every=0)
+        loss, g = _run(x, t, backend="triton", knobs=knobs)
+        lr, gr = _ref(x, t)
+        assert _rel(loss, lr) < 2e-6 and _rel(g, gr) < 2e-5
+    assert K._bound_row.cache_info().misses == before + 2
+    assert K._int_spec(1, 16, 50257, -100, 0) == (1, 16, 0, 0, 16)
+

@@ -92,6 +92,18 @@ def test_cross_entropy_gpu_coop_in_place_and_many_rows():
         assert _rel(dx, gr) < 8e-3, (plan, inplace)
 
 
+def test_cross_entropy_gpu_one_plan_many_row_lengths():
+    """8192 rows of 128256 then of 50257 and 151936: one plan (two passes of 32K tiles), each row length and stride
+    its own compiled variant (a kernel compiled for 16-divisible strides, replayed for 50257, faulted)."""
+    dev = torch.device("cuda")
+    for V in (128256, 50257, 151936):
+        x = torch.randn(8192, V, device=dev).bfloat16()
+        t = torch.randint(0, V, (8192,), device=dev)
+        assert explain(oss.cross_entropy, x, t, need_grad=True).block == 32768
+        torch.testing.assert_close(oss.cross_entropy(x, t), F.cross_entropy(x.float(), t), rtol=1e-5, atol=1e-5)
+        torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_linear_cross_entropy_gpu_vs_fp64(bias, reduction):

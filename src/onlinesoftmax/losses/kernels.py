@@ -451,14 +451,21 @@ def _flags(plan: CEPlan, has_weight, has_smooth, has_z, has_softcap, need_grad, 
                 NEED_GRAD=need_grad, HAS_G=has_g, FAST=int(plan.fast_exp))
 
 
+def _int_spec(*ints) -> tuple:
+    """Triton's specialisation of run-time integers (== 1, divisible by 16): part of each bound kernel's cache key,
+    since a bound kernel replays the variant compiled at its first call (a row stride of 128256 compiled as
+    16-divisible, replayed for rows of 50257, is a misaligned access)."""
+    return tuple(1 if v == 1 else 16 if v % 16 == 0 else 0 for v in ints)
+
+
 @cached
-def _bound_row(plan: CEPlan, n_rows: int, flags: tuple) -> BoundKernel:
+def _bound_row(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> BoundKernel:
     return BoundKernel(ce_row_kernel, (n_rows,),
                        dict(BLOCK=plan.block, ONE_BLOCK=plan.one_block, num_warps=plan.num_warps, **dict(flags)))
 
 
 @cached
-def _bound_split(plan: CEPlan, n_rows: int, flags: tuple) -> tuple[BoundKernel, BoundKernel]:
+def _bound_split(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> tuple[BoundKernel, BoundKernel]:
     f = dict(flags)
     C, chunk = plan.chunks, plan.chunk
     stats = BoundKernel(ce_split_stats_kernel, (n_rows, C),
@@ -471,7 +478,7 @@ def _bound_split(plan: CEPlan, n_rows: int, flags: tuple) -> tuple[BoundKernel, 
 
 
 @cached
-def _bound_coop(plan: CEPlan, n_rows: int, flags: tuple) -> BoundKernel:
+def _bound_coop(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> BoundKernel:
     meta = dict(CHUNK=plan.chunk, CP=max(2, triton.next_power_of_2(plan.chunks)), num_warps=plan.num_warps,
                 **dict(flags))
     if plan.block < plan.chunk:                 # the chunk in tiles, two passes
@@ -497,8 +504,9 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
     stride_g = g.stride(0) if g is not None and g.dim() else 0
     cap = float(softcap) if softcap is not None else 1.0
     check = (x, target, w_, dx_, g_)
+    spec = _int_spec(x.stride(0), stride_dx, stride_g, V, ignore_index)
     if plan.path == "row":
-        _bound_row(plan, N, flags)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, V,
+        _bound_row(plan, N, flags, spec)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, V,
                                     ignore_index, float(eps), float(z_loss), cap), check, x.device)
         return
     if plan.path == "coop":
@@ -506,11 +514,11 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
         arrive, gen, pm, pd, ps = stream_scratch("ce-coop", x.device, ((max(N, 1024), torch.int32),
                                                  (max(N, 1024), torch.int32), (N * C, torch.float32),
                                                  (N * C, torch.float32), (N * C, torch.float32)), zeroed=2)
-        _bound_coop(plan, N, flags)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g,
+        _bound_coop(plan, N, flags, spec)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g,
                                      pm, pd, ps, arrive, gen, V, ignore_index, float(eps), float(z_loss), cap, C),
                                     check, x.device)
         return
-    stats, grad = _bound_split(plan, N, flags)
+    stats, grad = _bound_split(plan, N, flags, spec)
     C = plan.chunks
     ws = torch.empty(3, N * C, dtype=torch.float32, device=x.device)
     pm, pd, ps = ws[0], ws[1], ws[2]
@@ -520,7 +528,7 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
 
 
 @cached
-def _bound_scale(n_rows: int, block: int) -> BoundKernel:
+def _bound_scale(n_rows: int, block: int, spec: tuple) -> BoundKernel:
     return BoundKernel(scale_rows_kernel, (n_rows,), dict(BLOCK=block, num_warps=8))
 
 
@@ -533,4 +541,5 @@ def scale_rows_(t: torch.Tensor, g: torch.Tensor) -> None:
     block = min(4096, triton.next_power_of_2(V))
     g = g.reshape(-1)
     stride_g = 0 if g.numel() == 1 else g.stride(0)
-    _bound_scale(rows, block)((t2, t2.stride(0), g, stride_g, V), (t2, g), t2.device)
+    _bound_scale(rows, block, _int_spec(t2.stride(0), stride_g, V))((t2, t2.stride(0), g, stride_g, V), (t2, g),
+                                                                    t2.device)
