@@ -17,8 +17,7 @@ from onlinesoftmax.target import A100, H200, INTERPRETER
 # tiles; the row split over programs of 512 classes; the coop kernel (one chunk per row in the interpreter, where no
 # program may wait for another: its C > 1 merge runs in the GPU tests).
 PATHS = {"one": CEKnobs(path="row"), "two": CEKnobs(path="row", one_block=False, block=256),
-         "split": CEKnobs(path="split", block=128, chunk=256), "coop": CEKnobs(path="coop"),
-         "coop-tiled": CEKnobs(path="coop", block=256)}
+         "split": CEKnobs(path="split", block=128, chunk=256), "coop": CEKnobs(path="coop")}
 
 
 def _rel(a, b):
@@ -239,11 +238,8 @@ def test_plans_by_target():
     assert plan_cross_entropy(CEProblem(64, 1 << 20, 2, True), H200).path == "split"
     with pytest.raises(ValueError, match="coop"):
         plan_cross_entropy(huge, H200, CEKnobs(path="coop"))
-    tiled = plan_cross_entropy(big, H200, CEKnobs(path="coop", chunk=65536))     # past registers: two passes in tiles
-    assert (tiled.chunks, tiled.block, tiled.num_warps) == (2, 32768, 32)
-    assert plan_cross_entropy(big, H200, CEKnobs(path="coop", chunk=8192, block=16384)).block == 8192
-    with pytest.raises(ValueError, match="tile"):
-        plan_cross_entropy(big, H200, CEKnobs(path="coop", chunk=65536, block=3000))
+    with pytest.raises(ValueError, match="registers"):
+        plan_cross_entropy(big, H200, CEKnobs(path="coop", chunk=8192, block=4096))
     # the interpreter: no program may wait for another, so coop only as one chunk per row (knobs)
     assert plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER).path == "row"
     assert plan_cross_entropy(CEProblem(8, 1000, 4, True), INTERPRETER, CEKnobs(path="coop")).chunks == 1

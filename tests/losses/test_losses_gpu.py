@@ -24,8 +24,7 @@ def _grads_ref(fn, *leaves):
     return loss.detach(), [x.grad for x in xs]
 
 
-KNOBS = {"plan": None, "coop": CEKnobs(path="coop"), "coop-tiled": CEKnobs(path="coop", chunk=32768, block=8192),
-         "row": CEKnobs(path="row"), "split": CEKnobs(path="split")}
+KNOBS = {"plan": None, "coop": CEKnobs(path="coop"), "row": CEKnobs(path="row"), "split": CEKnobs(path="split")}
 
 
 @pytest.mark.parametrize("V", [32000, 50257, 128256])
@@ -79,9 +78,8 @@ def test_cross_entropy_gpu_coop_in_place_and_many_rows():
     from onlinesoftmax.losses.cross_entropy import _plan_for, _reduction_coefs
 
     lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t, reduction="sum"), x)
-    plans = [_plan_for(x, True, None), _plan_for(x, True, CEKnobs(path="coop", chunk=16384, block=4096))]
-    assert plans[0].path == "coop" and plans[0].chunks == 4 and plans[0].block == plans[0].chunk
-    assert plans[1].chunks == 2 and plans[1].block == 4096        # the tiled kernel
+    plans = [_plan_for(x, True, None), _plan_for(x, True, CEKnobs(path="coop", chunk=4096))]
+    assert [(p.path, p.chunks) for p in plans] == [("coop", 4), ("coop", 8)]
     for plan, inplace in itertools.product(plans, (False, True)):
         xi = x.clone()
         dx = xi if inplace else torch.empty_like(xi)

@@ -22,8 +22,6 @@ Kernels, readable one first:
 * ``ce_coop_kernel``: a row over C programs (the GPU's path): each holds a chunk in registers, publishes its
   (m_c, d_c), waits at the row barrier for the row's C states, merges them by ⊕ and writes dx from the same
   registers. Traffic: x read once, dx written once, for any V up to C·CHUNK.
-* ``ce_coop_tiled_kernel``: the same for chunks longer than registers hold: two passes over the chunk's tiles,
-  the barrier between them; each SM holds 1/C of a row in flight, so the second pass re-reads from L2.
 * ``ce_split_stats_kernel`` + ``ce_split_grad_kernel``: a row split over C programs (rows too few to fill the GPU,
   or too long). The first writes each chunk's partial state (m, d, Σ w·z); the second merges the C states by ⊕,
   re-reads its chunk and writes dx. Traffic: x read twice, dx written once.
@@ -360,71 +358,6 @@ def ce_coop_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_
             tl.store(DX_row + cols, g.to(DX.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def ce_coop_tiled_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g, PART_M, PART_D, PART_S,
-                         ARRIVE, GEN, V, ignore_index, eps, z_loss, softcap, C,
-                         CHUNK: tl.constexpr, TILE: tl.constexpr, CP: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                         HAS_SMOOTH: tl.constexpr, HAS_Z: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                         NEED_GRAD: tl.constexpr, HAS_G: tl.constexpr, FAST: tl.constexpr):
-    """The coop kernel for chunks longer than registers hold: program ``pid`` walks chunk ``pid % C`` of row
-    ``pid // C`` in TILE-sized tiles twice, the row barrier between the passes. A row in flight over C SMs puts
-    1/C of it in each SM's share of L2, so the second pass finds it there (one program per row: the whole row)."""
-    pid = tl.program_id(0)
-    row = pid // C
-    c = pid % C
-    t = tl.load(T + row)
-    X_row = X + row.to(tl.int64) * stride_x
-    DX_row = DX + row.to(tl.int64) * stride_dx
-    cols = tl.arange(0, TILE)
-    lo = c * CHUNK
-    if t == ignore_index:                         # the row's C programs all skip the barrier
-        if c == 0:
-            tl.store(LOSS + row, 0.0)
-            tl.store(LSE + row, 0.0)
-        if NEED_GRAD:
-            for start in range(lo, lo + CHUNK, TILE):
-                tl.store(DX_row + start + cols, tl.zeros([TILE], DX.dtype.element_ty), mask=start + cols < V)
-    else:
-        gen = _row_generation(GEN, row)
-        # (z_t, w_t) read before the barrier: past it another program of the row may overwrite x_t (DX may be X)
-        zt, wt = _target_terms(X_row, W, t, V, softcap, ignore_index, HAS_WEIGHT, HAS_SOFTCAP, FAST)
-        # 1. first pass: the chunk's tiles folded into (m_c, d_c) by ⊕ (kept in L2 for the second pass)
-        m_c = float("-inf")
-        d_c = 0.0
-        sz = 0.0
-        for start in range(lo, lo + CHUNK, TILE):
-            m_c, d_c, sz = _fold_tile(X_row, W, start, cols, V, m_c, d_c, sz, softcap, "evict_last", HAS_WEIGHT,
-                                      HAS_SMOOTH, HAS_SOFTCAP, FAST)
-        # 2. publish (m_c, d_c) (and Σ w·z for smoothing), wait for the row's C chunks
-        tl.store(PART_M + pid, m_c)
-        tl.store(PART_D + pid, d_c)
-        if HAS_SMOOTH:
-            tl.store(PART_S + pid, sz)
-        tl.debug_barrier()
-        _row_barrier(ARRIVE, GEN, row, C, gen)
-        # 3. (m, d) = ⊕_c (m_c, d_c), lse = m + log d
-        k = tl.arange(0, CP)
-        pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-        pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-        m, d = _combine_all(pm, pd, 0)
-        lse = _lse(m, d)
-        s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
-        # 4. chunk 0 writes the row's loss and lse
-        if c == 0:
-            sz_row = 0.0
-            if HAS_SMOOTH:
-                sz_row = tl.sum(tl.load(PART_S + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)
-            tl.store(LOSS + row, _row_loss(lse, zt, wt, sz_row, Wsum, eps, V, HAS_SMOOTH))
-            tl.store(LSE + row, lse)
-        # 5. second pass: re-read the chunk's tiles, write dx
-        if NEED_GRAD:
-            g_row = 1.0
-            if HAS_G:
-                g_row = tl.load(G + row.to(tl.int64) * stride_g).to(tl.float32)
-            _grad_pass(X_row, DX_row, W, lo, lo + CHUNK, t, lse, A, s_ce, wt, eps, V, softcap, g_row, TILE,
-                       HAS_WEIGHT, HAS_SMOOTH, HAS_SOFTCAP, HAS_G, FAST)
-
-
 # ---- the backward's scale ---------------------------------------------------------------------------------
 
 
@@ -479,11 +412,9 @@ def _bound_split(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> tuple[
 
 @cached
 def _bound_coop(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> BoundKernel:
-    meta = dict(CHUNK=plan.chunk, CP=max(2, triton.next_power_of_2(plan.chunks)), num_warps=plan.num_warps,
-                **dict(flags))
-    if plan.block < plan.chunk:                 # the chunk in tiles, two passes
-        return BoundKernel(ce_coop_tiled_kernel, (n_rows * plan.chunks,), dict(meta, TILE=plan.block))
-    return BoundKernel(ce_coop_kernel, (n_rows * plan.chunks,), meta)
+    return BoundKernel(ce_coop_kernel, (n_rows * plan.chunks,),
+                       dict(CHUNK=plan.chunk, CP=max(2, triton.next_power_of_2(plan.chunks)), num_warps=plan.num_warps,
+                            **dict(flags)))
 
 
 def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, coef: torch.Tensor,

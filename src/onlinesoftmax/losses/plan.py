@@ -34,7 +34,6 @@ ONE_BLOCK_WARPS_MAX_SM90 = 16
 # the row's programs wait longer than they stream (V = 50257, C = 7: 2029 µs against 1235 for two passes of 8K
 # tiles; V = 128256: 1593 µs at best, 8K chunks over 4 warps, against 1377 µs for two passes of 32K tiles).
 COOP_CHUNK, COOP_WARPS, COOP_MAX_V = 8192, 16, 32768
-COOP_REG_MAX = 16384         # a longer coop chunk is walked twice in tiles (``ce_coop_tiled_kernel``)
 COOP_MAX_CHUNKS = 64
 INTERPRET_TILE = 256         # ... and in the interpreter (small tiles: the tests exercise the loops and masks)
 INTERPRET_ONE_BLOCK_MAX = 1024
@@ -51,8 +50,7 @@ class CEProblem:
 @dataclass(frozen=True)
 class CEPlan:
     """``path``: ``"torch"`` (F.cross_entropy and torch autograd), ``"coop"`` (``chunks`` programs per row of
-    ``chunk`` classes each, meeting at a row barrier: in registers, x read once, where ``block == chunk``; else
-    two passes over the chunk in ``block``-sized tiles), ``"row"`` (one program per row;
+    ``chunk`` classes each in registers, meeting at a row barrier: x read once), ``"row"`` (one program per row;
     ``one_block``: the row in registers, read once) or ``"split"`` (``chunks`` programs per row of ``chunk``
     classes each, two launches, x read twice)."""
 
@@ -127,12 +125,11 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
         if chunks > limit:          # the interpreter runs programs one after another: none may wait for another
             raise ValueError(f"cross_entropy knobs: coop needs at most {limit} chunks per row on this target, got "
                              f"{chunks} of {chunk} classes for V = {p.vocab}")
-        # a chunk of up to COOP_REG_MAX classes stays in registers; a longer one is walked twice in tiles
-        block = min(k.block or (chunk if chunk <= COOP_REG_MAX else tile), chunk)
-        if block != _pow2(block):
-            raise ValueError(f"cross_entropy knobs: a coop tile must be a power of two, got {block}")
-        warps = k.num_warps or (max(1, min(COOP_WARPS, chunk // 512)) if block == chunk else tile_warps)
-        return CEPlan("coop", block=block, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
+        if k.block not in (None, chunk):
+            raise ValueError(f"cross_entropy knobs: a coop chunk is held whole in registers (block = chunk = {chunk}),"
+                             f" got block {k.block}")
+        warps = k.num_warps or max(1, min(COOP_WARPS, chunk // 512))
+        return CEPlan("coop", block=chunk, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
                       reason=reason)
     if path == "split":
         block = k.block or min(TILE if not target.interpret else tile, _pow2(p.vocab))
