@@ -19,9 +19,9 @@ Kernels, readable one first:
   (m, d) taken, dx written from the same registers. Else two passes over the row in BLOCK-sized tiles: the first
   folds each tile's state into the running (m, d) by ⊕, the second re-reads the row (from L2 where it is still
   there: the first pass loads with evict_last, the second with evict_first) and writes dx.
-* ``ce_coop_kernel``: a row over C programs (the GPU's path): each holds a chunk in registers, publishes its
-  (m_c, d_c), waits at the row barrier for the row's C states, merges them by ⊕ and writes dx from the same
-  registers. Traffic: x read once, dx written once, for any V up to C·CHUNK.
+* ``ce_coop_kernel``: a row over C programs (the GPU's path for V <= 32768): each holds a chunk in registers,
+  publishes its (m_c, d_c), waits at the row barrier for the row's C states, merges them by ⊕ and writes dx from
+  the same registers. Traffic: x read once, dx written once, for any V up to C·CHUNK.
 * ``ce_split_stats_kernel`` + ``ce_split_grad_kernel``: a row split over C programs (rows too few to fill the GPU,
   or too long). The first writes each chunk's partial state (m, d, Σ w·z); the second merges the C states by ⊕,
   re-reads its chunk and writes dx. Traffic: x read twice, dx written once.
