@@ -26,6 +26,11 @@ def triton_available() -> bool:
     return _TRITON_FOUND
 
 
+# torch.func transforms (vmap, grad, jvp) active: ops take their custom op (which registers vmap and autograd rules)
+# rather than the eager autograd.Function fast paths
+functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def interpret_mode() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -269,6 +269,7 @@ def test_bound_kernels_keyed_by_integer_specialisation():
     """One plan serves rows of several lengths and strides (two passes of the same tiles): a bound kernel replays
     the variant Triton compiled at its first call, so each specialisation of the run-time integers (== 1, % 16)
     gets its own (on the H200 a kernel compiled for rows of 128256 replayed for rows of 50257 faulted)."""
+    from onlinesoftmax._triton.host import int_spec
     from onlinesoftmax.losses import kernels as K
 
     knobs = CEKnobs(path="row", one_block=False, block=64)
@@ -279,5 +280,5 @@ def test_bound_kernels_keyed_by_integer_specialisation():
         lr, gr = _ref(x, t)
         assert _rel(loss, lr) < 2e-6 and _rel(g, gr) < 2e-5
     assert K._bound_row.cache_info().misses == before + 2
-    assert K._int_spec(1, 16, 50257, -100, 0) == (1, 16, 0, 0, 16)
+    assert int_spec(1, 16, 50257, -100, 0) == (1, 16, 0, 0, 16)
 

@@ -13,6 +13,13 @@ def cached(fn):
     return functools.lru_cache(maxsize=CACHE_SIZE)(fn)
 
 
+def int_spec(*ints) -> tuple:
+    """Triton's specialisation of run-time integers (== 1, divisible by 16): one compiled variant per value of it.
+    A key part wherever a bound kernel is cached for arguments that vary between its calls, since a bound kernel
+    replays the variant compiled at its first call."""
+    return tuple(1 if v == 1 else 16 if v % 16 == 0 else 0 for v in ints)
+
+
 def pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << (max(int(n), 1) - 1).bit_length()

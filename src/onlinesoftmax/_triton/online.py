@@ -79,6 +79,15 @@ def _combine_all(pm, pd, axis: tl.constexpr):
 
 
 @triton.jit
+def _merge_row(PART_M, PART_D, row, C, k):
+    """(m, d) = ⊕ of the C partial states row ``row``'s programs published (``k = arange(pow2 >= C)``), read past
+    the caches: the row barrier orders them."""
+    pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
+    pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
+    return _combine_all(pm, pd, 0)
+
+
+@triton.jit
 def _lse(m, d):
     """logsumexp = m + log d with d relative to _shift(m): -inf for the identity, +inf for +inf."""
     return _shift(m) + tl.log(d)

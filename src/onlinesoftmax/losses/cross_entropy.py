@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_float_tensor
-from ..backend import resolve_backend
+from ..backend import functorch_active, resolve_backend
 from ..target import target_of
 from .plan import CEKnobs, CEPlan, CEProblem, plan_cross_entropy
 
@@ -177,15 +177,21 @@ def _setup(ctx, inputs, output):
     ctx.used = False
 
 
+def _hand_over(ctx) -> torch.Tensor:
+    """The forward's dlogits, held by ctx alone, handed to the (one) backward that scales it in place."""
+    if ctx.used:
+        raise RuntimeError("cross_entropy: a second backward through the same loss is not supported (the "
+                           "gradient is written by the forward pass and scaled in place); call it again")
+    ctx.used = True
+    dx, ctx.dx = ctx.dx, None
+    return dx
+
+
 def _backward(ctx, dloss, _ddx):
     if torch.compiler.is_compiling():
         (dx,) = ctx.saved_tensors
     else:
-        if ctx.used:
-            raise RuntimeError("cross_entropy: a second backward through the same loss is not supported (the "
-                               "gradient is written by the forward pass and scaled in place); call it again")
-        ctx.used = True
-        dx, ctx.dx = ctx.dx, None
+        dx = _hand_over(ctx)
     torch.ops.onlinesoftmax.cross_entropy_scale_(dx, dloss)
     return dx, None, None, None, None, None, None, None, None, None, None, None, None, None
 
@@ -195,9 +201,6 @@ torch.library.register_autograd("onlinesoftmax::cross_entropy", _backward, setup
 
 # ---- eager autograd: an autograd.Function around the kernels (the custom op's registered autograd cost ~0.8 ms of
 # host time per forward + backward on the H200, more than the kernel at 8192 × 32000) ----------------------------
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-
-
 class _EagerCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, *rest):
@@ -207,11 +210,7 @@ class _EagerCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dloss):
-        if ctx.used:
-            raise RuntimeError("cross_entropy: a second backward through the same loss is not supported (the "
-                               "gradient is written by the forward pass and scaled in place); call it again")
-        ctx.used = True
-        dx, ctx.dx = ctx.dx, None
+        dx = _hand_over(ctx)
         _kernels().scale_rows_(dx, dloss.float())
         return (dx,) + (None,) * 13
 
@@ -269,7 +268,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
              k.chunk or 0)
     args = (x2, t, weight, ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, need_grad,
             *kargs)
-    if torch.compiler.is_compiling() or _functorch_active():
+    if torch.compiler.is_compiling() or functorch_active():
         loss, _ = torch.ops.onlinesoftmax.cross_entropy(*args)
     elif need_grad:
         loss = _EagerCrossEntropy.apply(*args)

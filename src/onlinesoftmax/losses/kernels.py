@@ -38,8 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton.host import int_spec
 from .._triton.launch import BoundKernel, cached, stream_scratch
-from .._triton.online import _alpha, _combine_all, _exp, _lse, _row_barrier, _row_generation, _shift, _state
+from .._triton.online import _alpha, _exp, _lse, _merge_row, _row_barrier, _row_generation, _shift, _state
 from .plan import CEPlan
 
 # ---- elementwise pieces ---------------------------------------------------------------------------------
@@ -336,9 +337,7 @@ def ce_coop_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_
         _row_barrier(ARRIVE, GEN, row, C, gen)
         # 3. (m, d) = ⊕_c (m_c, d_c), lse = m + log d
         k = tl.arange(0, CP)
-        pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-        pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-        m, d = _combine_all(pm, pd, 0)
+        m, d = _merge_row(PART_M, PART_D, row, C, k)
         lse = _lse(m, d)
         s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
         # 4. chunk 0 writes the row's loss and lse
@@ -382,13 +381,6 @@ def scale_rows_kernel(DX, stride_dx, G, stride_g, V, BLOCK: tl.constexpr):
 def _flags(plan: CEPlan, has_weight, has_smooth, has_z, has_softcap, need_grad, has_g):
     return dict(HAS_WEIGHT=has_weight, HAS_SMOOTH=has_smooth, HAS_Z=has_z, HAS_SOFTCAP=has_softcap,
                 NEED_GRAD=need_grad, HAS_G=has_g, FAST=int(plan.fast_exp))
-
-
-def _int_spec(*ints) -> tuple:
-    """Triton's specialisation of run-time integers (== 1, divisible by 16): part of each bound kernel's cache key,
-    since a bound kernel replays the variant compiled at its first call (a row stride of 128256 compiled as
-    16-divisible, replayed for rows of 50257, is a misaligned access)."""
-    return tuple(1 if v == 1 else 16 if v % 16 == 0 else 0 for v in ints)
 
 
 @cached
@@ -435,7 +427,9 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
     stride_g = g.stride(0) if g is not None and g.dim() else 0
     cap = float(softcap) if softcap is not None else 1.0
     check = (x, target, w_, dx_, g_)
-    spec = _int_spec(x.stride(0), stride_dx, stride_g, V, ignore_index)
+    # one plan serves rows of many lengths and strides: a variant compiled for a 16-divisible row stride, replayed
+    # for rows of 50257, is a misaligned access
+    spec = int_spec(x.stride(0), stride_dx, stride_g, V, ignore_index)
     if plan.path == "row":
         _bound_row(plan, N, flags, spec)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, V,
                                     ignore_index, float(eps), float(z_loss), cap), check, x.device)
@@ -472,5 +466,5 @@ def scale_rows_(t: torch.Tensor, g: torch.Tensor) -> None:
     block = min(4096, triton.next_power_of_2(V))
     g = g.reshape(-1)
     stride_g = 0 if g.numel() == 1 else g.stride(0)
-    _bound_scale(rows, block, _int_spec(t2.stride(0), stride_g, V))((t2, t2.stride(0), g, stride_g, V), (t2, g),
+    _bound_scale(rows, block, int_spec(t2.stride(0), stride_g, V))((t2, t2.stride(0), g, stride_g, V), (t2, g),
                                                                     t2.device)

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor
-from ..backend import resolve_backend
+from ..backend import functorch_active, resolve_backend
 from ..state import accumulation_dtype
 from ..target import Target, target_of
 from .geometry import rows_or_copy
@@ -78,7 +78,6 @@ def _kernels():
     return launch
 
 
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
@@ -367,7 +366,7 @@ def _prepare(name, x, dim, dtype, backend):
 
 def _softmax_call(name, mode, x, dim, dtype, backend):
     x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
-    if _functorch_active():
+    if functorch_active():
         return _SoftmaxFunction.apply(x, dim, mode, out_dtype, backend)
     if torch.compiler.is_compiling():
         return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
@@ -397,7 +396,7 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False, *,
               backend: str | None = None) -> torch.Tensor:
     """``torch.logsumexp`` over one ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf."""
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
-    if _functorch_active():
+    if functorch_active():
         out = _LogsumexpFunction.apply(x, dim, backend).to(x.dtype)
     elif torch.compiler.is_compiling():
         out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from .._triton.host import int_spec
 from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
 from ..target import Target, target_of
 from .geometry import row_geometry_of, rows_or_copy
@@ -231,7 +232,7 @@ def warmup_rows(N: int, dtype: torch.dtype, mode: int, max_rows: int, target: Ta
         p = Forward(M, N, inner, geo, (0, 0, 0) if mode == LOGSUMEXP else geo, mode, dtype, dtype, 16)
         launch = bind_forward(p, forward_plan(p, target), target)
         key = (tuple((b.fn.__name__, tuple(sorted((k, str(v)) for k, v in b.meta.items()))) for b in launch.kernels),
-               tuple((a == 1, a % 16 == 0) for a in launch.scalars if isinstance(a, int)),
+               int_spec(*(a for a in launch.scalars if isinstance(a, int))),
                launch.workspace is not None)
         first.setdefault(key, M)
     return sorted(first.values())

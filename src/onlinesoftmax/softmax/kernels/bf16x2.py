@@ -8,8 +8,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton.online import _bf16_halves, _exp, _pack_bf16x2, _row_barrier, _row_generation, _row_offsets, _shift
-from .common import _grad, _merge_row
+from ..._triton.online import (
+    _bf16_halves,
+    _exp,
+    _merge_row,
+    _pack_bf16x2,
+    _row_barrier,
+    _row_generation,
+    _row_offsets,
+    _shift,
+)
+from .common import _grad
 
 
 @triton.jit

@@ -14,8 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton.online import _lse, _row_barrier, _row_generation, _row_offsets, _state
-from .common import _grad, _grad_sum, _merge_row, _normalise
+from ..._triton.online import _lse, _merge_row, _row_barrier, _row_generation, _row_offsets, _state
+from .common import _grad, _grad_sum, _normalise
 
 
 @triton.jit

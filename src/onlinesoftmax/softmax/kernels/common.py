@@ -1,6 +1,5 @@
 """The softmax family's own Triton blocks, shared by its kernels: step 3 of the forward from registers
-(``_normalise``), the backward's row sum and gradient (``_grad_sum``, ``_grad``), and ⊕ over a row's published
-partial states (``_merge_row``)."""
+(``_normalise``) and the backward's row sum and gradient (``_grad_sum``, ``_grad``)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ..._triton.online import _alpha, _combine_all
+from ..._triton.online import _alpha
 
 
 @triton.jit
@@ -20,13 +19,6 @@ def _normalise(x, e, m_c, m, d, MODE: tl.constexpr):
     else:
         log_d = tl.where(m == float("inf"), float("nan"), tl.log(d))
         return (x - m) - log_d            # x - m first: exact near the max, as torch
-
-
-@triton.jit
-def _merge_row(PART_M, PART_D, row, C, k):
-    pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-    pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-    return _combine_all(pm, pd, 0)
 
 
 @triton.jit

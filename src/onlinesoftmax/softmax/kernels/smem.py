@@ -140,7 +140,7 @@ def softmax_coop_smem_kernel(
         gl.thread_barrier()
         _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        # common.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
+        # _triton/online.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
         # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
         pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
         pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
