@@ -28,8 +28,8 @@ def test_warmup_rows_are_few_and_cover_every_variant(N, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_warmup_rows_cover_the_plans_calls_make(N, dtype):
     """Every plan a call on contiguous [M, N] rows makes (``explain`` on the meta device, M <= 1024) is among the
-    warmed rows' plans: the listed rows take the calls' own row view (an earlier version took another view and
-    missed the shared-memory kernel of M > 264 on the H200)."""
+    warmed rows' plans: the listed rows take the calls' own row view (another view misses the shared-memory kernel
+    of M > 264 on the H200)."""
     for op, mode in (("softmax", 0), ("logsumexp", 2)):
         warmed = {_shape_free(explain(torch.empty(M, N, dtype=dtype, device="meta"), op=op, target=H200))
                   for M in warmup_rows(N, dtype, mode, 1024, H200)}
