@@ -7,6 +7,7 @@ sees one op each way) -> autograd registration -> :func:`attention` and :func:`e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -84,12 +85,22 @@ def _check_kernel(q, op: str) -> None:
                          "(use backend='torch')")
 
 
-def _problem(q, k, causal, window) -> Problem:
+def _tma_ok(*ts) -> bool:
+    """TMA can copy [rows, D] tiles of each tensor: unit last stride, 16-byte aligned data and other strides."""
+    for t in ts:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _problem(q, k, causal, window, v=None) -> Problem:
     left, right = window
     if causal:            # causal ANDs j <= i + off into the window's right bound
         right = 0
     B, H, Sq, D = q.shape
-    return Problem(B, H, k.shape[1], Sq, k.shape[2], D, _dtype_name(q.dtype), bool(causal), (left, right))
+    return Problem(B, H, k.shape[1], Sq, k.shape[2], D, _dtype_name(q.dtype), bool(causal), (left, right),
+                   tma=v is not None and q.is_cuda and _tma_ok(q, k, v))
 
 
 # ---- the portable torch path (any device; full fp32 on the CPU) --------------------------------------------
@@ -200,10 +211,32 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
     p = problem
     grid = (-(-p.Sq // plan.block_m), p.B * p.H)
     left, right = p.window
-    meta = dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=p.block_d,
-                HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap, REVERSE=p.banded, F32=plan.dot_f32,
-                VARLEN=p.varlen, num_warps=plan.num_warps, num_stages=plan.num_stages)
-    return _bound(fwd.attention_fwd_kernel, grid, meta)
+    common = dict(HEAD_DIM=p.D, BLOCK_N=plan.block_n, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
+                  SOFTCAP=p.softcap, REVERSE=p.banded, VARLEN=p.varlen)
+    if plan.kernel == "sm90":
+        from .kernels import fwd_sm90
+
+        consumers = plan.block_m // fwd_sm90.WARPGROUP_ROWS
+        return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid,
+                      dict(common, BLOCK_M=fwd_sm90.WARPGROUP_ROWS, CONSUMERS=consumers, STAGES=plan.num_stages,
+                           OVERLAP=plan.overlap, CONSUMER_REGS=fwd_sm90.consumer_regs(consumers), num_warps=4))
+    return _bound(fwd.attention_fwd_kernel, grid,
+                  dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,
+                       num_warps=plan.num_warps, num_stages=plan.num_stages))
+
+
+def _device_allocator(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """The sm90 kernel makes its TMA descriptors on the device, in global scratch that Triton's launcher takes
+    from the allocator set by ``triton.set_allocator``: a torch allocation (on the current stream, so CUDA graphs
+    capture it) unless the caller set one."""
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        _allocation.set_allocator(_device_allocator)
 
 
 def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse: bool):
@@ -247,7 +280,11 @@ def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, 
     if p.Sk == 0 or q.numel() == 0:
         return o.zero_(), lse.fill_(-math.inf)
     left, right = p.window
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o), *_lse_strides(p, lse))
+    if plan.kernel == "sm90":     # unit head-dim strides (p.tma): the (batch, head, row) strides only
+        _ensure_allocator()
+        strides = (*_strides(q)[:3], *_strides(k)[:3], *_strides(v)[:3], *_strides(o)[:3], *_lse_strides(p, lse))
+    else:
+        strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o), *_lse_strides(p, lse))
     bk = _caches()[0](p, plan, strides)
     cu_q, cu_k = cu if cu is not None else (lse, lse)      # unread unless VARLEN
     bk((q, k, v, o, lse, cu_q, cu_k, *strides, p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
@@ -287,15 +324,15 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
 
 
 # ---- custom ops -------------------------------------------------------------------------------------------------
-def _op_problem(q, k, causal, left, right, softcap) -> Problem:
-    p = _problem(q, k, causal, (left, right))
-    return Problem(p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.dtype, p.causal, p.window, softcap > 0)
+def _op_problem(q, k, v, causal, left, right, softcap) -> Problem:
+    p = _problem(q, k, causal, (left, right), v)
+    return dataclasses.replace(p, softcap=softcap > 0)
 
 
 @torch.library.custom_op("onlinesoftmax::attention_fwd", mutates_args=())
 def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, left: int,
                       right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    problem = _op_problem(q, k, causal, left, right, softcap)
+    problem = _op_problem(q, k, v, causal, left, right, softcap)
     plan = plan_attention(problem, target_of(q.device), "triton").forward
     if q.numel() == 0:
         return torch.empty_like(q), torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
@@ -311,7 +348,7 @@ def _(q, k, v, causal, scale, left, right, softcap):
 def _attention_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int,
                       right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problem = _op_problem(q, k, causal, left, right, softcap)
+    problem = _op_problem(q, k, v, causal, left, right, softcap)
     plan = plan_attention(problem, target_of(q.device), "triton").backward
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -341,10 +378,10 @@ def _backward(ctx, do, dlse):
 torch.library.register_autograd("onlinesoftmax::attention_fwd", _backward, setup_context=_setup)
 
 
-def _varlen_problem(q, k, cu_q, max_q, max_k, causal, left, right, softcap) -> Problem:
+def _varlen_problem(q, k, v, cu_q, max_q, max_k, causal, left, right, softcap) -> Problem:
     right = 0 if causal else right
     return Problem(cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2], _dtype_name(q.dtype),
-                   bool(causal), (left, right), softcap > 0, varlen=True)
+                   bool(causal), (left, right), softcap > 0, varlen=True, tma=q.is_cuda and _tma_ok(q, k, v))
 
 
 @torch.library.custom_op("onlinesoftmax::attention_varlen_fwd", mutates_args=())
@@ -352,7 +389,7 @@ def _attention_varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                              scale: float, left: int, right: int,
                              softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    problem = _varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
+    problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
     plan = plan_attention(problem, target_of(q.device), "triton").forward
     return _forward_triton(q, k, v, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
 
@@ -368,7 +405,7 @@ def _attention_varlen_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: tor
                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                              scale: float, left: int, right: int,
                              softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    problem = _varlen_problem(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
+    problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
     plan = plan_attention(problem, target_of(q.device), "triton").backward
     return _backward_triton(do, dlse, q, k, v, o, lse, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
 
@@ -422,8 +459,7 @@ def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, bac
     """The plan ``attention(q, k, v, ...)`` would run: backend, problem, forward and backward launch configurations
     (for the target of q's device). ``knobs`` shows what an override would give."""
     win, backend, _ = _prepare(q, k, v, causal, scale, window, softcap, backend, "onlinesoftmax.explain")
-    p = _problem(q, k, causal, win)
-    p = Problem(p.B, p.H, p.Hkv, p.Sq, p.Sk, p.D, p.dtype, p.causal, p.window, softcap is not None)
+    p = dataclasses.replace(_problem(q, k, causal, win, v), softcap=softcap is not None)
     return plan_attention(p, target_of(q.device), backend, knobs)
 
 

@@ -32,6 +32,7 @@ class Problem:
     window: tuple = (-1, -1)
     softcap: bool = False
     varlen: bool = False    # packed sequences: B = len(cu_seqlens) - 1, Sq / Sk = the longest lengths
+    tma: bool = False       # q, k, v: unit head-dim stride, 16-byte aligned data and strides (TMA can copy tiles)
 
     @property
     def group(self) -> int:
@@ -50,12 +51,14 @@ class Problem:
 
 @dataclass(frozen=True)
 class ForwardPlan:
-    kernel: str             # "triton" (the portable tl.dot kernel, kernels/fwd.py)
+    kernel: str             # "triton": the portable tl.dot kernel (kernels/fwd.py); "sm90": TMA + wgmma with a
+                            # warp-specialised producer (kernels/fwd_sm90.py, Gluon; Hopper only)
     block_m: int
     block_n: int
-    num_warps: int
-    num_stages: int
+    num_warps: int          # "sm90": 4 (block_m / 64 consumer warpgroups and a producer warp run)
+    num_stages: int         # "sm90": the key / value ring's slots
     dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
+    overlap: bool = True    # "sm90": the scores of tile j + 1 issued before p v of tile j
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,24 @@ SM90_FORWARD = {
     128: (128, 128, 8, 3),
     256: (128, 64, 8, 2),
 }
+# The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 64 rows per consumer warpgroup, block_n, 4,
+# ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
+# (2 × slots × block_n × D), at most 227 KB.
+SM90_WS_FORWARD = {
+    64: (128, 128, 4, 3),
+    128: (128, 128, 4, 2),
+    256: (128, 64, 4, 2),
+}
+
+
+def sm90_ws_eligible(p: Problem) -> bool:
+    """The Gluon kernel runs: 16-bit inputs that TMA can copy, a head dim it has a table row for."""
+    return p.tma and p.dtype in ("float16", "bfloat16") and p.D in SM90_WS_FORWARD
 
 
 def _forward_sm90(p: Problem) -> ForwardPlan:
+    if sm90_ws_eligible(p):
+        return ForwardPlan("sm90", *SM90_WS_FORWARD[p.D])
     bd = p.block_d
     bm, bn, w, s = SM90_FORWARD.get(bd, SM90_FORWARD[256] if bd > 128 else SM90_FORWARD[64])
     if p.dtype == "float32":          # fp32 tiles take twice the shared memory
