@@ -475,6 +475,15 @@ def test_gpu_real_sizes(B, H, Hkv, Sq, Sk, D, dtype, kw):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [dict(dq_atomic=True), dict(dq_atomic=True, block_m=32, block_n=128, num_warps=8)])
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw", [GPU_CASES[i] for i in (1, 2, 3, 5, 10)])
+def test_gpu_atomic_dq(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knobs):
+    backward_knobs(knobs)
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True)
+    check_backward(q, k, v, "triton", **kw)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_varlen(dtype):
     lens = [1000, 0, 3000, 17, 4000, 1, 2500, 1575]

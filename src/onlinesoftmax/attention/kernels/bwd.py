@@ -83,6 +83,18 @@ def _q_band(n0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
+def _keep_t(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[N, M]: fwd's ``_keep`` built transposed (key rows), in Pᵀ's layout: no transpose of a mask tile."""
+    j = offs_n[:, None]
+    keep = j < Sk
+    if HAS_LEFT:
+        keep &= j >= offs_m[None, :] + (off - LEFT)
+    if HAS_RIGHT:
+        keep &= j <= offs_m[None, :] + (off + RIGHT)
+    return keep
+
+
+@triton.jit
 def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqm, sqd, sdm, sdd, offs_n, offs_d,
                 start, stop, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
@@ -121,8 +133,7 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
             sT = qkT * qk_scale
         pT = tl.math.exp2(sT - (lse * LOG2E)[None, :])                        # Pᵀ = 2^(s - lse·log2 e)
         if MASKED:
-            keepT = tl.trans(_keep(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT))
-            pT = tl.where(keepT, pT, 0.0)
+            pT = tl.where(_keep_t(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), pT, 0.0)
         dv = _mm(pT.to(do.dtype), do, dv, F32)                                # 1. dV += Pᵀ dO
         dpT = _mm(v, tl.trans(do), None, F32)                                       #    dPᵀ = V dOᵀ
         dsT = pT * (dpT - delta[None, :])                                     #    dSᵀ = Pᵀ ⊙ (dPᵀ - Δ)
