@@ -475,8 +475,10 @@ def test_gpu_real_sizes(B, H, Hkv, Sq, Sk, D, dtype, kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [dict(dq_atomic=True), dict(dq_atomic=True, block_m=32, block_n=128, num_warps=8)])
-@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw", [GPU_CASES[i] for i in (1, 2, 3, 5, 10)])
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw,knobs", [
+    GPU_CASES[i] + (kn,) for i in (1, 2, 3, 5) for kn in (dict(dq_atomic=True),
+                                                        dict(dq_atomic=True, block_m=32, block_n=128, num_warps=8))
+] + [GPU_CASES[10] + (dict(dq_atomic=True),)])
 def test_gpu_atomic_dq(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knobs):
     backward_knobs(knobs)
     q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True)
