@@ -231,6 +231,39 @@ def test_triton_strided_inputs(kernel_device):
     check_forward(qs, ks, vs, "triton")
 
 
+ATOMIC_DQ = [dict(dq_atomic=True), dict(dq_atomic=True, block_n=32)]   # block_n 32: key blocks twice the query step
+
+
+@pytest.fixture
+def backward_knobs(monkeypatch):
+    """Calls made after ``backward_knobs(dict)`` run the backward with those plan fields (the api's plan_attention
+    wrapped): how the tests reach a variant no default plan picks."""
+    from onlinesoftmax.attention import api
+
+    def use(knobs):
+        plan = api.plan_attention
+        monkeypatch.setattr(api, "plan_attention", lambda p, t, b, kn=Knobs(): plan(p, t, b, Knobs(backward=knobs)))
+    return use
+
+
+@pytest.mark.parametrize("knobs", ATOMIC_DQ)
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,kw", TINY)
+def test_triton_backward_atomic_dq(B, H, Hkv, Sq, Sk, D, kw, knobs, kernel_device, backward_knobs):
+    """dQ added by the dK/dV kernel (fp32 atomics into zeroed rows, then a cast): GQA, causal, window, softcap."""
+    backward_knobs(knobs)
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, device=kernel_device, grad=True)
+    check_backward(q, k, v, "triton", with_lse=bool(kw), **kw)
+
+
+@pytest.mark.parametrize("knobs", ATOMIC_DQ)
+def test_triton_backward_atomic_dq_strided_lowp(knobs, kernel_device, backward_knobs):
+    backward_knobs(knobs)
+    q, k, v = make(2, 4, 2, 19, 23, 16, device=kernel_device, layout="bshd", grad=True)
+    check_backward(q, k, v, "triton", causal=True)
+    q, k, v = make(1, 2, 1, 24, 40, 32, torch.bfloat16, kernel_device, grad=True)
+    check_backward(q, k, v, "triton", causal=True)
+
+
 def test_fully_masked_rows_no_nan(kernel_device):
     # window (0, 0) with Sq > Sk: rows i < Sq - Sk have no key; left bound past every key for the rest
     for backend in ("torch", "triton"):
@@ -375,6 +408,12 @@ def test_varlen(lens_q, lens_k, kw, backend, kernel_device):
     check_varlen(lens_q, lens_k, 4, 2, 16, backend, device=kernel_device, **kw)
 
 
+@pytest.mark.parametrize("lens_q,lens_k,kw", VARLEN)
+def test_varlen_atomic_dq(lens_q, lens_k, kw, kernel_device, backward_knobs):
+    backward_knobs(ATOMIC_DQ[0])
+    check_varlen(lens_q, lens_k, 4, 2, 16, "triton", device=kernel_device, **kw)
+
+
 def test_varlen_matches_dense(kernel_device):
     """One sequence of a batch is the dense call on that sequence, strides as given (a [B, S, H, D] view)."""
     q, k, v = make(2, 4, 2, 9, 13, 16, device=kernel_device, layout="bshd")
@@ -432,6 +471,17 @@ GPU_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options)
 def test_gpu_real_sizes(B, H, Hkv, Sq, Sk, D, dtype, kw):
     q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True, layout="bshd" if D == 64 else "bhsd")
     check_forward(q, k, v, "triton", **kw)
+    check_backward(q, k, v, "triton", **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw,knobs", [
+    GPU_CASES[i] + (kn,) for i in (1, 2, 3, 5) for kn in (dict(dq_atomic=True),
+                                                        dict(dq_atomic=True, block_m=32, block_n=128, num_warps=8))
+] + [GPU_CASES[10] + (dict(dq_atomic=True),)])
+def test_gpu_atomic_dq(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knobs):
+    backward_knobs(knobs)
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True)
     check_backward(q, k, v, "triton", **kw)
 
 

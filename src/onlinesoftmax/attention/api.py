@@ -240,20 +240,26 @@ def _ensure_allocator() -> None:
 
 
 def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse: bool):
+    """(Δ, dK/dV, dQ) launches: the third is the dQ kernel, or with ``plan.dq_atomic`` the cast of dQ's fp32 rows."""
     _, bwd, _ = _kernels()
     p = problem
     left, right = p.window
     common = dict(HEAD_DIM=p.D, BLOCK_D=p.block_d, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap,
                   F32=plan.dot_f32, VARLEN=p.varlen)
-    delta = _bound(bwd.attention_bwd_delta_kernel, (-(-p.Sq // 64), p.B * p.H),
-                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, VARLEN=p.varlen,
-                        num_warps=4))
+    rows = (-(-p.Sq // 64), p.B * p.H)
+    delta = _bound(bwd.attention_bwd_delta_kernel, rows,
+                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, ZERO_DQ=plan.dq_atomic,
+                        VARLEN=p.varlen, num_warps=4))
     dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
-                  dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
-                       num_stages=plan.num_stages))
-    dq = _bound(bwd.attention_bwd_dq_kernel, (-(-p.Sq // plan.block_m_dq), p.B * p.H),
-                dict(common, BLOCK_M=plan.block_m_dq, BLOCK_N=plan.block_n_dq, REVERSE=p.banded,
-                     num_warps=plan.num_warps, num_stages=plan.num_stages))
+                  dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DQ_ATOMIC=plan.dq_atomic,
+                       num_warps=plan.num_warps, num_stages=plan.num_stages))
+    if plan.dq_atomic:
+        dq = _bound(bwd.attention_bwd_dq_cast_kernel, rows,
+                    dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, VARLEN=p.varlen, num_warps=4))
+    else:
+        dq = _bound(bwd.attention_bwd_dq_kernel, (-(-p.Sq // plan.block_m_dq), p.B * p.H),
+                    dict(common, BLOCK_M=plan.block_m_dq, BLOCK_N=plan.block_n_dq, REVERSE=p.banded,
+                         num_warps=plan.num_warps_dq, num_stages=plan.num_stages_dq))
     return delta, dkdv, dq
 
 
@@ -312,14 +318,20 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
         dlse = dlse.to(torch.float32)
         if dlse.stride() != lse.stride():
             dlse = dlse.contiguous()
+    # dq_atomic: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel
+    dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic else lse
     cu_q, cu_k = cu if cu is not None else (lse, lse)
-    delta_k((o, do, dlse if dlse is not None else lse, delta, cu_q, *so, *sdo, *sl, p.H, p.Sq), (o, do), q.device)
+    delta_k((o, do, dlse if dlse is not None else lse, delta, dqacc, cu_q, *so, *sdo, *sl, p.H, p.Sq), (o, do),
+            q.device)
     lr = (max(left, 0), max(right, 0))
     qk_scale, cap_in, cap_out = _scalars(scale, softcap)
-    dkdv_k((q, k, v, do, lse, delta, dk, dv, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
+    dkdv_k((q, k, v, do, lse, delta, dk, dv, dqacc, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
             p.H, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dk, dv), q.device)
-    dq_k((q, k, v, do, lse, delta, dq, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdq, *sl,
-          p.H, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dq), q.device)
+    if plan.dq_atomic:
+        dq_k((dqacc, dq, cu_q, *sdq, *sl, p.H, p.Sq, scale), (dq,), q.device)
+    else:
+        dq_k((q, k, v, do, lse, delta, dq, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdq, *sl,
+              p.H, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dq), q.device)
     return dq, dk, dv
 
 

@@ -66,10 +66,14 @@ class BackwardPlan:
     kernel: str             # "triton" (kernels/bwd.py: Δ, then dK/dV per key block, then dQ per query block)
     block_m: int            # dK/dV kernel: query rows per step
     block_n: int            # dK/dV kernel: keys per program
+    num_warps: int          # dK/dV kernel
+    num_stages: int
     block_m_dq: int         # dQ kernel: query rows per program
     block_n_dq: int         # dQ kernel: keys per step
-    num_warps: int
-    num_stages: int
+    num_warps_dq: int
+    num_stages_dq: int
+    dq_atomic: bool = False  # dQ added by the dK/dV kernel into an fp32 buffer (fp32 atomics; 5 matmuls, not 7),
+                             # then scaled and cast by a row kernel; the dQ kernel's fields go unused
     dot_f32: bool = False
 
 
@@ -153,25 +157,26 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
 
 
 # ---- the backward -----------------------------------------------------------------------------------------
-SM90_BACKWARD = {          # H200, bf16: (block_m, block_n, block_m_dq, block_n_dq, num_warps, num_stages)
-    64: (64, 64, 64, 64, 4, 2),
-    128: (64, 64, 64, 64, 4, 2),
-    256: (32, 64, 64, 32, 4, 1),
+# (block_m, block_n, num_warps, num_stages) of the dK/dV kernel, then the same four of the dQ kernel
+SM90_BACKWARD = {          # H200, bf16
+    64: (64, 64, 4, 2, 64, 64, 4, 2),
+    128: (64, 64, 4, 2, 64, 64, 4, 2),
+    256: (32, 64, 4, 1, 64, 32, 4, 1),
 }
 
 
 def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> BackwardPlan:
     if target.interpret:
-        plan = BackwardPlan("triton", 16, 16, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
+        plan = BackwardPlan("triton", 16, 16, 1, 1, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
     elif target.sm90:
         bd = p.block_d
         cfg = SM90_BACKWARD.get(bd, SM90_BACKWARD[256] if bd > 128 else SM90_BACKWARD[64])
         if p.dtype == "float32":
-            cfg = (32, 64, 64, 32, 4, 1)
+            cfg = (32, 64, 4, 1, 64, 32, 4, 1)
         plan = BackwardPlan("triton", *cfg)
     else:
         small = p.block_d > 128 or p.dtype == "float32"
-        plan = BackwardPlan("triton", 32, 64 if not small else 32, 64 if not small else 32, 32, 4, 1)
+        plan = BackwardPlan("triton", 32, 32 if small else 64, 4, 1, 32 if small else 64, 32, 4, 1)
     return dataclasses.replace(plan, **dict(knobs.backward))
 
 

@@ -9,6 +9,9 @@ With ``P = exp(S − lse)`` recomputed from the saved lse (no S × S matrix is e
 Kernel 1 (grid: key blocks × B·Hkv) streams the query blocks of each head of the group past a resident K / V
 tile; kernel 2 (grid: query blocks × B·H) streams key blocks past a resident Q / dO tile, as the forward does.
 Both recompute S (two extra matmuls against the five the gradient needs) and skip the blocks outside the band.
+With ``DQ_ATOMIC`` kernel 1 also forms ``dS K`` per step and adds it (fp32 atomics, ``BLOCK_M·D`` of them per step)
+into a ``[rows, BLOCK_D]`` fp32 buffer that kernel 0 zeroed; a row kernel then scales and casts it into dQ: five
+matmuls, no second pass over K / V.
 
 A row with no attended key has lse = −inf; it is read as +inf so that its P is 0 (not NaN) everywhere.
 """
@@ -23,10 +26,11 @@ from .fwd import _band, _keep, _mm, _seq, _tanh
 
 
 @triton.jit
-def attention_bwd_delta_kernel(O, DO, DLSE, DELTA, CU_Q, sob, soh, som, sod, sdb, sdh, sdm, sdd, slb, slh, H, Sq,
-                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                               HAS_DLSE: tl.constexpr, VARLEN: tl.constexpr):
-    """0. Δ = rowsum(O ⊙ dO) − dlse, float32, laid out as the lse (DLSE too: row i of (b, h) at b·slb + h·slh + i)."""
+def attention_bwd_delta_kernel(O, DO, DLSE, DELTA, DQACC, CU_Q, sob, soh, som, sod, sdb, sdh, sdm, sdd, slb, slh, H,
+                               Sq, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                               HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, VARLEN: tl.constexpr):
+    """0. Δ = rowsum(O ⊙ dO) − dlse, float32, laid out as the lse (DLSE too: row i of (b, h) at b·slb + h·slh + i).
+    ZERO_DQ: the rows of the dQ buffer (row r at r·BLOCK_D, r the lse's index) start at zero."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -47,6 +51,9 @@ def attention_bwd_delta_kernel(O, DO, DLSE, DELTA, CU_Q, sob, soh, som, sod, sdb
     if HAS_DLSE:
         delta -= tl.load(DLSE + row_base + offs_m, mask=offs_m < Sq, other=0.0)
     tl.store(DELTA + row_base + offs_m, delta, mask=offs_m < Sq)
+    if ZERO_DQ:
+        tl.store(DQACC + (row_base + offs_m[:, None]) * BLOCK_D + offs_d[None, :],
+                 tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=offs_m[:, None] < Sq)
 
 
 @triton.jit
@@ -76,27 +83,46 @@ def _q_band(n0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.con
 
 
 @triton.jit
-def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n, offs_d,
+def _keep_t(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[N, M]: fwd's ``_keep`` built transposed (key rows), in Pᵀ's layout: no transpose of a mask tile."""
+    j = offs_n[:, None]
+    keep = j < Sk
+    if HAS_LEFT:
+        keep &= j >= offs_m[None, :] + (off - LEFT)
+    if HAS_RIGHT:
+        keep &= j <= offs_m[None, :] + (off + RIGHT)
+    return keep
+
+
+@triton.jit
+def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqm, sqd, sdm, sdd, offs_n, offs_d,
                 start, stop, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                F32: tl.constexpr):
     """Steps 1-2 for the resident keys offs_n over query blocks [start, stop), transposed (rows = keys), so that
-    Pᵀ and dSᵀ come out of the dot in the layout the next dot takes."""
+    Pᵀ and dSᵀ come out of the dot in the layout the next dot takes; DQ_ATOMIC: step 3 too, added into dq_base."""
     offs_mb = tl.arange(0, BLOCK_M)
     d_ok = offs_d[None, :] < HEAD_DIM
     for m0 in range(start, stop, BLOCK_M):
         offs_m = m0 + offs_mb
         rows = offs_m[:, None].to(tl.int64)
+        q_ptrs = q_base + rows * sqm + offs_d[None, :] * sqd
+        do_ptrs = do_base + rows * sdm + offs_d[None, :] * sdd
         if MASKED:
             ld = (offs_m[:, None] < Sq) & d_ok
-            q = tl.load(q_base + rows * sqm + offs_d[None, :] * sqd, mask=ld, other=0.0)
-            do = tl.load(do_base + rows * sdm + offs_d[None, :] * sdd, mask=ld, other=0.0)
+            q = tl.load(q_ptrs, mask=ld, other=0.0)
+            do = tl.load(do_ptrs, mask=ld, other=0.0)
             lse = tl.load(lse_base + offs_m, mask=offs_m < Sq, other=float("inf"))
             lse = tl.where(lse == float("-inf"), float("inf"), lse)
             delta = tl.load(delta_base + offs_m, mask=offs_m < Sq, other=0.0)
         else:
-            q = tl.load(q_base + rows * sqm + offs_d[None, :] * sqd, mask=d_ok, other=0.0)
-            do = tl.load(do_base + rows * sdm + offs_d[None, :] * sdd, mask=d_ok, other=0.0)
+            if BLOCK_D != HEAD_DIM:
+                q = tl.load(q_ptrs, mask=d_ok, other=0.0)
+                do = tl.load(do_ptrs, mask=d_ok, other=0.0)
+            else:
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         qkT = _mm(k, tl.trans(q), None, F32)                                          # Sᵀ / scale: [N, M]
@@ -107,27 +133,35 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, s
             sT = qkT * qk_scale
         pT = tl.math.exp2(sT - (lse * LOG2E)[None, :])                        # Pᵀ = 2^(s - lse·log2 e)
         if MASKED:
-            keepT = tl.trans(_keep(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT))
-            pT = tl.where(keepT, pT, 0.0)
+            pT = tl.where(_keep_t(offs_m, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), pT, 0.0)
         dv = _mm(pT.to(do.dtype), do, dv, F32)                                # 1. dV += Pᵀ dO
         dpT = _mm(v, tl.trans(do), None, F32)                                       #    dPᵀ = V dOᵀ
         dsT = pT * (dpT - delta[None, :])                                     #    dSᵀ = Pᵀ ⊙ (dPᵀ - Δ)
         if SOFTCAP:
             dsT = dsT * (1.0 - t * t)
-        dk = _mm(dsT.to(q.dtype), q, dk, F32)                                 # 2. dK += dSᵀ Q (scale at the end)
+        dsT = dsT.to(q.dtype)
+        dk = _mm(dsT, q, dk, F32)                                             # 2. dK += dSᵀ Q (scale at the end)
+        if DQ_ATOMIC:                                                         # 3. dQ += dS K (scale in the cast)
+            dq = _mm(tl.trans(dsT), k, None, F32)
+            dq_ptrs = dq_base + rows * BLOCK_D + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_m[:, None] < Sq, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-        Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+        Q, K, V, DO, LSE, DELTA, DK, DV, DQACC, CU_Q, CU_K,
         sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdm, sdd,
         sdkb, sdkh, sdkn, sdkd, sdvb, sdvh, sdvn, sdvd, slb, slh,
         H, Hkv, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale, cap_in, cap_out,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr,
-        VARLEN: tl.constexpr):
-    """Grid (cdiv(Sk, BLOCK_N), B·Hkv): dK, dV of one key block, summed over the GROUP query heads that read it."""
+        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+        F32: tl.constexpr, VARLEN: tl.constexpr):
+    """Grid (cdiv(Sk, BLOCK_N), B·Hkv): dK, dV of one key block, summed over the GROUP query heads that read it;
+    DQ_ATOMIC: each head's dS K added into its rows of DQACC (laid out as the lse, times BLOCK_D)."""
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)
     b = bhk // Hkv
@@ -155,15 +189,16 @@ def attention_bwd_dkdv_kernel(
         do_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + tl.cast(q_start, tl.int64) * sdm
         lse_base = LSE + b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
         delta_base = DELTA + b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
-        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
-                             offs_d, lo, full_lo, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                             BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
-        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
-                             offs_d, full_lo, full_hi, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                             BLOCK_M, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
-        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sqd, sdm, sdd, offs_n,
-                             offs_d, full_hi, hi, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-                             BLOCK_M, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
+        dq_base = DQACC + (b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start) * BLOCK_D
+        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqm, sqd, sdm, sdd,
+                             offs_n, offs_d, lo, full_lo, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
+                             BLOCK_M, BLOCK_D, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DQ_ATOMIC, F32)
+        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqm, sqd, sdm, sdd,
+                             offs_n, offs_d, full_lo, full_hi, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
+                             BLOCK_M, BLOCK_D, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT, SOFTCAP, DQ_ATOMIC, F32)
+        dk, dv = _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqm, sqd, sdm, sdd,
+                             offs_n, offs_d, full_hi, hi, Sq, Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
+                             BLOCK_M, BLOCK_D, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, DQ_ATOMIC, F32)
     dk *= scale
     tl.store(DK + b.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + rows * sdkn + offs_d[None, :] * sdkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -174,7 +209,7 @@ def attention_bwd_dkdv_kernel(
 @triton.jit
 def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, start, stop,
               Sk, off, LEFT, RIGHT, qk_scale, cap_in, cap_out,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, F32: tl.constexpr):
     """Step 3 for the resident query rows over key blocks [start, stop)."""
     offs_nb = tl.arange(0, BLOCK_N)
@@ -182,12 +217,18 @@ def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m,
     for n0 in range(start, stop, BLOCK_N):
         offs_n = n0 + offs_nb
         rows = offs_n[:, None].to(tl.int64)
+        k_ptrs = k_base + rows * skn + offs_d[None, :] * skd
+        v_ptrs = v_base + rows * svn + offs_d[None, :] * svd
         if MASKED:
             ld = (offs_n[:, None] < Sk) & d_ok
+            k = tl.load(k_ptrs, mask=ld, other=0.0)
+            v = tl.load(v_ptrs, mask=ld, other=0.0)
+        elif BLOCK_D != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=d_ok, other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok, other=0.0)
         else:
-            ld = d_ok
-        k = tl.load(k_base + rows * skn + offs_d[None, :] * skd, mask=ld, other=0.0)
-        v = tl.load(v_base + rows * svn + offs_d[None, :] * svd, mask=ld, other=0.0)
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
         qk = _mm(q, tl.trans(k), None, F32)
         if SOFTCAP:
             t = _tanh(qk * cap_in)
@@ -243,13 +284,37 @@ def attention_bwd_dq_kernel(
     v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + tl.cast(k_start, tl.int64) * svn
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo, full_lo, full_hi, hi = _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, lo, full_lo, Sk, off,
-                   LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
+    dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, lo, full_lo, Sk,
+                   off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, BLOCK_D, HEAD_DIM, True, HAS_LEFT,
+                   HAS_RIGHT, SOFTCAP, F32)
     dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_lo, full_hi, Sk,
-                   off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, False, HAS_LEFT, HAS_RIGHT,
-                   SOFTCAP, F32)
-    dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_hi, hi, Sk, off,
-                   LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, HEAD_DIM, True, HAS_LEFT, HAS_RIGHT, SOFTCAP, F32)
+                   off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, BLOCK_D, HEAD_DIM, False, HAS_LEFT,
+                   HAS_RIGHT, SOFTCAP, F32)
+    dq = _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m, offs_d, full_hi, hi, Sk,
+                   off, LEFT, RIGHT, qk_scale, cap_in, cap_out, BLOCK_N, BLOCK_D, HEAD_DIM, True, HAS_LEFT,
+                   HAS_RIGHT, SOFTCAP, F32)
     dq *= scale
     tl.store(DQ + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows * sdqm + offs_d[None, :] * sdqd,
              dq.to(DQ.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def attention_bwd_dq_cast_kernel(DQACC, DQ, CU_Q, sdqb, sdqh, sdqm, sdqd, slb, slh, H, Sq, scale,
+                                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 VARLEN: tl.constexpr):
+    """Grid (cdiv(Sq, BLOCK_M), B·H): dQ = scale · the fp32 rows DQ_ATOMIC accumulated, in dQ's dtype and strides."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
+    if pid_m * BLOCK_M >= Sq:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_base = b.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start
+    acc = tl.load(DQACC + (row_base + offs_m[:, None]) * BLOCK_D + offs_d[None, :], mask=offs_m[:, None] < Sq,
+                  other=0.0)
+    rows = (q_start + offs_m[:, None]).to(tl.int64)
+    tl.store(DQ + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows * sdqm + offs_d[None, :] * sdqd,
+             (acc * scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < HEAD_DIM))
