@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 import traceback
 
 import torch
@@ -127,8 +128,9 @@ def check_all(variants):
             poison()
             oo, ol = run(q, k, v, p, old, scale, softcap)
             row = {"case": name, "plan": plan.kernel, "old_o": err(oo, ro), "old_lse": err(ol, rl)}
+            base = ForwardPlan("sm90", 128, 128 if D <= 128 else 64, 4, 2)
             for vname, kn in variants.items():
-                vp = dataclasses.replace(plan, **kn) if plan.kernel == "sm90" else plan
+                vp = dataclasses.replace(base, **kn)
                 try:
                     poison()
                     o, lse = run(q, k, v, p, vp, scale, softcap)
@@ -159,7 +161,7 @@ def check_all(variants):
             row = {"case": f"varlen causal={causal}", "plan": plan.kernel, "old_o": err(oo, ro),
                    "old_lse": err(ol, rl)}
             for vname, kn in variants.items():
-                vp = dataclasses.replace(plan, **kn) if plan.kernel == "sm90" else plan
+                vp = dataclasses.replace(ForwardPlan("sm90", 128, 128, 4, 2), **kn)
                 poison()
                 o, lse = run(q, k, v, p, vp, D ** -0.5, None, (cu_q, cu_k))
                 torch.cuda.synchronize()
@@ -172,8 +174,8 @@ def check_all(variants):
 
 
 SHAPES = [  # B, H, Hkv, S, D
-    (4, 32, 32, 4096, 128), (1, 32, 32, 16384, 128), (2, 32, 32, 8192, 128), (16, 32, 32, 1024, 128),
-    (8, 16, 16, 2048, 64), (4, 32, 8, 4096, 128), (2, 16, 16, 4096, 256),
+    (4, 32, 32, 4096, 128), (8, 16, 16, 2048, 64), (4, 32, 8, 4096, 128), (1, 32, 32, 16384, 128),
+    (16, 32, 32, 1024, 128), (2, 32, 32, 8192, 128), (2, 16, 16, 4096, 256),
 ]
 
 
@@ -188,7 +190,7 @@ def sdpa(be_name):
     return f
 
 
-def time_all(variants, quick):
+def time_all(variants, quick, budget=1e9):
     out = []
     a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
@@ -197,7 +199,11 @@ def time_all(variants, quick):
     out.append({"shape": "matmul 8192^3", "tflops": ceiling})
     del a, b
     shapes = SHAPES[:2] if quick else SHAPES
+    t0 = time.time()
     for B, H, Hkv, S, D in shapes:
+        if time.time() - t0 > budget:
+            out.append({"shape": f"{B}x{H}/{Hkv}x{S}x{D}", "skipped": "time budget"})
+            continue
         q, k, v = make(B, H, Hkv, S, S, D, torch.bfloat16, "bhsd")
         scale = D ** -0.5
         for causal in (False, True):
@@ -209,8 +215,9 @@ def time_all(variants, quick):
             plan, old = default_plans(p)
             fns = {"cudnn": lambda: sdpa("cudnn")(q, k, v, causal), "flash": lambda: sdpa("flash")(q, k, v, causal),
                    "triton": lambda: run(q, k, v, p, old, scale, None)}
+            base = ForwardPlan("sm90", 128, 128 if D <= 128 else 64, 4, 2)
             for vname, kn in variants.items():
-                vp = dataclasses.replace(plan, **kn)
+                vp = dataclasses.replace(base, **kn)
                 fns[vname] = (lambda vp=vp: run(q, k, v, p, vp, scale, None))
             ref = None
             for name, fn in fns.items():
@@ -236,11 +243,10 @@ def time_all(variants, quick):
 
 VARIANTS = {
     "ws": {},
-    "ws nooverlap": {"overlap": False},
-    "ws bn64s4": {"block_n": 64, "num_stages": 4},
     "ws s3": {"num_stages": 3},
-    "ws 1wg": {"block_m": 64},
-    "ws 3wg": {"block_m": 192, "num_stages": 2},
+    "ws pp": {"pingpong": True},
+    "ws s3 pp": {"num_stages": 3, "pingpong": True},
+    "ws 3wg pp": {"block_m": 192, "pingpong": True},
 }
 
 
@@ -248,10 +254,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds of timing after which no new shape starts")
     args = ap.parse_args()
     torch.manual_seed(0)
-    checks = check_all({k: v for k, v in VARIANTS.items() if k in ("ws", "ws nooverlap", "ws 1wg", "ws 3wg")})
-    timings = time_all(VARIANTS, args.quick)
+    checks = check_all({k: v for k, v in VARIANTS.items() if k in ("ws s3", "ws pp", "ws s3 pp")})
+    timings = time_all(VARIANTS, args.quick, args.budget)
     with open(os.path.join(args.out, "attention_sm90_probe.json"), "w") as f:
         json.dump({"checks": checks, "timings": timings, "device": torch.cuda.get_device_name()}, f, indent=1)
     print("\n== checks (relative max error of o, lse vs fp32 torch; old = the tl.dot kernel)")

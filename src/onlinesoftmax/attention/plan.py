@@ -59,6 +59,7 @@ class ForwardPlan:
     num_stages: int         # "sm90": the key / value ring's slots
     dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
     overlap: bool = True    # "sm90": the scores of tile j + 1 issued before p v of tile j
+    pingpong: bool = False  # "sm90": the consumer warpgroups take turns to issue their matmuls
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,7 @@ SM90_FORWARD = {
 # ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
 # (2 × slots × block_n × D), at most 227 KB.
 SM90_WS_FORWARD = {
-    64: (128, 128, 4, 3),
-    128: (128, 128, 4, 2),
+    128: (128, 128, 4, 3),
     256: (128, 64, 4, 2),
 }
 
