@@ -51,10 +51,10 @@ def _wz(z, col, W, V, HAS_WEIGHT: gl.constexpr, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _dx(x, col, t, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row, KEEP_E: gl.constexpr,
+def _dx(x, col, t_col, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row, KEEP_E: gl.constexpr,
         HAS_WEIGHT: gl.constexpr, HAS_SMOOTH: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_G: gl.constexpr):
     """3. ∂loss/∂x_j of a tile: x holds the logits, or e_j with KEEP_E (pc = e^(m_c − lse))."""
-    is_t = col == t
+    is_t = col == t_col
     if KEEP_E:
         z = x
         p = gl.where(is_t, p_t, x * pc)
@@ -113,6 +113,7 @@ def ce_coop_smem_kernel(
             else:
                 col_r = start + cols_r
         zt, wt = _target_terms(X + x_base, W, t, V, softcap, ignore_index, HAS_WEIGHT, HAS_SOFTCAP, True)
+        t_col = gl.where((t >= 0) & (t < V), t, -1).to(gl.int32)     # 32-bit compares with the columns
         # 1. m_c = softcap(max_j x_j), each sub-tile as soon as it has landed
         mv = gl.full([SUB], float("-inf"), gl.float32, L)
         for s in gl.static_range(S):
@@ -194,7 +195,7 @@ def ce_coop_smem_kernel(
             p_t = gl.exp(zt - lse)
             for s in range(S):
                 col = sm0 + s * SUB + offs
-                g = _dx(smem.index(s).load(L).to(gl.float32), col, t, lse, pc, p_t, W, A, s_ce, wt, eps, V,
+                g = _dx(smem.index(s).load(L).to(gl.float32), col, t_col, lse, pc, p_t, W, A, s_ce, wt, eps, V,
                         softcap, g_row, KEEP_E, HAS_WEIGHT, HAS_SMOOTH, HAS_SOFTCAP, HAS_G)
                 if EVEN:
                     gl.store(DX + dx_base + col, g.to(DX.dtype.element_ty))
@@ -204,12 +205,12 @@ def ce_coop_smem_kernel(
                 if WORDS:
                     lo, hi = _bf16_halves(xr, 0)
                     gw = _pack_bf16x2(
-                        _dx(lo, col_r, t, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row, KEEP_E,
+                        _dx(lo, col_r, t_col, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row, KEEP_E,
                             HAS_WEIGHT, HAS_SMOOTH, HAS_SOFTCAP, HAS_G),
-                        _dx(hi, col_r + 1, t, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row, KEEP_E,
+                        _dx(hi, col_r + 1, t_col, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row, KEEP_E,
                             HAS_WEIGHT, HAS_SMOOTH, HAS_SOFTCAP, HAS_G))
                     gl.store(DX.to(gl.pointer_type(gl.int32)) + (dx_base + start) // 2 + cols_r, gw)
                 else:
-                    g = _dx(xr.to(gl.float32), col_r, t, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row,
+                    g = _dx(xr.to(gl.float32), col_r, t_col, lse, pc, p_t, W, A, s_ce, wt, eps, V, softcap, g_row,
                             KEEP_E, HAS_WEIGHT, HAS_SMOOTH, HAS_SOFTCAP, HAS_G)
                     gl.store(DX + dx_base + col_r, g.to(DX.dtype.element_ty))
