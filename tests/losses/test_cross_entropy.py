@@ -253,6 +253,47 @@ def test_plans_by_target():
         CEKnobs(bogus=1)
 
 
+@pytest.mark.parametrize("V, chunks, even", [(32000, 2, False), (128256, 8, False), (151936, 10, False),
+                                             (262144, 16, True)])
+def test_smem_plans_on_h200(V, chunks, even):
+    """Path "smem" (knobs only: the default stays): 16384-class chunks of 4 warps, 4 register sub-tiles of 1024
+    bf16 under a 64-register bound; every chunk covers its register sub-tiles."""
+    prob = CEProblem(8192, V, 2, True, smem_rows=True)
+    assert plan_cross_entropy(prob, H200).path != "smem"
+    p = plan_cross_entropy(prob, H200, CEKnobs(path="smem"))
+    assert (p.path, p.chunk, p.chunks, p.num_warps, p.reg, p.maxnreg, p.keep_e) == \
+        ("smem", 16384, chunks, 4, 4, 64, False), p
+    assert (V % p.chunk == 0) == even and (even or V % p.chunk >= p.reg * 1024)
+    p = plan_cross_entropy(prob, H200, CEKnobs(path="smem", chunk=32768, num_warps=8, reg=2, keep_e=True))
+    assert (p.chunk, p.chunks, p.reg, p.keep_e) == (32768, -(-V // 32768), 2, True)
+    # fp32 V = 48: 4 register sub-tiles of 1024 do not fit; the masked configuration's whole row, one sub-tile
+    p = plan_cross_entropy(CEProblem(8192, 48, 4, True, smem_rows=True), H200, CEKnobs(path="smem"))
+    assert (p.chunk, p.chunks, p.reg, p.maxnreg) == (512, 1, 0, 0), p
+
+
+def test_smem_plan_limits():
+    ok = CEProblem(8192, 50256, 2, True, smem_rows=True)
+    # 50256 = 3 x 16384 + 1104: the last chunk cannot hold 4 register sub-tiles; the masked configuration
+    p = plan_cross_entropy(ok, H200, CEKnobs(path="smem"))
+    assert (p.chunk, p.chunks, p.num_warps, p.reg, p.maxnreg) == (8192, 7, 2, 0, 0), p
+    with pytest.raises(ValueError, match="reg"):
+        plan_cross_entropy(ok, H200, CEKnobs(path="smem", reg=4))
+    with pytest.raises(ValueError, match="reg"):
+        plan_cross_entropy(ok, H200, CEKnobs(path="smem", reg=3, chunk=8192))
+    with pytest.raises(ValueError, match="chunks"):
+        plan_cross_entropy(CEProblem(64, 1 << 21, 2, True, smem_rows=True), H200, CEKnobs(path="smem"))
+    for tgt in (A100, INTERPRETER):
+        with pytest.raises(ValueError, match="sm_90"):
+            plan_cross_entropy(ok, tgt, CEKnobs(path="smem"))
+    for bad in (CEProblem(8192, 50257, 2, True), CEProblem(8192, 32000, 8, True, smem_rows=True)):
+        with pytest.raises(ValueError, match="smem"):
+            plan_cross_entropy(bad, H200, CEKnobs(path="smem"))
+    from onlinesoftmax.losses.cross_entropy import smem_rows
+
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    assert smem_rows(x) and not smem_rows(x[:, :40]) and not smem_rows(x[:, 1:]) and not smem_rows(x.double())
+
+
 def test_explain():
     x, t = _inputs(20, 3000)
     x.requires_grad_()

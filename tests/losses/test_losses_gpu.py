@@ -90,6 +90,67 @@ def test_cross_entropy_gpu_coop_in_place_and_many_rows():
         assert _rel(dx, gr) < 8e-3, (plan, inplace)
 
 
+SMEM = {"smem": CEKnobs(path="smem"), "smem keep_e": CEKnobs(path="smem", keep_e=True),
+        "smem whole rows": CEKnobs(path="smem", chunk=32768, num_warps=8, reg=2, keep_e=True),
+        "smem no registers": CEKnobs(path="smem", chunk=8192, num_warps=2, reg=0)}
+
+
+@pytest.mark.parametrize("V", [32000, 128256, 262144])
+@pytest.mark.parametrize("name", list(SMEM))
+@pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0, reduction="sum"),
+                                  dict(weight=True, label_smoothing=0.05, reduction="none")])
+def test_cross_entropy_gpu_smem_vs_fp64(V, name, opts):
+    """Path "smem" (the chunk in shared memory, C programs per row at the row barrier; C = 1 for whole rows of
+    32000): loss and gradient against fp64, -inf and 1e4 logits, ignored rows, every option."""
+    N = 384
+    dev = torch.device("cuda")
+    x = (torch.randn(N, V, device=dev) * 3).bfloat16()
+    x[0, :5] = 1e4
+    if not opts.get("label_smoothing"):
+        x[1, 7::3] = float("-inf")
+    t = torch.randint(0, V, (N,), device=dev)
+    t[t % 10 == 3] = -100
+    t[1] = 8
+    opts = dict(opts)
+    if opts.pop("weight", False):
+        opts["weight"] = torch.rand(V, device=dev) + 0.5
+    assert explain(oss.cross_entropy, x, t, knobs=SMEM[name], need_grad=True, **opts).path == "smem"
+    xl = x.clone().requires_grad_()
+    loss = oss.cross_entropy(xl, t, knobs=SMEM[name], **opts)
+    up = torch.rand(loss.shape, device=dev) + 0.5            # a non-unit upstream gradient: the backward's scale
+    (loss * up).sum().backward()
+    xs = x.double().requires_grad_()
+    lr = ref.cross_entropy(xs, t, **opts)
+    (lr * up.double()).sum().backward()
+    assert loss.dtype == torch.float32 and xl.grad.dtype == torch.bfloat16
+    assert _rel(loss, lr.detach()) < 1e-5
+    assert _rel(xl.grad, xs.grad) < 8e-3
+
+
+def test_cross_entropy_gpu_smem_many_rows_poisoned():
+    """8192 rows (more programs than fit at once: rows wait in dispatch order), 10 % ignored, dx poisoned with NaN
+    before the kernel: every element written, loss and dx as fp64's."""
+    dev = torch.device("cuda")
+    from onlinesoftmax.losses import kernels as K
+    from onlinesoftmax.losses.cross_entropy import _plan_for, _reduction_coefs
+
+    for V in (32000, 128256):
+        N = 8192
+        x = (torch.randn(N, V, device=dev) * 2).bfloat16()
+        t = torch.randint(0, V, (N,), device=dev)
+        t[::10] = -100
+        lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t, reduction="sum"), x)
+        for knobs in SMEM.values():
+            plan = _plan_for(x, True, knobs)
+            dx = torch.full_like(x, float("nan"))
+            loss, lse = torch.empty(N, device=dev), torch.empty(N, device=dev)
+            K.ce_rows(plan, x, t, None, _reduction_coefs(t, None, -100, "sum", V), loss, lse, dx, None, -100, 0.0,
+                      0.0, None)
+            assert not torch.isnan(dx).any(), plan
+            assert _rel(loss.sum(), lr) < 1e-5, plan
+            assert _rel(dx, gr) < 8e-3, plan
+
+
 def test_cross_entropy_gpu_one_plan_many_row_lengths():
     """8192 rows of 128256 then of 50257 and 151936: one plan (two passes of 32K tiles), each row length and stride
     its own compiled variant (a kernel compiled for 16-divisible strides, replayed for 50257, faulted)."""

@@ -2,9 +2,10 @@
 
 The online normalizer state of a set of values is ``(m, d)``: ``m = max_j x_j``, ``d = sum_j e^(x_j - m)``; two
 states merge with ⊕: ``m = max(m1, m2)``, ``d = d1·e^(m1 - m) + d2·e^(m2 - m)``. Here: the exponential (``_exp``),
-the state of a tile (``_state``), the rescale factor of ⊕ (``_alpha``), ⊕ over a tile of states (``_combine_all``),
-``lse = m + log d`` (``_lse``), the row view's offsets, the per-row barrier in global memory that lets the programs
-sharing a row wait for each other's states, and bf16 packing (two bf16 in one int32 word).
+the state of a tile (``_state``), the rescale factor of ⊕ (``_alpha``), ⊕ of a row's published states
+(``_merge_row``), ``lse = m + log d`` (``_lse``), the row view's offsets, the per-row barrier in global memory
+that lets the programs sharing a row wait for each other's states, and bf16 packing (two bf16 in one int32 word).
+The shared-memory (Gluon) blocks are in ``smem.py``.
 
 This module imports nothing from the op families.
 """
@@ -71,20 +72,14 @@ def _alpha(m_c, m):
 
 
 @triton.jit
-def _combine_all(pm, pd, axis: tl.constexpr):
-    """⊕ over partial states (pm, pd) along axis."""
-    m = tl.max(pm, axis=axis)
-    d = tl.sum(pd * _alpha(pm, tl.expand_dims(m, axis)), axis=axis)
-    return m, d
-
-
-@triton.jit
 def _merge_row(PART_M, PART_D, row, C, k):
-    """(m, d) = ⊕ of the C partial states row ``row``'s programs published (``k = arange(pow2 >= C)``), read past
-    the caches: the row barrier orders them."""
+    """(m, d) = ⊕ of the C partial states row ``row``'s programs published (``k = arange(pow2 >= C)``, 1-D; in a
+    Gluon kernel with its layout), read past the caches: the row barrier orders them. The scalar max broadcasts
+    back without tl.expand_dims, which Gluon refuses on a 1-D reduction's scalar."""
     pm = tl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
     pd = tl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-    return _combine_all(pm, pd, 0)
+    m = tl.max(pm, axis=0)
+    return m, tl.sum(pd * _alpha(pm, m), axis=0)
 
 
 @triton.jit

@@ -105,22 +105,40 @@ def _reduction_coefs(t, weight, ignore_index, reduction, V):
     return torch.stack([one, one, wsum])
 
 
-def _knobs_of(kpath: str, kblock: int, kone: int, kwarps: int, kchunk: int) -> CEKnobs:
+def _knobs_of(kpath: str, kblock: int, kone: int, kwarps: int, kchunk: int, kreg: int, kkeep: int,
+              kmaxnreg: int) -> CEKnobs:
+    """The knobs from the op's integer arguments (0, or -1 for the ones 0 is a value of, leave a choice)."""
     return CEKnobs(path=kpath or None, block=kblock or None, one_block=None if kone < 0 else bool(kone),
-                   num_warps=kwarps or None, chunk=kchunk or None)
+                   num_warps=kwarps or None, chunk=kchunk or None, reg=None if kreg < 0 else kreg,
+                   keep_e=None if kkeep < 0 else bool(kkeep), maxnreg=None if kmaxnreg < 0 else kmaxnreg)
+
+
+def _knob_args(k: CEKnobs) -> tuple:
+    """The inverse of _knobs_of."""
+    return (k.path or "", k.block or 0, -1 if k.one_block is None else int(k.one_block), k.num_warps or 0,
+            k.chunk or 0, -1 if k.reg is None else k.reg, -1 if k.keep_e is None else int(k.keep_e),
+            -1 if k.maxnreg is None else k.maxnreg)
+
+
+def smem_rows(x2: torch.Tensor) -> bool:
+    """[N, V] logits the smem path can take (CEProblem.smem_rows); dx is allocated like x2."""
+    return (x2.element_size() in (2, 4) and x2.shape[1] % 16 == 0 and x2.stride(0) % 16 == 0
+            and x2.data_ptr() % 16 == 0)
 
 
 def _plan_for(x2: torch.Tensor, need_grad: bool, knobs: CEKnobs | None) -> CEPlan:
     N, V = x2.shape
-    return plan_cross_entropy(CEProblem(N, V, x2.element_size(), need_grad), target_of(x2.device), knobs)
+    return plan_cross_entropy(CEProblem(N, V, x2.element_size(), need_grad, smem_rows(x2)), target_of(x2.device),
+                              knobs)
 
 
 def _ce_impl(x2: torch.Tensor, t: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, reduction: str,
              label_smoothing: float, z_loss: float, softcap: float | None, need_grad: bool, kpath: str,
-             kblock: int, kone: int, kwarps: int, kchunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+             kblock: int, kone: int, kwarps: int, kchunk: int, kreg: int, kkeep: int,
+             kmaxnreg: int) -> tuple[torch.Tensor, torch.Tensor]:
     N, V = x2.shape
-    plan = _plan_for(x2, need_grad, _knobs_of(kpath, kblock, kone, kwarps, kchunk))
     dx = torch.empty_like(x2) if need_grad else x2.new_empty(0)
+    plan = _plan_for(x2, need_grad, _knobs_of(kpath, kblock, kone, kwarps, kchunk, kreg, kkeep, kmaxnreg))
     if N == 0:
         loss = torch.zeros(0, device=x2.device) if reduction == "none" else \
             torch.full((), math.nan if reduction == "mean" else 0.0, device=x2.device)
@@ -145,7 +163,7 @@ _ce_op = torch.library.custom_op("onlinesoftmax::cross_entropy", _ce_impl, mutat
 
 @_ce_op.register_fake
 def _(x2, t, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, need_grad, kpath, kblock, kone,
-      kwarps, kchunk):
+      kwarps, kchunk, kreg, kkeep, kmaxnreg):
     loss = x2.new_empty((x2.shape[0],) if reduction == "none" else (), dtype=torch.float32)
     return loss, (torch.empty_like(x2) if need_grad else x2.new_empty(0))
 
@@ -193,7 +211,7 @@ def _backward(ctx, dloss, _ddx):
     else:
         dx = _hand_over(ctx)
     torch.ops.onlinesoftmax.cross_entropy_scale_(dx, dloss)
-    return dx, None, None, None, None, None, None, None, None, None, None, None, None, None
+    return (dx,) + (None,) * 16
 
 
 torch.library.register_autograd("onlinesoftmax::cross_entropy", _backward, setup_context=_setup)
@@ -212,7 +230,7 @@ class _EagerCrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss):
         dx = _hand_over(ctx)
         _kernels().scale_rows_(dx, dloss.float())
-        return (dx,) + (None,) * 13
+        return (dx,) + (None,) * 16
 
 
 # ---- public --------------------------------------------------------------------------------------------
@@ -263,11 +281,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
         x2 = x2.contiguous()
     t = t.contiguous()
     need_grad = logits.requires_grad and torch.is_grad_enabled()
-    k = knobs or CEKnobs()
-    kargs = (k.path or "", k.block or 0, -1 if k.one_block is None else int(k.one_block), k.num_warps or 0,
-             k.chunk or 0)
     args = (x2, t, weight, ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, need_grad,
-            *kargs)
+            *_knob_args(knobs or CEKnobs()))
     if torch.compiler.is_compiling() or functorch_active():
         loss, _ = torch.ops.onlinesoftmax.cross_entropy(*args)
     elif need_grad:
@@ -289,4 +304,5 @@ def explain_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight=
         return CEPlan("torch", fast_exp=False, reason="torch backend")
     need = logits.requires_grad if need_grad is None else need_grad
     N, V = x2.shape
-    return plan_cross_entropy(CEProblem(N, V, x2.element_size(), need), target_gpu or target_of(x2.device), knobs)
+    return plan_cross_entropy(CEProblem(N, V, x2.element_size(), need, smem_rows(x2)),
+                              target_gpu or target_of(x2.device), knobs)

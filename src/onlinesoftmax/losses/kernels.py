@@ -22,6 +22,9 @@ Kernels, readable one first:
 * ``ce_coop_kernel``: a row over C programs (the GPU's path for V <= 32768): each holds a chunk in registers,
   publishes its (m_c, d_c), waits at the row barrier for the row's C states, merges them by ⊕ and writes dx from
   the same registers. Traffic: x read once, dx written once, for any V up to C·CHUNK.
+* ``ce_coop_smem_kernel`` (``smem.py``, Gluon, sm_90): the coop scheme with each chunk held in shared memory by
+  cp.async (and its first sub-tiles in registers): an SM holds up to 227 KB of the row in flight, not the ~128 KB
+  its registers can. Traffic as the coop kernel's.
 * ``ce_split_stats_kernel`` + ``ce_split_grad_kernel``: a row split over C programs (rows too few to fill the GPU,
   or too long). The first writes each chunk's partial state (m, d, Σ w·z); the second merges the C states by ⊕,
   re-reads its chunk and writes dx. Traffic: x read twice, dx written once.
@@ -39,79 +42,11 @@ import triton
 import triton.language as tl
 
 from .._triton.host import int_spec
-from .._triton.launch import BoundKernel, cached, stream_scratch
+from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
 from .._triton.online import _alpha, _exp, _lse, _merge_row, _row_barrier, _row_generation, _shift, _state
+from .common import _coefs, _grad_tile, _row_loss, _softcapped, _target_terms
 from .plan import CEPlan
-
-# ---- elementwise pieces ---------------------------------------------------------------------------------
-
-
-@triton.jit
-def _softcapped(x, softcap, HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr):
-    """c·tanh(x / c) as c·(1 − 2 / (e^(2x/c) + 1)): ±c at ±inf, NaN kept."""
-    if HAS_SOFTCAP:
-        e = _exp(x * (2.0 / softcap), FAST)
-        return softcap * (1.0 - 2.0 / (e + 1.0))
-    else:
-        return x
-
-
-@triton.jit
-def _target_terms(X_row, W, t, V, softcap, ignore_index,
-                  HAS_WEIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr):
-    """(z_t, w_t) of the row; NaN for a target outside [0, V) that is not ignore_index (the loss is then NaN)."""
-    ok = (t >= 0) & (t < V)
-    tc = tl.where(ok, t, 0)
-    zt = _softcapped(tl.load(X_row + tc).to(tl.float32), softcap, HAS_SOFTCAP, FAST)
-    zt = tl.where(ok, zt, float("nan"))
-    if HAS_WEIGHT:
-        wt = tl.where(ok, tl.load(W + tc).to(tl.float32), float("nan"))
-    else:
-        wt = tl.where(ok, 1.0, float("nan"))
-    return zt, wt
-
-
-@triton.jit
-def _row_loss(lse, zt, wt, sz, Wsum, eps, V, HAS_SMOOTH: tl.constexpr):
-    """(1−ε)·w_t·(lse − z_t) + (ε/V)·(W·lse − Σ w_j z_j). The smoothing term is left out when ε = 0, so a −inf
-    logit off the target gives a finite loss (its term would be 0·inf)."""
-    if HAS_SMOOTH:
-        return (1.0 - eps) * wt * (lse - zt) + (eps / V) * (Wsum * lse - sz)
-    else:
-        return wt * (lse - zt)
-
-
-@triton.jit
-def _grad_tile(p, z, x_is_col_t, w, A, s_ce, wt, eps, V, softcap, g_row,
-               HAS_SMOOTH: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_G: tl.constexpr):
-    """∂loss/∂x of one tile from p_j = e^(z_j − lse) (see the module docstring)."""
-    g = p * A
-    if HAS_SMOOTH:
-        g -= s_ce * (eps / V) * w
-        g -= tl.where(x_is_col_t, s_ce * (1.0 - eps) * wt, 0.0)
-    else:
-        g -= tl.where(x_is_col_t, s_ce * wt, 0.0)
-    if HAS_SOFTCAP:
-        q = z / softcap
-        g = g * (1.0 - q * q)                     # d(c·tanh(x/c))/dx = 1 − tanh²
-    if HAS_G:
-        g = g * g_row
-    return g
-
-
-@triton.jit
-def _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH: tl.constexpr, HAS_Z: tl.constexpr):
-    """(s, A, W): the reduction's CE scale, the factor of p_j in ∂loss/∂z_j, and W = Σ w_j."""
-    s_ce = tl.load(COEF)
-    Wsum = tl.load(COEF + 2)
-    if HAS_SMOOTH:
-        A = s_ce * ((1.0 - eps) * wt + (eps / V) * Wsum)
-    else:
-        A = s_ce * wt
-    if HAS_Z:
-        A += 2.0 * z_loss * tl.load(COEF + 1) * lse
-    return s_ce, A, Wsum
-
+from .smem import ce_coop_smem_kernel
 
 # ---- one program per row ----------------------------------------------------------------------------------
 
@@ -409,6 +344,19 @@ def _bound_coop(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> BoundKe
                             **dict(flags)))
 
 
+@cached
+def _bound_smem(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple, itemsize: int, words: bool,
+                even: bool) -> BoundKernel:
+    f = dict(flags)
+    del f["FAST"]                                 # the Gluon kernel's exponentials are all ex2.approx
+    keep_e = plan.keep_e and not f["HAS_SOFTCAP"]  # softcap's derivative needs z_j
+    meta = dict(CHUNK=plan.chunk, VEC=16 // itemsize, WARPS=plan.num_warps, C_POW2=pow2(plan.chunks), EVEN=even,
+                REG=plan.reg, WORDS=words, KEEP_E=keep_e, num_warps=plan.num_warps, **f)
+    if plan.maxnreg and not f["HAS_WEIGHT"]:     # weighted smoothing / softcap spill under the bound (sm_90a)
+        meta["maxnreg"] = plan.maxnreg
+    return BoundKernel(ce_coop_smem_kernel, (n_rows * plan.chunks,), meta)
+
+
 def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, coef: torch.Tensor,
             loss: torch.Tensor, lse: torch.Tensor, dx: torch.Tensor | None, g: torch.Tensor | None,
             ignore_index: int, eps: float, z_loss: float, softcap: float | None) -> None:
@@ -434,14 +382,18 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
         _bound_row(plan, N, flags, spec)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, V,
                                     ignore_index, float(eps), float(z_loss), cap), check, x.device)
         return
-    if plan.path == "coop":
+    if plan.path in ("coop", "smem"):
         C = plan.chunks
         arrive, gen, pm, pd, ps = stream_scratch("ce-coop", x.device, ((max(N, 1024), torch.int32),
                                                  (max(N, 1024), torch.int32), (N * C, torch.float32),
                                                  (N * C, torch.float32), (N * C, torch.float32)), zeroed=2)
-        _bound_coop(plan, N, flags, spec)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g,
-                                     pm, pd, ps, arrive, gen, V, ignore_index, float(eps), float(z_loss), cap, C),
-                                    check, x.device)
+        if plan.path == "smem":
+            bound = _bound_smem(plan, N, flags, spec, x.element_size(), bool(plan.reg) and x.dtype == torch.bfloat16,
+                                V % plan.chunk == 0)
+        else:
+            bound = _bound_coop(plan, N, flags, spec)
+        bound((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, pm, pd, ps, arrive, gen, V,
+               ignore_index, float(eps), float(z_loss), cap, C), check, x.device)
         return
     stats, grad = _bound_split(plan, N, flags, spec)
     C = plan.chunks

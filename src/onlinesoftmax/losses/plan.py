@@ -35,6 +35,15 @@ ONE_BLOCK_WARPS_MAX_SM90 = 16
 # tiles; V = 128256: 1593 µs at best, 8K chunks over 4 warps, against 1377 µs for two passes of 32K tiles).
 COOP_CHUNK, COOP_WARPS, COOP_MAX_V = 8192, 16, 32768
 COOP_MAX_CHUNKS = 64
+# path "smem" (sm_90, knobs only until the H200 decides): a row over C programs each holding its chunk in shared
+# memory (cp.async), its first `reg` sub-tiles in registers. (chunk, warps, reg) per logit byte size: the softmax
+# family's choice for 128K-256K rows; SMEM_CONFIG_MASKED where a row's last chunk is shorter than its register
+# sub-tiles. Register bound: bf16 (16384, 4, 4) takes 80 registers (6 programs per SM), 64 without spilling (8
+# programs, shared memory's limit is 9), and so do the unweighted losses' options; 56 spills, and so do class
+# weights with smoothing or softcap under 64: weighted losses take the compiler's count (sm_90a compile).
+SMEM_CONFIG = {2: (16384, 4, 4), 4: (16384, 8, 4)}
+SMEM_CONFIG_MASKED = {2: (8192, 2, 0), 4: (11264, 4, 0)}
+SMEM_MAXNREG = {2: 64}
 INTERPRET_TILE = 256         # ... and in the interpreter (small tiles: the tests exercise the loops and masks)
 INTERPRET_ONE_BLOCK_MAX = 1024
 
@@ -45,13 +54,17 @@ class CEProblem:
     vocab: int
     itemsize: int            # bytes per logit
     need_grad: bool
+    smem_rows: bool = False  # rows cp.async can copy by 16 bytes: 2- or 4-byte logits, V and the row strides
+                             # multiples of 16, x and dx 16-byte aligned (the smem path's condition)
 
 
 @dataclass(frozen=True)
 class CEPlan:
     """``path``: ``"torch"`` (F.cross_entropy and torch autograd), ``"coop"`` (``chunks`` programs per row of
-    ``chunk`` classes each in registers, meeting at a row barrier: x read once), ``"row"`` (one program per row;
-    ``one_block``: the row in registers, read once) or ``"split"`` (``chunks`` programs per row of ``chunk``
+    ``chunk`` classes each in registers, meeting at a row barrier: x read once), ``"smem"`` (the same with each
+    chunk in shared memory, its first ``reg`` sub-tiles in registers; ``keep_e``: e_j kept in x_j's place, one
+    exponential per logit; ``maxnreg``: a register bound, 0 for the compiler's; sm_90), ``"row"`` (one program per
+    row; ``one_block``: the row in registers, read once) or ``"split"`` (``chunks`` programs per row of ``chunk``
     classes each, two launches, x read twice)."""
 
     path: str
@@ -61,6 +74,9 @@ class CEPlan:
     chunks: int = 1
     chunk: int = 0
     fast_exp: bool = True    # ex2.approx.ftz (GPU); the interpreter takes tl.exp
+    reg: int = 0
+    keep_e: bool = False
+    maxnreg: int = 0
     reason: str = ""
 
 
@@ -73,6 +89,9 @@ class CEKnobs:
     one_block: bool | None = None
     num_warps: int | None = None
     chunk: int | None = None
+    reg: int | None = None
+    keep_e: bool | None = None
+    maxnreg: int | None = None
 
 
 def _pow2(n: int) -> int:
@@ -139,7 +158,50 @@ def plan_cross_entropy(p: CEProblem, target: Target, knobs: CEKnobs | None = Non
         warps = k.num_warps or (4 if target.interpret else 16)
         return CEPlan("split", block=block, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=fast,
                       reason=reason)
-    raise ValueError(f"cross_entropy knobs: path must be 'torch', 'coop', 'row' or 'split', got {path!r}")
+    if path == "smem":
+        return _smem_plan(p, target, k, reason)
+    raise ValueError(f"cross_entropy knobs: path must be 'torch', 'coop', 'smem', 'row' or 'split', got {path!r}")
+
+
+def _smem_plan(p: CEProblem, target: Target, k: CEKnobs, reason: str) -> CEPlan:
+    """The shared-memory coop plan: ``chunk`` a whole number of sub-tiles (one 16-byte copy per thread each; the
+    whole row where ``chunk`` >= V), ``reg`` (0 or a power of two) of them in registers, at least one in shared
+    memory, and every chunk of the row (its last too) at least ``reg`` sub-tiles long."""
+    if not target.sm90:
+        raise ValueError("cross_entropy knobs: path 'smem' runs on sm_90 only (Gluon cp.async)")
+    if not p.smem_rows:
+        raise ValueError("cross_entropy knobs: path 'smem' needs 2- or 4-byte logits, V and the row strides "
+                         "multiples of 16 and 16-byte aligned tensors")
+    if p.itemsize not in SMEM_CONFIG:
+        raise ValueError(f"cross_entropy knobs: path 'smem' takes 2- or 4-byte logits, got {p.itemsize}")
+    chunk, warps, reg = SMEM_CONFIG[p.itemsize]
+    chunk, warps, sub = _smem_chunk(p, k.chunk or chunk, k.num_warps or warps)
+    reg = k.reg if k.reg is not None else reg
+    if not _reg_fits(p.vocab, chunk, reg * sub) and k.reg is None and k.chunk is None and k.num_warps is None:
+        chunk, warps, reg = SMEM_CONFIG_MASKED[p.itemsize]
+        chunk, warps, sub = _smem_chunk(p, chunk, warps)
+    chunks = -(-p.vocab // chunk)
+    limit = min(COOP_MAX_CHUNKS, target.programs_resident())
+    if chunks > limit:
+        raise ValueError(f"cross_entropy knobs: smem needs at most {limit} chunks per row, got {chunks} of {chunk} "
+                         f"classes for V = {p.vocab}")
+    if reg & (reg - 1) or chunk // sub <= reg or not _reg_fits(p.vocab, chunk, reg * sub):
+        raise ValueError(f"cross_entropy knobs: smem reg = {reg} sub-tiles of {sub} must be 0 or a power of two, "
+                         f"leave one of the chunk's {chunk // sub} in shared memory and fit the row's last chunk")
+    maxnreg = k.maxnreg if k.maxnreg is not None else SMEM_MAXNREG.get(p.itemsize, 0) if reg else 0
+    return CEPlan("smem", block=chunk, num_warps=warps, chunks=chunks, chunk=chunk, fast_exp=True, reg=reg,
+                  keep_e=bool(k.keep_e), maxnreg=maxnreg, reason=reason)
+
+
+def _smem_chunk(p: CEProblem, chunk: int, warps: int) -> tuple[int, int, int]:
+    """(chunk, warps, sub-tile): the chunk a whole number of sub-tiles, the whole row where it is >= V."""
+    sub = 16 // p.itemsize * 32 * warps
+    return (-(-p.vocab // sub) * sub if chunk >= p.vocab else max(sub, chunk // sub * sub)), warps, sub
+
+
+def _reg_fits(V: int, chunk: int, reg_elems: int) -> bool:
+    """Every chunk of a row holds the ``reg_elems`` logits kept in registers, unmasked."""
+    return V % chunk == 0 or V % chunk >= reg_elems
 
 
 # ---- linear cross-entropy ---------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 * CE: N = 8192 tokens × V ∈ {32000, 128256, 151936, 262144}, 10 % of targets = ignore_index. Bytes: read the
   logits once + write dlogits once (the floor; ``clone of logits`` is that floor measured). Peer: F.cross_entropy
   on ``logits.float()`` (the reference semantics); also F.cross_entropy on bf16, torch.compile (V = 128256) and
-  Liger-Kernel. Our alternative plans run beside the default (``oss (row)`` / ``oss (split)``).
+  Liger-Kernel. Our alternative plans run beside the default (``oss (row)`` / ``oss (split)``, and on sm_90
+  ``oss (smem)``: the chunk in shared memory).
 * Linear CE: (N, Hd, V) ∈ {(8192, 4096, 128256), (16384, 2048, 151936)}; FLOPs 6·N·Hd·V; peer torch.compile of
   ``F.cross_entropy(hidden @ weight.T)``; also Liger FLCE and Cut Cross-Entropy. ``bf16 matmul 8192³`` is the
   matmul rate measured in the same run.
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ...losses import CEKnobs, LCEKnobs, cross_entropy, linear_cross_entropy
+from ...target import target_of
 from ..harness import BenchContext, Case, register_suite
 
 IGNORE = -100
@@ -107,6 +109,12 @@ def _ce_case(ctx, N, V, dtype, peers, compiled):
     else:
         impls["oss (coop, 8K chunks)"] = lambda x, t: _fwd_bwd(
             lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=CEKnobs(path="coop", chunk=8192)), x)
+    if ctx.is_cuda and V % 16 == 0 and target_of(ctx.device).sm90:
+        # the chunk in shared memory (losses/smem.py), with e_j kept in x_j's place or not
+        for label, knobs in (("oss (smem)", CEKnobs(path="smem")),
+                             ("oss (smem, keep_e)", CEKnobs(path="smem", keep_e=True))):
+            impls[label] = (lambda k: lambda x, t: _fwd_bwd(
+                lambda: cross_entropy(x, t, ignore_index=IGNORE, knobs=k), x))(knobs)
     if compiled is not None:
         impls["torch.compile"] = lambda x, t: _fwd_bwd(lambda: compiled(x, t), x)
     impls["clone of logits"] = lambda x, t: x.detach().clone()

@@ -29,40 +29,15 @@ from ..._triton.online import (
     _alpha,
     _bf16_halves,
     _exp,
+    _merge_row,
     _pack_bf16x2,
     _row_barrier,
     _row_generation,
     _row_offsets,
     _shift,
 )
+from ..._triton.smem import _chunk_of_program, _copy_sub_tile, _reg_tiles, _sub_tile
 from .common import _grad
-
-
-@gluon.jit
-def _chunk_of_program(C, CHUNK: gl.constexpr):
-    """(program id, row, first column) of this program's chunk: program = row·C + c."""
-    pid = gl.program_id(0)
-    return pid, pid // C, (pid % C) * CHUNK
-
-
-@gluon.jit
-def _sub_tile(smem, s, cols, N, L: gl.constexpr, EVEN: gl.constexpr):
-    """Sub-tile s as fp32, -inf past N (copied as zeros there)."""
-    x = smem.index(s).load(L).to(gl.float32)
-    if EVEN:
-        return x
-    else:
-        return gl.where(cols < N, x, float("-inf"))
-
-
-@gluon.jit
-def _copy_sub_tile(dst, row_ptr, s, sm0, offs, N, SUB: gl.constexpr, EVEN: gl.constexpr):
-    """cp.async sub-tile s of the chunk's shared-memory part (elements from sm0 of the row at row_ptr) into dst;
-    columns past N are copied as zeros (nothing is read)."""
-    if EVEN:
-        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs)
-    else:
-        cp.async_copy_global_to_shared(dst, row_ptr + s * SUB + offs, mask=sm0 + s * SUB + offs < N)
 
 
 @gluon.jit
@@ -140,12 +115,7 @@ def softmax_coop_smem_kernel(
         gl.thread_barrier()
         _row_barrier(ARRIVE, GEN, row, C, _row_generation(GEN, row))
         k = gl.arange(0, C_POW2, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        # _triton/online.py `_merge_row`, written out: its `_combine_all` expands the reduced max back with
-        # tl.expand_dims, which Gluon refuses on the scalar a 1-D reduction gives
-        pm = gl.load(PART_M + row * C + k, mask=k < C, other=float("-inf"), volatile=True)
-        pd = gl.load(PART_D + row * C + k, mask=k < C, other=0.0, volatile=True)
-        m = gl.max(pm, axis=0)
-        d = gl.sum(pd * _alpha(pm, m), axis=0)
+        m, d = _merge_row(PART_M, PART_D, row, C, k)
     # 3. y from shared memory (and registers); a row holding +inf is NaN, an all -inf row 0/0 = NaN, as torch
     y_base = Y + _row_offsets(row, INNER, syo, syi) + start
     sh = _shift(m)
@@ -182,24 +152,6 @@ def _out(x, m, sh, c, MODE: gl.constexpr, FAST: gl.constexpr, KEEP_E: gl.constex
         return _exp(x - sh, FAST) * c
     else:
         return (x - m) - c
-
-
-@gluon.jit
-def _reg_tiles(P, base, REG: gl.constexpr, SUB: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
-               WORDS: gl.constexpr):
-    """The first REG sub-tiles of the chunk at element offset `base` of P, as a [REG, SUB] tensor (each thread
-    holding VEC consecutive elements of each), or with WORDS as [REG, SUB / 2] int32 words of two bf16 (`base`
-    is even); returns (tiles, their offsets: elements, or words with WORDS)."""
-    if WORDS:
-        LW: gl.constexpr = gl.BlockedLayout([1, VEC // 2], [1, 32], [1, WARPS], [1, 0])
-        cols = (gl.arange(0, REG, layout=gl.SliceLayout(1, LW))[:, None] * (SUB // 2)
-                + gl.arange(0, SUB // 2, layout=gl.SliceLayout(0, LW))[None, :])
-        return gl.load(P.to(gl.pointer_type(gl.int32)) + base // 2 + cols), cols
-    else:
-        LR: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, WARPS], [1, 0])
-        cols = (gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
-                + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
-        return gl.load(P + base + cols), cols
 
 
 @gluon.jit
