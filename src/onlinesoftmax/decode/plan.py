@@ -75,6 +75,8 @@ class Plan:
     merge_rows: int = 16        # rows per merge program
     merge_warps: int = 4
     fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
+    ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead
+    bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
 
     @property
     def programs(self) -> int:
@@ -92,6 +94,8 @@ class Knobs:
     num_warps: int | None = None
     num_stages: int | None = None
     merge_rows: int | None = None
+    ahead: int | None = None
+    bound: bool | None = None
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -152,8 +156,9 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
     stages = knobs.num_stages or tiles.num_stages
     merge_rows = knobs.merge_rows or 16
+    ahead = int(knobs.ahead or 0) if p.page else 0
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret)
+                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bool(knobs.bound))
 
 
 @dataclass(frozen=True)
