@@ -221,6 +221,12 @@ def test_knobs():
     assert decode_plan(p, H200, Knobs.of(ahead=2)).ahead == 0          # dense: no page numbers to read ahead
     assert decode_plan(Problem(1, 8, 2, 1, 64, 1024, 16), H200, Knobs.of(ahead=2, bound=True)).ahead == 2
     assert decode_plan(p, H200, Knobs.of(bound=True)).bound and not decode_plan(p, H200).bound
+    # the occupancy-based split count: 512 (b, kv head) programs on 3 x 132 slots split 3 ways (3.9 full waves)
+    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200, Knobs.of(programs_per_sm=3)).splits == 3
+    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200).splits == 1
+    for B, S in ((1, 131072), (8, 32768), (2, 64)):
+        s = decode_plan(Problem(B, 32, 8, 1, 128, S), H200, Knobs.of(programs_per_sm=3)).splits
+        assert 1 <= s <= max(1, S // 256)
     assert dataclasses.is_dataclass(decode_plan(p, H200))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decode_plan(p, H200).splits = 3

@@ -96,6 +96,7 @@ class Knobs:
     merge_rows: int | None = None
     ahead: int | None = None
     bound: bool | None = None
+    programs_per_sm: int | None = None      # split count by num_splits_waves with this occupancy
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -138,6 +139,26 @@ def num_splits_heuristic(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count
     return next(s for s in range(1, most + 1) if eff(s) >= WAVE_EFFICIENCY * best)
 
 
+FULL_WAVE = 0.95            # num_splits_waves: the fewest splits within 5 % of the best last-wave fill
+
+
+def num_splits_waves(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, block_n: int,
+                     programs_per_sm: int) -> int:
+    """Key splits per (b, kv head, row block) from the occupancy the compiler report gives (sm_90, D = 128, bf16:
+    64-key tiles, 8 warps, 3 stages take 78-80 registers and 70 KB of shared memory, so 3 programs per SM): the
+    fewest splits whose programs fill their last wave within FULL_WAVE of the best count, 1 included (no early
+    exit at 80 % of one wave: 512 programs on 396 slots run 2 waves, the second 29 % full)."""
+    units = max(B * Hkv * row_blocks, 1)
+    slots = max(programs_per_sm * sm_count, 1)
+    most = max(1, min(MAX_SPLITS, _cdiv(s_max, block_n * MIN_TILES_PER_SPLIT)))
+
+    def fill(s):
+        return units * s / slots / _cdiv(units * s, slots)
+
+    top = max(fill(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if fill(s) >= FULL_WAVE * top)
+
+
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
     tiles = tiles_for(target)
@@ -150,7 +171,12 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
-    splits = knobs.splits or num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
+    if knobs.splits:
+        splits = knobs.splits
+    elif knobs.programs_per_sm:
+        splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n, knobs.programs_per_sm)
+    else:
+        splits = num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
     if not 1 <= splits <= 4096:
         raise ValueError(f"decode_plan: splits must be in [1, 4096], got {splits}")
     num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
