@@ -38,13 +38,17 @@ class Problem:
 @dataclass(frozen=True)
 class Tiles:
     """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
-    count aims for, warps."""
+    count aims for, warps; the defaults of the ``ahead`` / ``bound`` / ``programs_per_sm`` knobs (``waves``: the
+    programs per SM ``num_splits_waves`` counts with, 0 for ``num_splits_heuristic``)."""
 
     block_n: int
     num_stages: int
     max_rows: int
     programs_per_sm: int
     num_warps: int = 4
+    ahead: int = 0
+    bound: bool = False
+    waves: int = 0
 
 
 # sm_90 (compiled, not yet timed on the H200): 64-key tiles and 8 warps hold K and V tiles of D = 128 in 128-199
@@ -173,8 +177,9 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     tiles = dataclasses.replace(tiles, block_n=block_n)
     if knobs.splits:
         splits = knobs.splits
-    elif knobs.programs_per_sm:
-        splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n, knobs.programs_per_sm)
+    elif knobs.programs_per_sm or tiles.waves:
+        splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
+                                  knobs.programs_per_sm or tiles.waves)
     else:
         splits = num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
     if not 1 <= splits <= 4096:
@@ -182,9 +187,10 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
     stages = knobs.num_stages or tiles.num_stages
     merge_rows = knobs.merge_rows or 16
-    ahead = int(knobs.ahead or 0) if p.page else 0
+    ahead = (tiles.ahead if knobs.ahead is None else knobs.ahead) if p.page else 0
+    bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bool(knobs.bound))
+                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound)
 
 
 @dataclass(frozen=True)
