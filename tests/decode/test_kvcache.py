@@ -94,6 +94,27 @@ def test_kernel_half_strided(dtype, kernel_device):
            knobs=Knobs.of(splits=3))
 
 
+VARIANT_CASES = [
+    # B, H, Hkv, Sq, D, lens, s_max, page, knobs, kw: the paged page-number read-ahead (ahead 1 / 2) and the
+    # splits cut from the bound (programs past a sequence's end exit), at tile / page edges
+    (3, 4, 2, 1, 32, [0, 1, 45], 48, 16, dict(ahead=1, splits=3), {}),
+    (2, 8, 2, 2, 16, [70, 33], 80, 16, dict(ahead=2, splits=2), {}),
+    (2, 4, 4, 1, 16, [37, 64], 64, 1, dict(ahead=2, splits=3), {}),
+    (2, 4, 1, 3, 16, [100, 5], 256, 256, dict(ahead=2), dict(window=(20, -1))),
+    (4, 4, 2, 1, 16, [0, 1, 17, 96], 96, 0, dict(bound=True, splits=6), {}),
+    (3, 8, 2, 2, 16, [90, 16, 2], 96, 16, dict(bound=True, ahead=2, splits=4), dict(window=(30, -1))),
+    (2, 4, 2, 1, 16, [40, 7], 48, 0, dict(bound=True), dict(softcap=2.0)),
+]
+
+
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: f"B{c[0]}p{c[7]}-" + "-".join(f"{k}{v}" for k, v in
+                                                                                             c[8].items()))
+def test_kernel_variants(case, kernel_device):
+    B, H, Hkv, Sq, D, lens, s_max, page, knobs, kw = case
+    _check(B, H, Hkv, Sq, D, lens, s_max, torch.float32, kernel_device, "triton", page=page, knobs=Knobs.of(**knobs),
+           **kw)
+
+
 def test_kernel_rows_over_blocks(kernel_device):
     """G·Sq = 32 rows > the interpreter's 16-row blocks: two row blocks per kv head."""
     _check(1, 8, 1, 4, 16, [40], 40, torch.float32, kernel_device, "triton", knobs=Knobs.of(splits=2))
@@ -197,6 +218,15 @@ def test_knobs():
         Knobs.of(split=7)
     with pytest.raises(ValueError):
         decode_plan(p, H200, Knobs.of(block_m=24))
+    assert decode_plan(p, H200, Knobs.of(ahead=2)).ahead == 0          # dense: no page numbers to read ahead
+    assert decode_plan(Problem(1, 8, 2, 1, 64, 1024, 16), H200, Knobs.of(ahead=2, bound=True)).ahead == 2
+    assert decode_plan(p, H200, Knobs.of(bound=True)).bound and not decode_plan(p, H200).bound
+    # the occupancy-based split count: 512 (b, kv head) programs on 3 x 132 slots split 3 ways (3.9 full waves)
+    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200, Knobs.of(programs_per_sm=3)).splits == 3
+    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200).splits == 1
+    for B, S in ((1, 131072), (8, 32768), (2, 64)):
+        s = decode_plan(Problem(B, 32, 8, 1, 128, S), H200, Knobs.of(programs_per_sm=3)).splits
+        assert 1 <= s <= max(1, S // 256)
     assert dataclasses.is_dataclass(decode_plan(p, H200))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decode_plan(p, H200).splits = 3

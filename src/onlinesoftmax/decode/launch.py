@@ -28,7 +28,7 @@ def _split_launches(plan: Plan, p: Problem, flags: tuple, scalars: tuple, stride
     kv = BoundKernel(split_kv_kernel, grid, dict(
         G=p.group, PAGED=paged, PAGE=max(p.page, 1), CAUSAL=causal, WINDOW_LEFT=wl, WINDOW_RIGHT=wr, SOFTCAP=sc,
         SPLIT=split, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, FAST=plan.fast, IEEE=ieee,
-        NUM_STAGES=plan.num_stages, num_warps=plan.num_warps))
+        NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, BOUND=plan.bound, num_warps=plan.num_warps))
     head = (p.H, p.Hkv, p.Sq, p.D, plan.splits, plan.row_blocks, p.s_max, *strides, *scalars)
     merge = None
     if split:

@@ -38,13 +38,17 @@ class Problem:
 @dataclass(frozen=True)
 class Tiles:
     """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
-    count aims for, warps."""
+    count aims for, warps; the defaults of the ``ahead`` / ``bound`` / ``programs_per_sm`` knobs (``waves``: the
+    programs per SM ``num_splits_waves`` counts with, 0 for ``num_splits_heuristic``)."""
 
     block_n: int
     num_stages: int
     max_rows: int
     programs_per_sm: int
     num_warps: int = 4
+    ahead: int = 0
+    bound: bool = False
+    waves: int = 0
 
 
 # sm_90 (compiled, not yet timed on the H200): 64-key tiles and 8 warps hold K and V tiles of D = 128 in 128-199
@@ -75,6 +79,8 @@ class Plan:
     merge_rows: int = 16        # rows per merge program
     merge_warps: int = 4
     fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
+    ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead
+    bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
 
     @property
     def programs(self) -> int:
@@ -92,6 +98,9 @@ class Knobs:
     num_warps: int | None = None
     num_stages: int | None = None
     merge_rows: int | None = None
+    ahead: int | None = None
+    bound: bool | None = None
+    programs_per_sm: int | None = None      # split count by num_splits_waves with this occupancy
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -134,6 +143,26 @@ def num_splits_heuristic(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count
     return next(s for s in range(1, most + 1) if eff(s) >= WAVE_EFFICIENCY * best)
 
 
+FULL_WAVE = 0.95            # num_splits_waves: the fewest splits within 5 % of the best last-wave fill
+
+
+def num_splits_waves(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, block_n: int,
+                     programs_per_sm: int) -> int:
+    """Key splits per (b, kv head, row block) from the occupancy the compiler report gives (sm_90, D = 128, bf16:
+    64-key tiles, 8 warps, 3 stages take 78-80 registers and 70 KB of shared memory, so 3 programs per SM): the
+    fewest splits whose programs fill their last wave within FULL_WAVE of the best count, 1 included (no early
+    exit at 80 % of one wave: 512 programs on 396 slots run 2 waves, the second 29 % full)."""
+    units = max(B * Hkv * row_blocks, 1)
+    slots = max(programs_per_sm * sm_count, 1)
+    most = max(1, min(MAX_SPLITS, _cdiv(s_max, block_n * MIN_TILES_PER_SPLIT)))
+
+    def fill(s):
+        return units * s / slots / _cdiv(units * s, slots)
+
+    top = max(fill(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if fill(s) >= FULL_WAVE * top)
+
+
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
     tiles = tiles_for(target)
@@ -146,14 +175,22 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
-    splits = knobs.splits or num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
+    if knobs.splits:
+        splits = knobs.splits
+    elif knobs.programs_per_sm or tiles.waves:
+        splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
+                                  knobs.programs_per_sm or tiles.waves)
+    else:
+        splits = num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
     if not 1 <= splits <= 4096:
         raise ValueError(f"decode_plan: splits must be in [1, 4096], got {splits}")
     num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
     stages = knobs.num_stages or tiles.num_stages
     merge_rows = knobs.merge_rows or 16
+    ahead = (tiles.ahead if knobs.ahead is None else knobs.ahead) if p.page else 0
+    bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret)
+                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,15 @@ per program; out: G·Sq partial rows of D fp32 and one fp32 lse each per split.
 The rows of a program are r = g·Sq + i (query head hkv·G + g, query i), padded to BLOCK_M >= 16 for tl.dot.
 Key j of sequence b: dense at k[b, hkv, j], paged at k[block_table[b, j // PAGE], hkv, j % PAGE]. Only keys
 j < cache_seqlens[b] are loaded (masked loads: the slots past it, and their pages, are never touched, NaN or not).
+
+Two variants (constexprs, chosen by the plan's knobs):
+- AHEAD (paged): the page numbers of tile t + 1 are read while tile t streams, and K is read as rows [BLOCK_N, D]
+  (one gather of page numbers serves K and V). Reading them in the same iteration makes K and V loads depend on a
+  load of that iteration, and Triton's pipeliner then keeps one K/V buffer whatever NUM_STAGES asks; read one
+  iteration ahead they depend on a loop-carried value and get NUM_STAGES − 1 buffers, as dense tiles do.
+- BOUND: the splits cut [0, S_MAX) into equal chunks (not [lo, hi) of this sequence): with lengths that vary in a
+  batch every program streams at most one chunk, and a program whose chunk starts past the sequence's keys
+  stores lse = −inf and exits (the merge never reads its o).
 """
 
 from __future__ import annotations
@@ -36,6 +45,21 @@ def _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_page, stride_s, PAG
 
 
 @triton.jit
+def _page_numbers(BT, b, offs_n, end, stride_btb, PAGE: tl.constexpr, FAST: tl.constexpr):
+    """int64 page number of each key offs_n of sequence b, keys past end clamped to the last one (< end, so
+    always a table entry in use; their loads are masked off). FAST: an ld.global.nc the pipeliner does not see as
+    a load, so the K / V loads it addresses are pipelined as dense ones are."""
+    idx = tl.maximum(tl.minimum(offs_n, end - 1), 0) // PAGE
+    ptrs = BT + b.to(tl.int64) * stride_btb + idx
+    if FAST:
+        page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        page = tl.load(ptrs)
+    return page.to(tl.int64)
+
+
+@triton.jit
 def split_kv_kernel(
     Q, K, V, SEQLENS, BT, O, LSE, PART_O, PART_LSE,
     H, Hkv, Sq, D, NUM_SPLITS, ROW_BLOCKS, S_MAX,
@@ -48,7 +72,7 @@ def split_kv_kernel(
     G: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
-    IEEE: tl.constexpr, NUM_STAGES: tl.constexpr,
+    IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, AHEAD: tl.constexpr = False, BOUND: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -80,10 +104,19 @@ def split_kv_kernel(
     lo = 0
     if WINDOW_LEFT:
         lo = tl.maximum(L - Sq - left, 0) // BLOCK_N * BLOCK_N    # whole tiles: one page per tile where it can
-    n = tl.maximum(hi - lo, 0)
-    chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = lo + split * chunk
-    end = tl.minimum(start + chunk, hi)
+    if BOUND:
+        chunk = tl.cdiv(tl.cdiv(S_MAX, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = tl.maximum(split * chunk, lo)
+        end = tl.minimum(split * chunk + chunk, hi)
+        if SPLIT and start >= end:                  # nothing of this sequence in the chunk: an empty state
+            row = ((b * H + h) * Sq + i).to(tl.int64) * NUM_SPLITS + split
+            tl.store(PART_LSE + row, float("-inf"), mask=row_ok)
+            return
+    else:
+        n = tl.maximum(hi - lo, 0)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = lo + split * chunk
+        end = tl.minimum(start + chunk, hi)
 
     k_base = K + hkv.to(tl.int64) * stride_kh
     v_base = V + hkv.to(tl.int64) * stride_vh
@@ -94,17 +127,32 @@ def split_kv_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     dsum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if AHEAD == 2:
+        pg_next = _page_numbers(BT, b, start + tl.arange(0, BLOCK_N), end, stride_btb, PAGE, FAST)
     # 3. stream the split's key tiles through the running (m, d, o)
     for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        k_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_kb, stride_ks, PAGED, PAGE, BLOCK_N)
-        if PAGED:
-            v_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_vb, stride_vs, PAGED, PAGE, BLOCK_N)
+        if AHEAD:
+            if AHEAD == 2:
+                pg = pg_next            # tile t's page numbers, read in iteration t − 1; now read tile t + 1's
+                pg_next = _page_numbers(BT, b, offs_n + BLOCK_N, end, stride_btb, PAGE, FAST)
+            else:
+                pg = _page_numbers(BT, b, offs_n, end, stride_btb, PAGE, FAST)
+            slot = (offs_n % PAGE).to(tl.int64)
+            k_rows = tl.load(k_base + (pg * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :] * stride_kd,
+                             mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            kt = tl.trans(k_rows)
+            v_off = pg * stride_vb + slot * stride_vs
         else:
-            v_off = offs_n.to(tl.int64) * stride_vs
-        kt = tl.load(k_base + k_off[None, :] + offs_d[:, None] * stride_kd, mask=n_ok[None, :] & d_ok[:, None],
-                     other=0.0)
+            k_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_kb, stride_ks, PAGED, PAGE, BLOCK_N)
+            if PAGED:
+                v_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_vb, stride_vs, PAGED, PAGE,
+                                     BLOCK_N)
+            else:
+                v_off = offs_n.to(tl.int64) * stride_vs
+            kt = tl.load(k_base + k_off[None, :] + offs_d[:, None] * stride_kd, mask=n_ok[None, :] & d_ok[:, None],
+                         other=0.0)
         if not FAST:                # Triton 3.6's interpreter gets bf16 tl.dot wrong: fp32 operands there
             kt = kt.to(tl.float32)
         if IEEE:
