@@ -8,6 +8,7 @@ the largest reference value). Without CUDA the Triton kernels run in the interpr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -297,7 +298,10 @@ def test_explain_paths():
     prob = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0))
     hopper, ampere = plan_attention(prob, H200, "triton"), plan_attention(prob, A100, "triton")
     assert (hopper.forward.block_m, hopper.forward.block_n, hopper.forward.num_warps) == (128, 128, 8)
-    assert (hopper.backward.block_m, hopper.backward.block_n) == (64, 64)
+    assert hopper.backward.dq_atomic and (hopper.backward.block_m, hopper.backward.block_n) == (64, 128)
+    plain = plan_attention(dataclasses.replace(prob, causal=False, window=(-1, -1)), H200, "triton").backward
+    assert not plain.dq_atomic and (plain.block_m, plain.block_n) == (64, 64)
+    assert not plan_attention(dataclasses.replace(prob, Hkv=8), H200, "triton").backward.dq_atomic
     assert ampere.forward.kernel == "triton" and (ampere.forward.block_m, ampere.forward.block_n) == (64, 64)
     assert plan_forward(prob, L4) == ampere.forward
     assert plan_forward(prob, INTERPRETER).block_m == 16
@@ -508,3 +512,96 @@ def test_few_queries_over_many_keys_run_the_decode_kernels(kernel_device, Sq, ca
                            return_lse=True, backend="torch")
     torch.testing.assert_close(o.double().cpu(), ro, rtol=2e-4, atol=2e-5)
     torch.testing.assert_close(lse.double().cpu(), rl.double(), rtol=2e-5, atol=2e-5)
+
+
+# ---- the sm90 forward (Gluon: TMA ring, producer warp, wgmma consumers) ------------------------------------------
+def test_sm90_forward_plan():
+    """Hopper runs the sm90 kernel for 16-bit D = 128 / 256 inputs TMA can copy (a third ring slot when banded);
+    D = 64, fp32, unaligned strides and every other GPU keep the tl.dot kernel."""
+    from onlinesoftmax.attention.plan import Problem, plan_forward
+
+    base = Problem(4, 32, 8, 4096, 4096, 128, "bfloat16", False, (-1, -1), tma=True)
+    plan = plan_forward(base, H200)
+    assert (plan.kernel, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages) == ("sm90", 128, 128, 4, 2)
+    causal = plan_forward(dataclasses.replace(base, causal=True, window=(-1, 0)), H200)
+    assert causal.kernel == "sm90" and causal.num_stages == 3
+    assert plan_forward(dataclasses.replace(base, D=256), H200).block_n == 64
+    assert plan_forward(dataclasses.replace(base, dtype="float16", varlen=True), H200).kernel == "sm90"
+    for other in (dataclasses.replace(base, D=64), dataclasses.replace(base, D=80),
+                  dataclasses.replace(base, dtype="float32"), dataclasses.replace(base, tma=False)):
+        assert plan_forward(other, H200).kernel == "triton", other
+    for target in (A100, L4, INTERPRETER):
+        assert plan_forward(base, target).kernel == "triton"
+
+
+def test_tma_eligibility_of_tensors():
+    """Problem.tma: unit head-dim stride, 16-byte aligned data and strides (CPU tensors never: no TMA there)."""
+    from onlinesoftmax.attention import api
+
+    q = torch.randn(2, 4, 8, 64)
+    assert not api._problem(q, q, False, (-1, -1), q).tma           # a CPU tensor
+    assert api._tma_ok(q, q, q)
+    assert not api._tma_ok(q[..., 1:])                              # misaligned data
+    assert not api._tma_ok(torch.randn(2, 4, 8, 65)[..., :64])      # a 65-element row stride
+    assert not api._tma_ok(q.transpose(-1, -2))                     # head dim not contiguous
+    assert api._tma_ok(torch.randn(2, 8, 4, 64).transpose(1, 2))    # [B, S, H, D] viewed as [B, H, S, D]
+
+
+_SM90_PROBE = r"""
+import json, os, re, subprocess, tempfile
+import triton
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_kernel as fn, consumer_regs
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+out = []
+for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, REVERSE=True, SOFTCAP=True)),
+                         (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True))):
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=BN, STAGES=ST, CONSUMERS=2, HAS_LEFT=False, HAS_RIGHT=False,
+                 SOFTCAP=False, REVERSE=False, VARLEN=False, OVERLAP=True, CONSUMER_REGS=consumer_regs(2))
+    const.update(flags)
+    sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
+    sig.update(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
+               qk_scale="fp32", cap_in="fp32", cap_out="fp32")
+    k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    stack = int(re.search(r"STACK:(\d+)", res).group(1))
+    out.append({"D": D, "stack": stack, "shared": k.metadata.shared, "hgmma": len(re.findall("HGMMA", sass)),
+                "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
+print(json.dumps(out))
+"""
+
+
+def test_sm90_forward_compiles_without_spills():
+    """The sm90 kernel compiles for sm_90a (Triton's ptxas, no GPU): wgmma (HGMMA) in the SASS, no stack frame,
+    the ring within 227 KB of shared memory, consumers raised to their register budget by setmaxnreg."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _SM90_PROBE], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for r in json.loads(res.stdout.strip().splitlines()[-1]):
+        assert r["stack"] == 0 and r["hgmma"] > 0 and r["shared"] <= 232448, r
+        assert "240" in r["setmaxnreg"], r
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_forward_is_what_runs():
+    """On an H100 / H200 the real-size bf16 D = 128 / 256 calls of GPU_CASES plan the sm90 kernel; elsewhere the
+    tl.dot kernel (what a non-Hopper GPU gets)."""
+    from onlinesoftmax.target import target_of
+
+    q, k, v = make(2, 8, 8, 1024, 1024, 128, torch.bfloat16)
+    expected = "sm90" if target_of(q.device).sm90 else "triton"
+    assert explain(q, k, v, causal=True).forward.kernel == expected
+    assert explain(q.float(), k.float(), v.float()).forward.kernel == "triton"

@@ -256,10 +256,10 @@ def test_plans_by_target():
 @pytest.mark.parametrize("V, chunks, even", [(32000, 2, False), (128256, 8, False), (151936, 10, False),
                                              (262144, 16, True)])
 def test_smem_plans_on_h200(V, chunks, even):
-    """Path "smem" (knobs only: the default stays): 16384-class chunks of 4 warps, 4 register sub-tiles of 1024
-    bf16 under a 64-register bound; every chunk covers its register sub-tiles."""
+    """Path "smem" (the default here): 16384-class chunks of 4 warps, 4 register sub-tiles of 1024 bf16 under a
+    64-register bound; every chunk covers its register sub-tiles."""
     prob = CEProblem(8192, V, 2, True, smem_rows=True)
-    assert plan_cross_entropy(prob, H200).path != "smem"
+    assert plan_cross_entropy(prob, H200).path == "smem"
     p = plan_cross_entropy(prob, H200, CEKnobs(path="smem"))
     assert (p.path, p.chunk, p.chunks, p.num_warps, p.reg, p.maxnreg, p.keep_e) == \
         ("smem", 16384, chunks, 4, 4, 64, False), p
@@ -323,3 +323,18 @@ def test_bound_kernels_keyed_by_integer_specialisation():
     assert K._bound_row.cache_info().misses == before + 2
     assert int_spec(1, 16, 50257, -100, 0) == (1, 16, 0, 0, 16)
 
+
+
+def test_smem_path_is_the_hopper_default_for_16_bit_rows_with_a_gradient():
+    """sm_90, 16-bit rows cp.async can copy, a gradient to write, V >= SMEM_MIN_V: the shared-memory coop kernel;
+    otherwise the paths before it (fp32, no gradient, small V, unaligned rows, another GPU, the interpreter)."""
+    from onlinesoftmax.losses.plan import SMEM_MIN_V
+
+    for V in (32000, 128256, 151936, 262144):
+        assert plan_cross_entropy(CEProblem(8192, V, 2, True, smem_rows=True), H200).path == "smem", V
+    assert plan_cross_entropy(CEProblem(8192, SMEM_MIN_V - 16, 2, True, smem_rows=True), H200).path != "smem"
+    assert plan_cross_entropy(CEProblem(8192, 128256, 4, True, smem_rows=True), H200).path != "smem"
+    assert plan_cross_entropy(CEProblem(8192, 128256, 2, False, smem_rows=True), H200).path != "smem"
+    assert plan_cross_entropy(CEProblem(8192, 128256, 2, True, smem_rows=False), H200).path != "smem"
+    assert plan_cross_entropy(CEProblem(8192, 128256, 2, True, smem_rows=True), A100).path != "smem"
+    assert plan_cross_entropy(CEProblem(64, 128256, 2, True, smem_rows=True), INTERPRETER).path != "smem"

@@ -219,7 +219,7 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
         consumers = plan.block_m // fwd_sm90.WARPGROUP_ROWS
         return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid,
                       dict(common, BLOCK_M=fwd_sm90.WARPGROUP_ROWS, CONSUMERS=consumers, STAGES=plan.num_stages,
-                           OVERLAP=plan.overlap, PINGPONG=plan.pingpong,
+                           OVERLAP=plan.overlap,
                            CONSUMER_REGS=fwd_sm90.consumer_regs(consumers), num_warps=4))
     return _bound(fwd.attention_fwd_kernel, grid,
                   dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,

@@ -59,7 +59,6 @@ class ForwardPlan:
     num_stages: int         # "sm90": the key / value ring's slots
     dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
     overlap: bool = True    # "sm90": the scores of tile j + 1 issued before p v of tile j
-    pingpong: bool = False  # "sm90": the consumer warpgroups take turns to issue their matmuls
 
 
 @dataclass(frozen=True)
@@ -123,10 +122,12 @@ SM90_FORWARD = {
 # The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 64 rows per consumer warpgroup, block_n, 4,
 # ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
 # (2 × slots × block_n × D), at most 227 KB.
+# D = 64 keeps the tl.dot kernel (it ran 389-393 TFLOP/s against 297-381 for the sm90 variants measured).
 SM90_WS_FORWARD = {
-    128: (128, 128, 4, 3),
+    128: (128, 128, 4, 2),
     256: (128, 64, 4, 2),
 }
+SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128: a third slot (H200: +2-5 % at S >= 8K, GQA)
 
 
 def sm90_ws_eligible(p: Problem) -> bool:
@@ -136,7 +137,8 @@ def sm90_ws_eligible(p: Problem) -> bool:
 
 def _forward_sm90(p: Problem) -> ForwardPlan:
     if sm90_ws_eligible(p):
-        return ForwardPlan("sm90", *SM90_WS_FORWARD[p.D])
+        bm, bn, w, st = SM90_WS_FORWARD[p.D]
+        return ForwardPlan("sm90", bm, bn, w, SM90_WS_BANDED_STAGES.get(p.D, st) if p.banded else st)
     bd = p.block_d
     bm, bn, w, s = SM90_FORWARD.get(bd, SM90_FORWARD[256] if bd > 128 else SM90_FORWARD[64])
     if p.dtype == "float32":          # fp32 tiles take twice the shared memory
@@ -158,6 +160,11 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
 
 # ---- the backward -----------------------------------------------------------------------------------------
 # (block_m, block_n, num_warps, num_stages) of the dK/dV kernel, then the same four of the dQ kernel
+# Causal / windowed, D = 128, no GQA: one kernel, dQ added with fp32 atomics (5 matmuls, not 7). H200, bf16
+# (tools/probe_attnbwd.py): 334 / 386 / 363 / 237 TFLOP/s at (4, 32, 4096) / (1, 32, 16384) / (2, 32, 8192) /
+# (16, 32, 1024) against 321 / 349 / 336 / 239 for the split; without a band the split stays ahead (395 vs 377 at
+# (4, 32, 4096)); with GQA the atomic kernel spills (its group loop), not measured.
+SM90_BACKWARD_BANDED = dict(dq_atomic=True, block_m=64, block_n=128, num_warps=8, num_stages=3)
 SM90_BACKWARD = {          # H200, bf16
     64: (64, 64, 4, 2, 64, 64, 4, 2),
     128: (64, 64, 4, 2, 64, 64, 4, 2),
@@ -174,6 +181,8 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         if p.dtype == "float32":
             cfg = (32, 64, 4, 1, 64, 32, 4, 1)
         plan = BackwardPlan("triton", *cfg)
+        if p.banded and p.group == 1 and bd == 128 and p.dtype != "float32":
+            plan = dataclasses.replace(plan, **SM90_BACKWARD_BANDED)
     else:
         small = p.block_d > 128 or p.dtype == "float32"
         plan = BackwardPlan("triton", 32, 32 if small else 64, 4, 1, 32 if small else 64, 32, 4, 1)

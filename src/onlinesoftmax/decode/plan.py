@@ -51,9 +51,12 @@ class Tiles:
     waves: int = 0
 
 
-# sm_90 (compiled, not yet timed on the H200): 64-key tiles and 8 warps hold K and V tiles of D = 128 in 128-199
-# registers without spilling (128-key tiles: 222-255 registers, paged ones spill); about 2 programs per SM
-SM90 = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
+# sm_90, H200 (tools/probe_decode.py, bf16, Sq = 1, GB/s of K and V): dense caches take 128-key tiles over 8 warps,
+# 3 stages (4443 / 4278 / 4090 / 4199 GB/s at the issue's four shapes against 4449 / 4305 / 4113 / 3461 for 64-key
+# tiles: 0.99-1.0x cuDNN); paged caches keep 64-key tiles (128-key paged tiles spill) with the page numbers read
+# two tiles ahead (ahead = 2: page 16 at 0.95-0.98x our dense, page 256 0.97-0.99x, against 0.69-0.88x before)
+SM90 = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
+SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
 PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
 
@@ -115,10 +118,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tiles_for(target: Target) -> Tiles:
+def tiles_for(target: Target, paged: bool = True) -> Tiles:
     if target.interpret:
         return INTERPRETED
-    return SM90 if target.sm90 else PORTABLE
+    if target.sm90:
+        return SM90 if paged else SM90_DENSE
+    return PORTABLE
 
 
 def num_splits_heuristic(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, tiles: Tiles) -> int:
@@ -165,7 +170,7 @@ def num_splits_waves(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: in
 
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
-    tiles = tiles_for(target)
+    tiles = tiles_for(target, bool(p.page))
     rows = p.group * p.Sq
     block_m = knobs.block_m or max(16, min(pow2(rows), tiles.max_rows))
     if block_m < 16 or block_m & (block_m - 1):

@@ -97,14 +97,12 @@ def _softmax_step(s, m_i, l_i):
 
 
 @gluon.jit
-def _consumer(q_all, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off,
+def _consumer(q_all, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
               m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out,
-              WG: gl.constexpr, CONSUMERS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-              SOFTCAP: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
-    """Consumer warpgroup WG: query rows [m_blk + WG·BLOCK_M, +BLOCK_M) of the program's block. PINGPONG: the
-    warpgroups take turns to issue each lap's two matmuls (``turn[WG]`` passes once warpgroup WG - 1 has issued
-    its own), so one warpgroup's exponentials run while the tensor cores hold the other's matmuls."""
+              WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+              OVERLAP: gl.constexpr):
+    """Consumer warpgroup WG: query rows [m_blk + WG·BLOCK_M, +BLOCK_M) of the program's block."""
     q_smem = q_all.index(WG)
     m0 = m_blk + WG * BLOCK_M
     dtype: gl.constexpr = q_smem.dtype
@@ -139,15 +137,11 @@ def _consumer(q_all, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, 
                 s_i = i % STAGES
                 s_prev = (i - 1) % STAGES
                 # 1. scores of tile i (async), then o += p v of tile i - 1 (async): the tensor cores take both
-                if PINGPONG:                   # warpgroup 0 goes first: a fresh barrier passes parity 1
-                    mbarrier.wait(turn.index(WG), ((i - 1) & 1) ^ (WG == 0))
                 mbarrier.wait(k_ready.index(s_i), (i // STAGES) & 1)
                 qk = warpgroup_mma(q_smem, k_smem.index(s_i).permute((1, 0)), zero_s, use_acc=False,
                                    is_async=True)
                 mbarrier.wait(v_ready.index(s_prev), ((i - 1) // STAGES) & 1)
                 acc = warpgroup_mma(p_op, v_smem.index(s_prev), acc, is_async=True)
-                if PINGPONG:
-                    mbarrier.arrive(turn.index((WG + 1) % CONSUMERS), count=1)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 mbarrier.arrive(k_empty.index(s_i), count=1)
                 # 2-3. the softmax of tile i while p v of tile i - 1 runs
@@ -201,8 +195,7 @@ def attention_fwd_sm90_kernel(
         H, GROUP, Sq, Sk, LEFT, RIGHT, qk_scale, cap_in, cap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         CONSUMERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        REVERSE: gl.constexpr, VARLEN: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr):
+        REVERSE: gl.constexpr, VARLEN: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (cdiv(Sq, CONSUMERS·BLOCK_M), B·H), num_warps = 4: CONSUMERS warpgroups of BLOCK_M query rows each
     (the first is the default partition) and the producer warp. Arguments as ``fwd.attention_fwd_kernel`` less
     the unit head-dim strides."""
@@ -243,10 +236,7 @@ def attention_fwd_sm90_kernel(
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], bar_layout)
         mbarrier.init(q_bar, count=1)
-        for c in gl.static_range(CONSUMERS):
-            mbarrier.init(turn.index(c), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -262,16 +252,34 @@ def attention_fwd_sm90_kernel(
         loads = (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, lo, n_tiles, BLOCK_N, STAGES)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off, m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, PINGPONG)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                             cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                             OVERLAP)),
                 (_producer, loads)], [1], [24])
         elif CONSUMERS == 2:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off, m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, PINGPONG)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off, m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, PINGPONG)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                             cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                             OVERLAP)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                             cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                             OVERLAP)),
                 (_producer, loads)], [4, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off, m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out, 0, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, PINGPONG)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off, m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out, 1, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, PINGPONG)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_desc, LSE, lse_off, m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out, 2, CONSUMERS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, PINGPONG)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                             cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                             OVERLAP)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                             cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                             OVERLAP)),
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                             cap_out, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                             OVERLAP)),
                 (_producer, loads)], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
