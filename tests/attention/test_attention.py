@@ -81,6 +81,12 @@ def bound(ref, eager_out, dtype, factor=2.0):
     return factor * theirs + 4 * torch.finfo(dtype).eps * max(scale, 1e-30)
 
 
+def _tf32_truncated(x):
+    """x (fp32) with the 13 low mantissa bits cleared: what a TF32 tensor core multiplies."""
+    bits = x.detach().float().contiguous().view(torch.int32) & ~0x1FFF
+    return bits.view(torch.float32).view(x.shape)
+
+
 def err(a, b):
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
@@ -104,6 +110,10 @@ def check_forward(q, k, v, backend, **kw):
     lb = 1e-5 * max(1.0, rl[fin].abs().max().item() if fin.any() else 1)
     if factor > 2:
         lb = max(lb, bound(rl[fin], el[fin], torch.float32, factor))
+        # the tensor cores read fp32 operands as TF32 by dropping 13 mantissa bits (truncation, not rounding: the
+        # products' errors add up with one sign); the fp64 lse of q and k so truncated is the kernel's own error
+        _, tl_ = attention_scores(_tf32_truncated(q), _tf32_truncated(k), v, **kw)
+        lb = max(lb, 2 * err(tl_[fin.to(tl_.device)], rl[fin.to(rl.device)]) + 1e-5)
     assert err(lse[fin], rl[fin]) <= lb, f"lse: error {err(lse[fin], rl[fin]):.3e} > bound {lb:.3e}"
     return o, lse
 

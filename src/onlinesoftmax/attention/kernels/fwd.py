@@ -33,12 +33,9 @@ def _tanh(x):
 @triton.jit
 def _mm(a, b, acc, F32: tl.constexpr):
     """acc + a @ b (fp32 accumulation). F32: operands upcast first (the interpreter's bf16 tl.dot is wrong in
-    Triton 3.6; the plan sets it there only). fp32 operands on the GPU take three TF32 products (about fp32's
-    accuracy: the lse of a TF32 product drifts several times further than eager torch's)."""
+    Triton 3.6; the plan sets it there only)."""
     if F32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    if a.dtype == tl.float32:
-        return tl.dot(a, b, acc, input_precision="tf32x3")
     return tl.dot(a, b, acc)
 
 
