@@ -53,9 +53,11 @@ class Tiles:
 
 # sm_90, H200 (tools/probe_decode.py, bf16, Sq = 1, GB/s of K and V): dense caches take 128-key tiles over 8 warps,
 # 3 stages (4443 / 4278 / 4090 / 4199 GB/s at the four shapes against 4449 / 4305 / 4113 / 3461 for 64-key
-# tiles: 0.99-1.0x cuDNN); paged caches keep 64-key tiles (128-key paged tiles spill) with the page numbers read
-# two tiles ahead (ahead = 2: page 16 at 0.95-0.98x our dense, page 256 0.97-0.99x, against 0.69-0.88x before)
-SM90 = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
+# tiles; cuDNN 4493 / 4388 / 4171 / 4206); paged caches keep 64-key tiles (128-key paged tiles spill) with the page
+# numbers read two tiles ahead over 4 stages (page 16: 4314 / 4212 / 4004 / 3986, page 256: 4375 / 4171 / 3971 /
+# 4067, 0.95-0.98x the dense figures; 3 stages ran 0.5-3 % faster on the first three shapes, 23 % slower on the
+# fourth; before: 3156-3798)
+SM90 = Tiles(block_n=64, num_stages=4, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
 SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
 PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
