@@ -563,13 +563,13 @@ import triton
 from triton import compile
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_kernel as fn, consumer_regs
+from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_kernel as fn
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 out = []
 for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, REVERSE=True, SOFTCAP=True)),
                          (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True))):
-    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=BN, STAGES=ST, CONSUMERS=2, HAS_LEFT=False, HAS_RIGHT=False,
-                 SOFTCAP=False, REVERSE=False, VARLEN=False, OVERLAP=True, CONSUMER_REGS=consumer_regs(2))
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=BN, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
+                 REVERSE=False, VARLEN=False, OVERLAP=True)
     const.update(flags)
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
     sig.update(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",

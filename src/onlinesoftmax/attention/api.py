@@ -216,11 +216,13 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
     if plan.kernel == "sm90":
         from .kernels import fwd_sm90
 
-        consumers = plan.block_m // fwd_sm90.WARPGROUP_ROWS
+        rows = fwd_sm90.CONSUMERS * fwd_sm90.WARPGROUP_ROWS
+        if (plan.block_m, plan.num_warps) != (rows, 4):
+            raise ValueError(f"attention: the sm90 kernel runs block_m = {rows} query rows on num_warps = 4 (two "
+                             f"consumer warpgroups and a producer warp), got {plan.block_m} / {plan.num_warps}")
         return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid,
-                      dict(common, BLOCK_M=fwd_sm90.WARPGROUP_ROWS, CONSUMERS=consumers, STAGES=plan.num_stages,
-                           OVERLAP=plan.overlap,
-                           CONSUMER_REGS=fwd_sm90.consumer_regs(consumers), num_warps=4))
+                      dict(common, BLOCK_M=fwd_sm90.WARPGROUP_ROWS, STAGES=plan.num_stages, OVERLAP=plan.overlap,
+                           num_warps=4))
     return _bound(fwd.attention_fwd_kernel, grid,
                   dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,
                        num_warps=plan.num_warps, num_stages=plan.num_stages))

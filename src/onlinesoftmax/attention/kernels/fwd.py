@@ -126,6 +126,18 @@ def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, off
 
 
 @triton.jit
+def _query_program(H, GROUP, REVERSE: tl.constexpr):
+    """(query block, batch, head, kv head) of a program of the grid (query blocks, B·H). REVERSE (banded): the
+    longest rows (last query blocks) start first, the short ones fill in. GQA: head h reads kv head h // GROUP."""
+    pid_m = tl.program_id(0)
+    if REVERSE:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    h = bh % H
+    return pid_m, bh // H, h, h // GROUP
+
+
+@triton.jit
 def _seq(CU, b, S, VARLEN: tl.constexpr):
     """(first row, rows) of sequence b: from the cumulative lengths CU (int32 [B + 1]) when VARLEN, else (0, S)."""
     if VARLEN:
@@ -145,13 +157,7 @@ def attention_fwd_kernel(
     """Grid (cdiv(Sq, BLOCK_M), B·H). O has q's strides; LSE (float32) row i of (b, h) is at b·slb + h·slh + i.
     VARLEN: sequence b is rows CU_Q[b]:CU_Q[b + 1] of q (its strides' b term is 0) and CU_K[b]:CU_K[b + 1] of
     k / v; Sq, Sk are the longest lengths (the grid's), each program reads its own."""
-    pid_m = tl.program_id(0)
-    if REVERSE:                    # banded: the longest rows (last query blocks) start first, the short ones fill in
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP                # GQA: query head h reads kv head h // (H / Hkv)
+    pid_m, b, h, hk = _query_program(H, GROUP, REVERSE)
     m0 = pid_m * BLOCK_M
     q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
     k_start, Sk = _seq(CU_K, b, Sk, VARLEN)

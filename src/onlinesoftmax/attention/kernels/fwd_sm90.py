@@ -6,7 +6,7 @@ One program per (query block, head), as ``fwd.py``. Its warps split in two parti
 * the **producer** (one warp) copies key / value tiles global → shared memory with TMA into a ring of STAGES
   buffers, K and V on their own barriers (``k_ready`` / ``v_ready``), and waits for the consumers to release a
   buffer (``k_empty`` / ``v_empty``) before refilling it;
-* the **consumers**, CONSUMERS warpgroups of BLOCK_M = 64 query rows each, run the recurrence on the same key /
+* the **consumers**, two warpgroups of BLOCK_M = 64 query rows each, run the recurrence on the same key /
   value tiles with asynchronous wgmma: the scores of tile j + 1 are issued before ``p v`` of tile j, so the
   tensor cores work on one while the exponentials of the other run (OVERLAP; FlashAttention-3's intra-warpgroup
   overlap). The warpgroups synchronise only through the ring's barriers, so one's exponentials run beside the
@@ -38,15 +38,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..._triton.online import LN2
-from .fwd import _band, _seq, _tanh
+from .fwd import _band, _query_program, _seq, _tanh
 
 WARPGROUP_ROWS = 64        # query rows per consumer warpgroup (wgmma's M)
-
-
-def consumer_regs(consumers: int) -> int:
-    """Registers per thread of each consumer warpgroup: the SM's 64K less the producer's warpgroup at 24, shared
-    by the consumers (setmaxnreg takes multiples of 8)."""
-    return min(240, (65536 // 128 - 24) // consumers // 8 * 8)
+CONSUMERS = 2              # consumer warpgroups per program: block_m = 128 (1 or 3 of them ran 25 % slower)
+# registers per consumer thread: the SM's 64K less the producer's warpgroup at 24, over two warpgroups
+CONSUMER_REGS = gl.constexpr(240)
 
 
 @gluon.jit
@@ -194,19 +191,13 @@ def attention_fwd_sm90_kernel(
         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, slb, slh,
         H, GROUP, Sq, Sk, LEFT, RIGHT, qk_scale, cap_in, cap_out,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        CONSUMERS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-        REVERSE: gl.constexpr, VARLEN: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Grid (cdiv(Sq, CONSUMERS·BLOCK_M), B·H), num_warps = 4: CONSUMERS warpgroups of BLOCK_M query rows each
-    (the first is the default partition) and the producer warp. Arguments as ``fwd.attention_fwd_kernel`` less
-    the unit head-dim strides."""
-    ROWS: gl.constexpr = CONSUMERS * BLOCK_M
-    pid_m = gl.program_id(0)
-    if REVERSE:                    # banded: the longest rows (last query blocks) start first
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP                # GQA: query head h reads kv head h // (H / Hkv)
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, REVERSE: gl.constexpr,
+        VARLEN: gl.constexpr, OVERLAP: gl.constexpr):
+    """Grid (cdiv(Sq, 2·BLOCK_M), B·H), num_warps = 4: two consumer warpgroups of BLOCK_M query rows each (the
+    first is the default partition) and the producer warp. Arguments as ``fwd.attention_fwd_kernel`` less the
+    unit head-dim strides."""
+    ROWS: gl.constexpr = 2 * BLOCK_M
+    pid_m, b, h, hk = _query_program(H, GROUP, REVERSE)
     m_blk = pid_m * ROWS
     q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
     k_start, Sk = _seq(CU_K, b, Sk, VARLEN)
@@ -227,7 +218,7 @@ def attention_fwd_sm90_kernel(
         v_desc = tma.make_tensor_descriptor(v_base, [Sk, HEAD_DIM], [svn, 1], [BLOCK_N, HEAD_DIM], kv_layout)
         o_desc = tma.make_tensor_descriptor(o_base, [Sq, HEAD_DIM], [som, 1], [BLOCK_M, HEAD_DIM], q_layout)
 
-        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], q_layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
         v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -240,46 +231,22 @@ def attention_fwd_sm90_kernel(
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=CONSUMERS)
-            mbarrier.init(v_empty.index(i), count=CONSUMERS)
+            mbarrier.init(k_empty.index(i), count=2)          # both consumer warpgroups release a slot
+            mbarrier.init(v_empty.index(i), count=2)
         fence_async_shared()
-        mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
-        for c in gl.static_range(CONSUMERS):
-            tma.async_copy_global_to_shared(q_desc, [m_blk + c * BLOCK_M, 0], q_bar, q_smem.index(c))
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [m_blk, 0], q_bar, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [m_blk + BLOCK_M, 0], q_bar, q_smem.index(1))
 
         lse_off = b.to(gl.int64) * slb + h.to(gl.int64) * slh + q_start
         # the consumers' arguments are spelled out: constexprs inside a tuple built here would become tensors
-        loads = (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, lo, n_tiles, BLOCK_N, STAGES)
-        if CONSUMERS == 1:
-            gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
-                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
-                             cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                             OVERLAP)),
-                (_producer, loads)], [1], [24])
-        elif CONSUMERS == 2:
-            gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
-                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
-                             cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                             OVERLAP)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
-                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
-                             cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                             OVERLAP)),
-                (_producer, loads)], [4, 1], [CONSUMER_REGS, 24])
-        else:
-            gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
-                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
-                             cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                             OVERLAP)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
-                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
-                             cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                             OVERLAP)),
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
-                             m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
-                             cap_out, 2, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                             OVERLAP)),
-                (_producer, loads)], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                         m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                         cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP)),
+            (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_desc, LSE, lse_off,
+                         m_blk, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                         cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP)),
+            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, lo, n_tiles, BLOCK_N,
+                         STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
