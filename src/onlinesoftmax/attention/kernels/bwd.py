@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..._triton.online import LOG2E
-from .fwd import _band, _keep, _mm, _seq, _tanh
+from .fwd import _band, _keep, _mm, _query_program, _seq, _tanh
 
 
 @triton.jit
@@ -31,10 +31,7 @@ def attention_bwd_delta_kernel(O, DO, DLSE, DELTA, DQACC, CU_Q, sob, soh, som, s
                                HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, VARLEN: tl.constexpr):
     """0. Δ = rowsum(O ⊙ dO) − dlse, float32, laid out as the lse (DLSE too: row i of (b, h) at b·slb + h·slh + i).
     ZERO_DQ: the rows of the dQ buffer (row r at r·BLOCK_D, r the lse's index) start at zero."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    pid_m, b, h, _ = _query_program(H, 1, False)
     q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
     if pid_m * BLOCK_M >= Sq:
         return
@@ -255,13 +252,7 @@ def attention_bwd_dq_kernel(
         HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, REVERSE: tl.constexpr,
         F32: tl.constexpr, VARLEN: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B·H): dQ of one query block."""
-    pid_m = tl.program_id(0)
-    if REVERSE:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
+    pid_m, b, h, hk = _query_program(H, GROUP, REVERSE)
     m0 = pid_m * BLOCK_M
     q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
     k_start, Sk = _seq(CU_K, b, Sk, VARLEN)
@@ -303,10 +294,7 @@ def attention_bwd_dq_cast_kernel(DQACC, DQ, CU_Q, sdqb, sdqh, sdqm, sdqd, slb, s
                                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                                  VARLEN: tl.constexpr):
     """Grid (cdiv(Sq, BLOCK_M), B·H): dQ = scale · the fp32 rows DQ_ATOMIC accumulated, in dQ's dtype and strides."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    pid_m, b, h, _ = _query_program(H, 1, False)
     q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
     if pid_m * BLOCK_M >= Sq:
         return
