@@ -15,6 +15,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
+from .online import _bf16_halves
+
 
 @gluon.jit
 def _chunk_of_program(C, CHUNK: gl.constexpr):
@@ -59,3 +61,25 @@ def _reg_tiles(P, base, REG: gl.constexpr, SUB: gl.constexpr, VEC: gl.constexpr,
         cols = (gl.arange(0, REG, layout=gl.SliceLayout(1, LR))[:, None] * SUB
                 + gl.arange(0, SUB, layout=gl.SliceLayout(0, LR))[None, :])
         return gl.load(P + base + cols), cols
+
+
+@gluon.jit
+def _smem_max(smem, sm0, offs, N, L: gl.constexpr, S: gl.constexpr, SUB: gl.constexpr, EVEN: gl.constexpr):
+    """Per-thread max over the S shared-memory sub-tiles, each as soon as its cp.async group has landed (each
+    thread reads back only what it copied): a [SUB] vector, -inf past N."""
+    mv = gl.full([SUB], float("-inf"), gl.float32, L)
+    for s in gl.static_range(S):
+        cp.wait_group(S - 1 - s)
+        mv = gl.maximum(mv, _sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN))
+    return mv
+
+
+@gluon.jit
+def _fold_reg_max(mv, xr, L: gl.constexpr, WORDS: gl.constexpr):
+    """max of the shared-memory part `mv` and the register sub-tiles `xr` ([REG, SUB], or bf16 pairs as words):
+    the register tiles fold within each thread first (axis 0 is the thread's own)."""
+    if WORDS:
+        lo, hi = _bf16_halves(xr, 1)
+        return gl.maximum(gl.max(mv, axis=0), gl.max(gl.max(gl.maximum(lo, hi), axis=0), axis=0))
+    else:
+        return gl.max(gl.maximum(mv, gl.convert_layout(gl.max(xr.to(gl.float32), axis=0), L)), axis=0)

@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 from .._triton.online import _bf16_halves, _exp, _lse, _merge_row, _pack_bf16x2, _row_barrier, _row_generation, _shift
-from .._triton.smem import _chunk_of_program, _copy_sub_tile, _reg_tiles, _sub_tile
+from .._triton.smem import _chunk_of_program, _copy_sub_tile, _fold_reg_max, _reg_tiles, _smem_max
 from .common import _coefs, _grad_tile, _row_loss, _softcapped, _target_terms
 
 
@@ -115,16 +115,9 @@ def ce_coop_smem_kernel(
         zt, wt = _target_terms(X + x_base, W, t, V, softcap, ignore_index, HAS_WEIGHT, HAS_SOFTCAP, True)
         t_col = gl.where((t >= 0) & (t < V), t, -1).to(gl.int32)     # 32-bit compares with the columns
         # 1. m_c = softcap(max_j x_j), each sub-tile as soon as it has landed
-        mv = gl.full([SUB], float("-inf"), gl.float32, L)
-        for s in gl.static_range(S):
-            cp.wait_group(S - 1 - s)
-            mv = gl.maximum(mv, _sub_tile(smem, s, sm0 + s * SUB + offs, V, L, EVEN))
+        mv = _smem_max(smem, sm0, offs, V, L, S, SUB, EVEN)
         if REG > 0:
-            if WORDS:
-                lo, hi = _bf16_halves(xr, 1)
-                m_x = gl.maximum(gl.max(mv, axis=0), gl.max(gl.max(gl.maximum(lo, hi), axis=0), axis=0))
-            else:
-                m_x = gl.max(gl.maximum(mv, gl.convert_layout(gl.max(xr.to(gl.float32), axis=0), L)), axis=0)
+            m_x = _fold_reg_max(mv, xr, L, WORDS)
         else:
             m_x = gl.max(mv, axis=0)
         m_c = _softcapped(m_x, softcap, HAS_SOFTCAP, True)

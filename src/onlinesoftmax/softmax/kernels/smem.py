@@ -36,7 +36,7 @@ from ..._triton.online import (
     _row_offsets,
     _shift,
 )
-from ..._triton.smem import _chunk_of_program, _copy_sub_tile, _reg_tiles, _sub_tile
+from ..._triton.smem import _chunk_of_program, _copy_sub_tile, _fold_reg_max, _reg_tiles, _smem_max, _sub_tile
 from .common import _grad
 
 
@@ -69,17 +69,9 @@ def softmax_coop_smem_kernel(
     if REG > 0:
         xr, cols_r = _reg_tiles(X, _row_offsets(row, INNER, sxo, sxi) + start, REG, SUB, VEC, WARPS, WORDS)
     # 1. m_c over each sub-tile as soon as it has landed (each thread reads back only what it copied), then d_c
-    mv = gl.full([SUB], float("-inf"), gl.float32, L)
-    for s in gl.static_range(S):
-        cp.wait_group(S - 1 - s)
-        mv = gl.maximum(mv, _sub_tile(smem, s, sm0 + s * SUB + offs, N, L, EVEN))
-    # (the register sub-tiles fold within each thread first: axis 0 of [REG, SUB] is the thread's own)
+    mv = _smem_max(smem, sm0, offs, N, L, S, SUB, EVEN)
     if REG > 0:
-        if WORDS:
-            lo, hi = _bf16_halves(xr, 1)
-            m_c = gl.maximum(gl.max(mv, axis=0), gl.max(gl.max(gl.maximum(lo, hi), axis=0), axis=0))
-        else:
-            m_c = gl.max(gl.maximum(mv, gl.convert_layout(gl.max(xr.to(gl.float32), axis=0), L)), axis=0)
+        m_c = _fold_reg_max(mv, xr, L, WORDS)
     else:
         m_c = gl.max(mv, axis=0)
     sh_c = _shift(m_c)
