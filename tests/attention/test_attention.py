@@ -312,6 +312,14 @@ def test_explain_paths():
     plain = plan_attention(dataclasses.replace(prob, causal=False, window=(-1, -1)), H200, "triton").backward
     assert not plain.dq_atomic and (plain.block_m, plain.block_n) == (64, 64)
     assert not plan_attention(dataclasses.replace(prob, Hkv=8), H200, "triton").backward.dq_atomic
+    assert not plan_attention(dataclasses.replace(prob, deterministic=True), H200, "triton").backward.dq_atomic
+    q, k, v = make(1, 2, 2, 8, 8, 128, torch.bfloat16, device="cpu")
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert explain(q, k, v, causal=True, backend="triton").problem.deterministic
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert not explain(q, k, v, causal=True, backend="triton").problem.deterministic
     assert ampere.forward.kernel == "triton" and (ampere.forward.block_m, ampere.forward.block_n) == (64, 64)
     assert plan_forward(prob, L4) == ampere.forward
     assert plan_forward(prob, INTERPRETER).block_m == 16

@@ -100,7 +100,8 @@ def _problem(q, k, causal, window, v=None) -> Problem:
         right = 0
     B, H, Sq, D = q.shape
     return Problem(B, H, k.shape[1], Sq, k.shape[2], D, _dtype_name(q.dtype), bool(causal), (left, right),
-                   tma=v is not None and q.is_cuda and _tma_ok(q, k, v))
+                   tma=v is not None and q.is_cuda and _tma_ok(q, k, v),
+                   deterministic=torch.are_deterministic_algorithms_enabled())
 
 
 # ---- the portable torch path (any device; full fp32 on the CPU) --------------------------------------------
@@ -396,7 +397,8 @@ torch.library.register_autograd("onlinesoftmax::attention_fwd", _backward, setup
 def _varlen_problem(q, k, v, cu_q, max_q, max_k, causal, left, right, softcap) -> Problem:
     right = 0 if causal else right
     return Problem(cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2], _dtype_name(q.dtype),
-                   bool(causal), (left, right), softcap > 0, varlen=True, tma=q.is_cuda and _tma_ok(q, k, v))
+                   bool(causal), (left, right), softcap > 0, varlen=True, tma=q.is_cuda and _tma_ok(q, k, v),
+                   deterministic=torch.are_deterministic_algorithms_enabled())
 
 
 @torch.library.custom_op("onlinesoftmax::attention_varlen_fwd", mutates_args=())

@@ -33,6 +33,7 @@ class Problem:
     softcap: bool = False
     varlen: bool = False    # packed sequences: B = len(cu_seqlens) - 1, Sq / Sk = the longest lengths
     tma: bool = False       # q, k, v: unit head-dim stride, 16-byte aligned data and strides (TMA can copy tiles)
+    deterministic: bool = False   # torch.use_deterministic_algorithms(True): no fp32 atomics in the backward
 
     @property
     def group(self) -> int:
@@ -163,7 +164,8 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
 # Causal / windowed, D = 128, no GQA: one kernel, dQ added with fp32 atomics (5 matmuls, not 7). H200, bf16
 # (tools/probe_attnbwd.py): 334 / 386 / 363 / 237 TFLOP/s at (4, 32, 4096) / (1, 32, 16384) / (2, 32, 8192) /
 # (16, 32, 1024) against 321 / 349 / 336 / 239 for the split; without a band the split stays ahead (395 vs 377 at
-# (4, 32, 4096)); with GQA the atomic kernel spills (its group loop), not measured.
+# (4, 32, 4096)); with GQA the atomic kernel spills (its group loop), not measured. The atomics' order varies
+# from run to run (dQ's last bits do): under torch.use_deterministic_algorithms(True) the split runs.
 SM90_BACKWARD_BANDED = dict(dq_atomic=True, block_m=64, block_n=128, num_warps=8, num_stages=3)
 SM90_BACKWARD = {          # H200, bf16
     64: (64, 64, 4, 2, 64, 64, 4, 2),
@@ -181,7 +183,7 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         if p.dtype == "float32":
             cfg = (32, 64, 4, 1, 64, 32, 4, 1)
         plan = BackwardPlan("triton", *cfg)
-        if p.banded and p.group == 1 and bd == 128 and p.dtype != "float32":
+        if p.banded and p.group == 1 and bd == 128 and p.dtype != "float32" and not p.deterministic:
             plan = dataclasses.replace(plan, **SM90_BACKWARD_BANDED)
     else:
         small = p.block_d > 128 or p.dtype == "float32"
