@@ -21,8 +21,9 @@ At the end ``O = o / d`` and ``lse = ln 2 · (m + log2 d)``; a row with no key k
 
 Descriptors are made on the device per program over the sequence's own rows (``[S, D]`` at the (batch, head)
 base; varlen: at the sequence's first row), so TMA fills rows past the sequence with zeros and clips the store of
-O at the sequence's end: no masks for the tails of q, k, v or o. Requirements (checked by the plan): D a multiple
-of 16 up to 256 with unit stride, 16-byte aligned bases and row strides, fp16 / bf16.
+O at the sequence's end: no masks for the tails of q, k, v or o. Requirements (checked by the plan,
+``sm90_ws_eligible``): fp16 / bf16, a head dim of the plan's table (128, 256) with unit stride, 16-byte aligned
+bases and row strides.
 """
 
 from __future__ import annotations
