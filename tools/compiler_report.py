@@ -78,7 +78,7 @@ def compile_launch(fn, args: tuple, meta: dict, arch: int) -> dict:
         if p.is_constexpr:
             sig[p.name], const[p.name] = "constexpr", meta[p.name]
     sig = {n: sig[n] for n in fn.arg_names}
-    options = {k: v for k, v in meta.items() if k in ("num_warps", "maxnreg")}
+    options = {k: v for k, v in meta.items() if k in ("num_warps", "num_stages", "maxnreg")}
     source = GluonASTSource if fn.is_gluon() else ASTSource
     compiled = triton.compile(source(fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32), options=options)
     (regs, stack, shared), sass = cubin_report(compiled)
