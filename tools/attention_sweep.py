@@ -1,5 +1,5 @@
-"""Tile sweep for the attention kernels on the device (one call): forward and backward configurations of the
-plan's fields (through ``Knobs``) at the issue's shapes, beside SDPA cuDNN / flash, with the bf16 matmul ceiling.
+"""Tile sweep for the tl.dot attention kernels on the device (one call; the sm90 forward's knobs are swept by
+tools/attention_sm90_probe.py): forward and backward configurations of the plan's fields (through ``Knobs``) at the issue's shapes, beside SDPA cuDNN / flash, with the bf16 matmul ceiling.
 Every configuration is checked against cuDNN before it is timed. Prints a table; writes JSON to ``$OUT``.
 
 ``PYTHONPATH=src python tools/attention_sweep.py [--quick]``
@@ -93,7 +93,7 @@ def main():
             impls = {"cudnn": sdpa("cudnn"), "flash": sdpa("flash")}
             for cfg in FWD_CFGS:
                 kn = Knobs() if cfg is None else Knobs(forward=dict(zip(("block_m", "block_n", "num_warps",
-                                                                        "num_stages"), cfg)))
+                                                                        "num_stages"), cfg), kernel="triton"))
                 impls[f"ours {cfg or 'plan'}"] = ours(kn)
             for name, f in impls.items():
                 try:
@@ -113,7 +113,8 @@ def main():
             bimpls = {"cudnn": sdpa("cudnn"), "flash": sdpa("flash")}
             for cfg in BWD_CFGS:
                 kn = Knobs() if cfg is None else Knobs(backward=dict(zip(
-                    ("block_m", "block_n", "block_m_dq", "block_n_dq", "num_warps", "num_stages"), cfg)))
+                    ("block_m", "block_n", "block_m_dq", "block_n_dq", "num_warps", "num_stages"), cfg),
+                    num_warps_dq=cfg[4], num_stages_dq=cfg[5]))
                 bimpls[f"ours {cfg or 'plan'}"] = ours(kn)
             for name, f in bimpls.items():
                 try:
