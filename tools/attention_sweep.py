@@ -1,6 +1,7 @@
 """Tile sweep for the tl.dot attention kernels on the device (one call; the sm90 forward's knobs are swept by
-tools/attention_sm90_probe.py): forward and backward configurations of the plan's fields (through ``Knobs``) at the issue's shapes, beside SDPA cuDNN / flash, with the bf16 matmul ceiling.
-Every configuration is checked against cuDNN before it is timed. Prints a table; writes JSON to ``$OUT``.
+tools/attention_sm90_probe.py): forward and backward configurations of the plan's fields (through ``Knobs``) at
+the issue's shapes, beside SDPA cuDNN / flash, with the bf16 matmul ceiling. Every configuration is checked
+against cuDNN before it is timed. Prints a table; writes JSON to ``$OUT``.
 
 ``PYTHONPATH=src python tools/attention_sweep.py [--quick]``
 """
