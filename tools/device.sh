@@ -5,6 +5,8 @@
 #   bench : the committed suites (SUITES, default all but the ladder), results tarred into $OUT/results.tgz;
 #           Liger-Kernel is installed from .whl/ when its wheel was carried (see the device README)
 #   report: the compiler report for sm_90a (tools/compiler_report.py), no GPU needed
+#   probes: each family's probe (knob variants beside the default and the peers, each checked first): attention
+#           forward (sm90) and backward, decode, cross-entropy; JSON and logs in $OUT/probes.tgz
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/device-out}
@@ -23,6 +25,14 @@ for step in ${*:-tests bench}; do
              softmax_backward log_softmax_backward topk topk-paper} --out "$OUT/results" 2>&1 | tee "$OUT/bench.log" \
              | tail -80
            tar -C "$OUT" -czf "$OUT/results.tgz" results && rm -r "$OUT/results" ;;   # at most 8 files come back
+    probes) mkdir -p "$OUT/probes"
+            timeout ${T_PROBE:-240} python tools/attention_sm90_probe.py --budget 150 --out "$OUT/probes" \
+              > "$OUT/probes/attention_sm90.log" 2>&1
+            for p in probe_attnbwd probe_decode probe_ce; do
+              timeout ${T_PROBE:-240} python tools/$p.py --out "$OUT/probes" > "$OUT/probes/$p.log" 2>&1
+            done
+            tail -n 12 "$OUT"/probes/*.log
+            tar -C "$OUT" -czf "$OUT/probes.tgz" probes && rm -r "$OUT/probes" ;;
     report) timeout ${T_REPORT:-300} python tools/compiler_report.py --json "$OUT/report.json" > "$OUT/report.txt" 2>&1
             tail -3 "$OUT/report.txt" ;;
   esac
