@@ -56,7 +56,7 @@ class ForwardPlan:
                             # warp-specialised producer (kernels/fwd_sm90.py, Gluon; Hopper only)
     block_m: int
     block_n: int
-    num_warps: int          # "sm90": 4 (block_m / 64 consumer warpgroups and a producer warp run)
+    num_warps: int          # "sm90": 4 (two consumer warpgroups of 64 rows and a producer warp run)
     num_stages: int         # "sm90": the key / value ring's slots
     dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
     overlap: bool = True    # "sm90": the scores of tile j + 1 issued before p v of tile j
@@ -120,8 +120,8 @@ SM90_FORWARD = {
     128: (128, 128, 8, 3),
     256: (128, 64, 8, 2),
 }
-# The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 64 rows per consumer warpgroup, block_n, 4,
-# ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
+# The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 128: two consumer warpgroups of 64 rows, block_n,
+# 4 warps, ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
 # (2 × slots × block_n × D), at most 227 KB.
 # D = 64 keeps the tl.dot kernel (it ran 389-393 TFLOP/s against 297-381 for the sm90 variants measured).
 SM90_WS_FORWARD = {
@@ -183,7 +183,7 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         if p.dtype == "float32":
             cfg = (32, 64, 4, 1, 64, 32, 4, 1)
         plan = BackwardPlan("triton", *cfg)
-        if p.banded and p.group == 1 and bd == 128 and p.dtype != "float32" and not p.deterministic:
+        if p.banded and p.group == 1 and p.D == 128 and p.dtype != "float32" and not p.deterministic:
             plan = dataclasses.replace(plan, **SM90_BACKWARD_BANDED)
     else:
         small = p.block_d > 128 or p.dtype == "float32"
