@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..._triton.online import LOG2E
-from .fwd import _band, _keep, _mm, _query_program, _seq, _tanh
+from .fwd import _band, _keep, _load_tile, _mm, _query_program, _seq, _tanh
 
 
 @triton.jit
@@ -106,20 +106,13 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
         rows = offs_m[:, None].to(tl.int64)
         q_ptrs = q_base + rows * sqm + offs_d[None, :] * sqd
         do_ptrs = do_base + rows * sdm + offs_d[None, :] * sdd
+        q = _load_tile(q_ptrs, offs_m[:, None] < Sq, d_ok, MASKED, BLOCK_D != HEAD_DIM)
+        do = _load_tile(do_ptrs, offs_m[:, None] < Sq, d_ok, MASKED, BLOCK_D != HEAD_DIM)
         if MASKED:
-            ld = (offs_m[:, None] < Sq) & d_ok
-            q = tl.load(q_ptrs, mask=ld, other=0.0)
-            do = tl.load(do_ptrs, mask=ld, other=0.0)
             lse = tl.load(lse_base + offs_m, mask=offs_m < Sq, other=float("inf"))
             lse = tl.where(lse == float("-inf"), float("inf"), lse)
             delta = tl.load(delta_base + offs_m, mask=offs_m < Sq, other=0.0)
         else:
-            if BLOCK_D != HEAD_DIM:
-                q = tl.load(q_ptrs, mask=d_ok, other=0.0)
-                do = tl.load(do_ptrs, mask=d_ok, other=0.0)
-            else:
-                q = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         qkT = _mm(k, tl.trans(q), None, F32)                                          # Sᵀ / scale: [N, M]
@@ -216,16 +209,8 @@ def _dq_steps(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, offs_m,
         rows = offs_n[:, None].to(tl.int64)
         k_ptrs = k_base + rows * skn + offs_d[None, :] * skd
         v_ptrs = v_base + rows * svn + offs_d[None, :] * svd
-        if MASKED:
-            ld = (offs_n[:, None] < Sk) & d_ok
-            k = tl.load(k_ptrs, mask=ld, other=0.0)
-            v = tl.load(v_ptrs, mask=ld, other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=d_ok, other=0.0)
-            v = tl.load(v_ptrs, mask=d_ok, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        k = _load_tile(k_ptrs, offs_n[:, None] < Sk, d_ok, MASKED, BLOCK_D != HEAD_DIM)
+        v = _load_tile(v_ptrs, offs_n[:, None] < Sk, d_ok, MASKED, BLOCK_D != HEAD_DIM)
         qk = _mm(q, tl.trans(k), None, F32)
         if SOFTCAP:
             t = _tanh(qk * cap_in)

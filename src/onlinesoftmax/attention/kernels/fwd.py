@@ -40,6 +40,18 @@ def _mm(a, b, acc, F32: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(ptrs, row_ok, d_ok, MASKED: tl.constexpr, PAD_D: tl.constexpr):
+    """A [rows, BLOCK_D] tile, zeros where masked: rows by row_ok and the padded head dim by d_ok (MASKED), the
+    padded head dim only (PAD_D: BLOCK_D > HEAD_DIM), or no mask at all."""
+    if MASKED:
+        return tl.load(ptrs, mask=row_ok & d_ok, other=0.0)
+    elif PAD_D:
+        return tl.load(ptrs, mask=d_ok, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
 def _band(m0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
     """Key ranges for query rows [m0, min(m0 + BLOCK_M, Sq)): ``[lo, hi)`` holds every key some row attends,
@@ -96,13 +108,8 @@ def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, off
         n0_64 = tl.cast(n0, tl.int64)
         k_ptrs = k_base + n0_64 * skn + offs_n[:, None] * skn + offs_d[None, :] * skd
         v_ptrs = v_base + n0_64 * svn + offs_n[:, None] * svn + offs_d[None, :] * svd
-        if MASKED:
-            row_ok = (n0 + offs_n[:, None]) < Sk
-            k = tl.load(k_ptrs, mask=row_ok & d_ok, other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=d_ok, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
+        row_ok = (n0 + offs_n[:, None]) < Sk
+        k = _load_tile(k_ptrs, row_ok, d_ok, MASKED, BLOCK_D != HEAD_DIM)
         s = _scores(q, k, qk_scale, cap_in, cap_out, SOFTCAP, F32)                # 1. s = log2e·scale·q kᵀ
         if MASKED:
             s = tl.where(_keep(offs_m, n0 + offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), s, float("-inf"))
@@ -114,12 +121,7 @@ def _fwd_steps(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, offs_m, off
         alpha = tl.math.exp2(m_i - m_ref)                                    # 3. α = 2^(m - m_new)
         p = tl.math.exp2(s - m_ref[:, None])                                 #    p = 2^(s - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)                                     # 4. d <- α·d + Σ p
-        if MASKED:
-            v = tl.load(v_ptrs, mask=row_ok & d_ok, other=0.0)
-        elif BLOCK_D != HEAD_DIM:
-            v = tl.load(v_ptrs, mask=d_ok, other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        v = _load_tile(v_ptrs, row_ok, d_ok, MASKED, BLOCK_D != HEAD_DIM)
         acc = _mm(p.to(v.dtype), v, acc * alpha[:, None], F32)                 #    o <- α·o + p v
         m_i = m_new
     return acc, m_i, l_i
