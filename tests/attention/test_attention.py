@@ -566,13 +566,13 @@ def test_tma_eligibility_of_tensors():
 
 
 _SM90_PROBE = r"""
-import json, os, re, subprocess, tempfile
-import triton
+import json, os, re, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
+from compiler_report import cubin_report          # pops TRITON_INTERPRET before triton loads
 from triton import compile
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_kernel as fn
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 out = []
 for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, REVERSE=True, SOFTCAP=True)),
                          (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True))):
@@ -583,14 +583,7 @@ for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, R
     sig.update(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
                qk_scale="fp32", cap_in="fp32", cap_out="fp32")
     k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
-                              check=True).stdout
-    stack = int(re.search(r"STACK:(\d+)", res).group(1))
+    (_, stack, _), sass = cubin_report(k)
     out.append({"D": D, "stack": stack, "shared": k.metadata.shared, "hgmma": len(re.findall("HGMMA", sass)),
                 "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
 print(json.dumps(out))
@@ -606,7 +599,9 @@ def test_sm90_forward_compiles_without_spills():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _SM90_PROBE], env=env, capture_output=True, text=True, timeout=600)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", _SM90_PROBE, root], env=env, capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     for r in json.loads(res.stdout.strip().splitlines()[-1]):
         assert r["stack"] == 0 and r["hgmma"] > 0 and r["shared"] <= 232448, r

@@ -24,6 +24,23 @@ def _grads_ref(fn, *leaves):
     return loss.detach(), [x.grad for x in xs]
 
 
+def _hard_rows(V, opts, neg_inf=True, N=384):
+    """bf16 logits with 1e4 entries and (neg_inf) a row of -inf, targets with ~10 % ignored, the options with a
+    class weight drawn where opts asks for one."""
+    dev = torch.device("cuda")
+    x = (torch.randn(N, V, device=dev) * 3).bfloat16()
+    x[0, :5] = 1e4
+    if neg_inf:
+        x[1, 7::3] = float("-inf")
+    t = torch.randint(0, V, (N,), device=dev)
+    t[t % 10 == 3] = -100
+    t[1] = 8
+    opts = dict(opts)
+    if opts.pop("weight", False):
+        opts["weight"] = torch.rand(V, device=dev) + 0.5
+    return x, t, opts
+
+
 KNOBS = {"plan": None, "coop": CEKnobs(path="coop"), "row": CEKnobs(path="row"), "split": CEKnobs(path="split")}
 
 
@@ -32,17 +49,7 @@ KNOBS = {"plan": None, "coop": CEKnobs(path="coop"), "row": CEKnobs(path="row"),
 @pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.1, z_loss=1e-4, softcap=30.0, reduction="sum"),
                                   dict(weight=True, reduction="none")])
 def test_cross_entropy_gpu_vs_fp64(V, path, opts):
-    N = 384
-    dev = torch.device("cuda")
-    x = (torch.randn(N, V, device=dev) * 3).bfloat16()
-    x[0, :5] = 1e4
-    x[1, 7::3] = float("-inf")
-    t = torch.randint(0, V, (N,), device=dev)
-    t[t % 10 == 3] = -100
-    t[1] = 8
-    opts = dict(opts)
-    if opts.pop("weight", False):
-        opts["weight"] = torch.rand(V, device=dev) + 0.5
+    x, t, opts = _hard_rows(V, opts)
     xl = x.clone().requires_grad_()
     loss = oss.cross_entropy(xl, t, knobs=KNOBS[path], **opts)
     loss.sum().backward()
@@ -107,22 +114,11 @@ SMEM = {"smem": CEKnobs(path="smem"), "smem keep_e": CEKnobs(path="smem", keep_e
 def test_cross_entropy_gpu_smem_vs_fp64(V, name, opts):
     """Path "smem" (the chunk in shared memory, C programs per row at the row barrier; C = 1 for whole rows of
     32000): loss and gradient against fp64, -inf and 1e4 logits, ignored rows, every option."""
-    N = 384
-    dev = torch.device("cuda")
-    x = (torch.randn(N, V, device=dev) * 3).bfloat16()
-    x[0, :5] = 1e4
-    if not opts.get("label_smoothing"):
-        x[1, 7::3] = float("-inf")
-    t = torch.randint(0, V, (N,), device=dev)
-    t[t % 10 == 3] = -100
-    t[1] = 8
-    opts = dict(opts)
-    if opts.pop("weight", False):
-        opts["weight"] = torch.rand(V, device=dev) + 0.5
+    x, t, opts = _hard_rows(V, opts, neg_inf=not opts.get("label_smoothing"))
     assert explain(oss.cross_entropy, x, t, knobs=SMEM[name], need_grad=True, **opts).path == "smem"
     xl = x.clone().requires_grad_()
     loss = oss.cross_entropy(xl, t, knobs=SMEM[name], **opts)
-    up = torch.rand(loss.shape, device=dev) + 0.5            # a non-unit upstream gradient: the backward's scale
+    up = torch.rand(loss.shape, device=x.device) + 0.5       # a non-unit upstream gradient: the backward's scale
     (loss * up).sum().backward()
     xs = x.double().requires_grad_()
     lr = ref.cross_entropy(xs, t, **opts)
