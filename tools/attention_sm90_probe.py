@@ -20,6 +20,7 @@ from triton.testing import do_bench
 
 from onlinesoftmax.attention import api
 from onlinesoftmax.attention.plan import ForwardPlan, Problem, plan_attention
+from onlinesoftmax.bench.suites.attention import sdpa
 from onlinesoftmax.target import target_of
 
 DEV = "cuda"
@@ -177,17 +178,6 @@ SHAPES = [  # B, H, Hkv, S, D
     (4, 32, 32, 4096, 128), (8, 16, 16, 2048, 64), (4, 32, 8, 4096, 128), (1, 32, 32, 16384, 128),
     (16, 32, 32, 1024, 128), (2, 32, 32, 8192, 128), (2, 16, 16, 4096, 256),
 ]
-
-
-def sdpa(be_name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[be_name]
-
-    def f(q, k, v, causal):
-        with sdpa_kernel(be):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                    enable_gqa=q.shape[1] != k.shape[1])
-    return f
 
 
 def matmul_ceiling() -> float:

@@ -18,6 +18,7 @@ from triton.testing import do_bench
 
 from onlinesoftmax.attention import api
 from onlinesoftmax.attention.plan import Knobs, plan_attention
+from onlinesoftmax.bench.suites.attention import sdpa
 from onlinesoftmax.target import target_of
 
 FWD_CFGS = [  # (block_m, block_n, num_warps, num_stages)
@@ -27,17 +28,6 @@ BWD_CFGS = [  # (block_m, block_n, block_m_dq, block_n_dq, num_warps, num_stages
     None, (32, 128, 128, 32, 4, 2), (64, 64, 64, 64, 4, 2),
 ]
 SHAPES = [(4, 32, 32, 4096, 128), (16, 32, 32, 1024, 128), (8, 16, 16, 2048, 64), (4, 32, 8, 4096, 128)]
-
-
-def sdpa(name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[name]
-
-    def f(q, k, v, causal):
-        with sdpa_kernel(be):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                    enable_gqa=q.shape[1] != k.shape[1])
-    return f
 
 
 def ours(knobs):

@@ -28,7 +28,8 @@ QUICK = [(4, 32, 32, 4096, 128), (8, 16, 16, 2048, 64)]
 CPU_SHAPES = [(1, 2, 2, 128, 32)]
 
 
-def _sdpa(backend_name):
+def sdpa(backend_name):
+    """SDPA restricted to one backend ("cudnn", "flash", "math"): ``run(q, k, v, causal)``; the tools use it too."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[
@@ -48,9 +49,9 @@ def _ours(q, k, v, causal):
 def _impls(ctx):
     impls = {"oss.attention": _ours}
     if ctx.is_cuda:
-        impls = {"sdpa cudnn": _sdpa("cudnn"), "sdpa flash": _sdpa("flash"), **impls}
+        impls = {"sdpa cudnn": sdpa("cudnn"), "sdpa flash": sdpa("flash"), **impls}
     else:
-        impls = {"sdpa math": _sdpa("math"), **impls}
+        impls = {"sdpa math": sdpa("math"), **impls}
     return impls
 
 
