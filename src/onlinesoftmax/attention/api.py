@@ -244,20 +244,35 @@ def _ensure_allocator() -> None:
 
 
 def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse: bool):
-    """(Δ, dK/dV, dQ) launches: the third is the dQ kernel, or with ``plan.dq_atomic`` the cast of dQ's fp32 rows."""
+    """(Δ, dK/dV, dQ) launches: the third is the dQ kernel, or with ``plan.dq_atomic`` the cast of dQ's fp32 rows.
+    ``plan.kernel == "sm90"``: the second is the Gluon kernel (dK, dV and dQ's atomics), always with the cast."""
     _, bwd, _ = _kernels()
     p = problem
     left, right = p.window
     common = dict(HEAD_DIM=p.D, BLOCK_D=p.block_d, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=p.softcap,
                   F32=plan.dot_f32, VARLEN=p.varlen)
     rows = (-(-p.Sq // 64), p.B * p.H)
+    dq_buffer = plan.dq_atomic or plan.kernel == "sm90"
     delta = _bound(bwd.attention_bwd_delta_kernel, rows,
-                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, ZERO_DQ=plan.dq_atomic,
+                   dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, HAS_DLSE=has_dlse, ZERO_DQ=dq_buffer,
                         VARLEN=p.varlen, num_warps=4))
-    dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
-                  dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DQ_ATOMIC=plan.dq_atomic,
-                       num_warps=plan.num_warps, num_stages=plan.num_stages))
-    if plan.dq_atomic:
+    if plan.kernel == "sm90":
+        from .kernels import bwd_sm90
+
+        keys = bwd_sm90.CONSUMERS * bwd_sm90.WARPGROUP_KEYS
+        if (plan.block_m, plan.block_n, plan.num_warps) != (bwd_sm90.QUERY_TILE, keys, 4):
+            raise ValueError(f"attention: the sm90 backward runs block_m = {bwd_sm90.QUERY_TILE} query rows per step "
+                             f"over block_n = {keys} keys on num_warps = 4 (two consumer warpgroups and a producer "
+                             f"warp), got {plan.block_m} / {plan.block_n} / {plan.num_warps}")
+        dkdv = _bound(bwd_sm90.attention_bwd_sm90_kernel, (-(-p.Sk // keys), p.B * p.Hkv),
+                      dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=bwd_sm90.WARPGROUP_KEYS,
+                           STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
+                           num_warps=4))
+    else:
+        dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
+                      dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DQ_ATOMIC=plan.dq_atomic,
+                           num_warps=plan.num_warps, num_stages=plan.num_stages))
+    if dq_buffer:
         dq = _bound(bwd.attention_bwd_dq_cast_kernel, rows,
                     dict(HEAD_DIM=p.D, BLOCK_M=64, BLOCK_D=p.block_d, VARLEN=p.varlen, num_warps=4))
     else:
@@ -312,6 +327,12 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
         dq.zero_()
         dk.zero_()
         dv.zero_()
+    sm90 = plan.kernel == "sm90"
+    if sm90 and scale == 0.0:
+        raise ValueError("attention: the sm90 backward divides by the scale (the lse folded into the scores' "
+                         "accumulator); scale = 0 runs on the tl.dot kernels")
+    if sm90 and not _tma_ok(do):       # the kernel copies dO tiles with TMA, as q
+        do = do.contiguous()
     left, right = p.window
     sq, sk, sv, sdo, so = _strides(q), _strides(k), _strides(v), _strides(do), _strides(o)
     sdq, sdk, sdv, sl = _strides(dq), _strides(dk), _strides(dv), _lse_strides(p, lse)
@@ -322,16 +343,22 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
         dlse = dlse.to(torch.float32)
         if dlse.stride() != lse.stride():
             dlse = dlse.contiguous()
-    # dq_atomic: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel
-    dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic else lse
+    # dq_atomic / sm90: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel
+    dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic or sm90 else lse
     cu_q, cu_k = cu if cu is not None else (lse, lse)
     delta_k((o, do, dlse if dlse is not None else lse, delta, dqacc, cu_q, *so, *sdo, *sl, p.H, p.Sq), (o, do),
             q.device)
     lr = (max(left, 0), max(right, 0))
     qk_scale, cap_in, cap_out = _scalars(scale, softcap)
-    dkdv_k((q, k, v, do, lse, delta, dk, dv, dqacc, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
-            p.H, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dk, dv), q.device)
-    if plan.dq_atomic:
+    if sm90:            # unit head-dim strides (TMA): the (batch, head, row) strides only
+        _ensure_allocator()
+        dkdv_k((q, k, v, do, lse, delta, dk, dv, dqacc, cu_q, cu_k, *sq[:3], *sk[:3], *sv[:3], *sdo[:3], *sdk[:3],
+                *sdv[:3], *sl, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale), (q, k, v, do, dk, dv), q.device)
+    else:
+        dkdv_k((q, k, v, do, lse, delta, dk, dv, dqacc, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdk, *sdv, *sl,
+                p.H, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale, cap_in, cap_out), (q, k, v, do, dk, dv),
+               q.device)
+    if plan.dq_atomic or sm90:
         dq_k((dqacc, dq, cu_q, *sdq, *sl, p.H, p.Sq, scale), (dq,), q.device)
     else:
         dq_k((q, k, v, do, lse, delta, dq, cu_q, cu_k, *sq, *sk, *sv, *sdo, *sdq, *sl,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..target import Target
 
 __all__ = ["AttentionPlan", "BackwardPlan", "ForwardPlan", "Knobs", "Problem", "plan_attention",
-           "plan_backward", "plan_forward"]
+           "plan_backward", "plan_forward", "sm90_bwd_eligible"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,13 @@ class ForwardPlan:
 
 @dataclass(frozen=True)
 class BackwardPlan:
-    kernel: str             # "triton" (kernels/bwd.py: Δ, then dK/dV per key block, then dQ per query block)
+    kernel: str             # "triton" (kernels/bwd.py: Δ, then dK/dV per key block, then dQ per query block);
+                            # "sm90": dK, dV and dQ in one Gluon kernel (kernels/bwd_sm90.py: TMA ring filled by a
+                            # producer warp, wgmma consumers, dQ by fp32 atomics as dq_atomic; Hopper only)
     block_m: int            # dK/dV kernel: query rows per step
-    block_n: int            # dK/dV kernel: keys per program
-    num_warps: int          # dK/dV kernel
-    num_stages: int
+    block_n: int            # dK/dV kernel: keys per program ("sm90": 64 per consumer warpgroup, two of them)
+    num_warps: int          # dK/dV kernel ("sm90": 4, the first consumer warpgroup)
+    num_stages: int         # ("sm90": the Q / dO ring's slots)
     block_m_dq: int         # dQ kernel: query rows per program
     block_n_dq: int         # dQ kernel: keys per step
     num_warps_dq: int
@@ -174,7 +176,37 @@ SM90_BACKWARD = {          # H200, bf16
 }
 
 
+# The Gluon kernel (kernels/bwd_sm90.py; not yet measured, so no default picks it): (query rows per step, keys per
+# program, num_warps, Q / dO ring slots) by head dim. Shared memory at D = 128: K, V (2 × 32 KB), the ring
+# (slots × 32 KB), Pᵀ (16 KB) and two dSᵀ tiles (32 KB): 180 KB at two slots, 213 KB at three.
+SM90_WS_BACKWARD = {
+    64: (64, 128, 4, 2),
+    128: (64, 128, 4, 2),
+}
+
+
+def sm90_bwd_eligible(p: Problem) -> bool:
+    """The Gluon backward can run: 16-bit inputs TMA can copy, a head dim of its table, no softcap (its derivative
+    is not in the kernel), atomics allowed (dQ is added with fp32 atomics)."""
+    return (p.tma and p.dtype in ("float16", "bfloat16") and p.D in SM90_WS_BACKWARD and not p.softcap
+            and not p.deterministic)
+
+
+def _backward_sm90_ws(p: Problem) -> BackwardPlan:
+    bm, bn, w, st = SM90_WS_BACKWARD[p.D]
+    return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True)
+
+
 def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> BackwardPlan:
+    """The backward's launch configuration. ``Knobs(backward={"kernel": "sm90"})`` asks for the Gluon kernel (its
+    table row, then the other knobs); a problem or target it cannot run raises."""
+    over = dict(knobs.backward)
+    if over.get("kernel") == "sm90":
+        if not (target.sm90 and sm90_bwd_eligible(p)):
+            raise ValueError("attention: the sm90 backward needs a Hopper GPU, float16 / bfloat16 q, k, v and dO that "
+                             f"TMA can copy, D in {sorted(SM90_WS_BACKWARD)}, no softcap and no deterministic mode; "
+                             f"got {p} on arch {target.arch}")
+        return dataclasses.replace(_backward_sm90_ws(p), **over)
     if target.interpret:
         plan = BackwardPlan("triton", 16, 16, 1, 1, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
     elif target.sm90:

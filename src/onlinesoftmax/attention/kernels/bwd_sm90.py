@@ -1,0 +1,257 @@
+"""Attention backward for Hopper (sm_90): dK, dV and dQ of ``bwd.py`` in one kernel with TMA, wgmma and a
+warp-specialised producer (Gluon; FlashAttention-3's backward structure).
+
+One program per (key block of 2·BLOCK_N keys, kv head). Its warps split in three partitions:
+
+* the **producer** (one warp) copies the Q and dO tiles of the query rows that attend the block (``_q_band``),
+  for each query head of the GQA group in turn, global → shared memory with TMA into a ring of STAGES slots
+  (``q_ready`` / ``do_ready``), and refills a slot once both consumers released it (``empty``);
+* two **consumers**, warpgroups of BLOCK_N keys each, hold their keys' dK and dV accumulators in registers for
+  the whole program; K and V stay in shared memory.
+
+Per query tile of BLOCK_M rows (transposed, rows = keys, as ``bwd._dkdv_steps``), the lse and Δ of the tile's rows
+read once per thread and spread over the columns as the initial accumulators of the first two matmuls:
+1. ``Sᵀ = K Qᵀ − lse·log2 e / (scale·log2 e)`` and ``dPᵀ − Δ = V dOᵀ − Δ`` (both async), then
+   ``Pᵀ = 2^(scale·log2 e · (Sᵀ − …))`` masked to the band (no lse / Δ registers held across the matmuls);
+2. ``dV += Pᵀ dO`` and ``dK += dSᵀ Q`` with ``dSᵀ = Pᵀ ⊙ (dPᵀ − Δ)``, Pᵀ and dSᵀ stored to shared memory and read
+   from there by wgmma (FlashAttention-3 at D = 128: no operand registers held while the matmuls run);
+3. ``dQ += dS K`` (wgmma reads dSᵀ transposed). SPLIT_DQ (D = 128): both warpgroups write their halves of the
+   tile's ``[2·BLOCK_N keys, BLOCK_M]`` dSᵀ (a two-slot ring between them, ``ds_ready`` / ``ds_empty``) and each
+   forms dQ for half the head dim over all 2·BLOCK_N keys, so a thread holds BLOCK_M·D/2 / 128 fp32 of dQ, not
+   BLOCK_M·D / 128; otherwise (D = 64) each warpgroup forms dQ over its own keys. dQ is added with fp32 atomics
+   (two consecutive per thread, from the accumulator's layout) into the rows of the buffer the Δ kernel zeroed
+   (``bwd.attention_bwd_dq_cast_kernel`` scales and casts it): BLOCK_M·D fp32 per tile and program (SPLIT_DQ),
+   twice that without.
+At the end ``dK ← scale·dK``; dK and dV are stored once (a GQA group's heads are summed here: no atomics).
+
+Rows past Sq read zeros (TMA) and an lse of +inf (so does a row with no key: lse = −inf), so their P is 0; query
+tiles that cross the band or Sk are masked (``_q_band``'s full range). Requirements (checked by the plan,
+``sm90_bwd_eligible``): fp16 / bf16, D = 64 / 128 with unit stride, 16-byte aligned bases and strides of q, k, v,
+dO (TMA), no softcap; a nonzero scale (step 1 divides by it: the api refuses 0).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..._triton.online import LOG2E
+from .bwd import _keep_t, _q_band
+from .fwd import _seq
+
+WARPGROUP_KEYS = 64        # keys per consumer warpgroup (wgmma's M for Sᵀ, dPᵀ, dK, dV)
+CONSUMERS = 2              # consumer warpgroups per program: key blocks of 128
+QUERY_TILE = 64            # query rows per step (wgmma's N for Sᵀ, dPᵀ; M for dQ)
+# registers per consumer thread: the SM's 64K less the producer's warpgroup at 24, over two warpgroups
+CONSUMER_REGS = gl.constexpr(240)
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, q_smem, do_smem, q_ready, do_ready, empty, lo, n_m, n_tiles,
+              BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """Tile it = g·n_m + t: rows [lo + t·BLOCK_M, +BLOCK_M) of the group's query head g, into slot it % STAGES."""
+    for it in range(n_tiles):
+        s = it % STAGES
+        g = it // n_m
+        m0 = lo + (it - g * n_m) * BLOCK_M
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)     # barriers start in phase 1: lap 0 passes
+        mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+        # the [BLOCK_M, D] slot seen as the descriptor's [1, BLOCK_M, D] box
+        tma.async_copy_global_to_shared(q_desc, [g, m0, 0], q_ready.index(s),
+                                        q_smem.index(s).reshape(q_desc.block_shape))
+        mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [g, m0, 0], do_ready.index(s),
+                                        do_smem.index(s).reshape(do_desc.block_shape))
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready, do_ready, empty, ds_ready,
+              ds_empty, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT,
+              lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
+              WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SPLIT_DQ: gl.constexpr):
+    """Consumer warpgroup WG: keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's block."""
+    dtype: gl.constexpr = k_smem.dtype
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
+    k_w = k_smem.slice(WG * BLOCK_N, BLOCK_N)
+    v_w = v_smem.slice(WG * BLOCK_N, BLOCK_N)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    offs_n = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))    # keys (rows)
+    col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    offs_q = gl.arange(0, BLOCK_M, layout=col)                                                  # queries (cols)
+    offs_v = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    # dQ's atomics straight from the accumulator's layout: 2 consecutive fp32 per thread (v2), 8 rows of 32 bytes
+    # (whole sectors) per warp instruction
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_offs = dq_rows[:, None] * HEAD_DIM + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))[None, :]
+    if SPLIT_DQ:
+        dq_offs += WG * DQ_COLS
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+    zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(n_tiles):
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        g = it // n_m
+        m0 = lo + (it - g * n_m) * BLOCK_M
+        rows = row_base + g * slh + m0           # the tile's first row in the lse / Δ / dQ-buffer layout (int64)
+        # the tile's lse and Δ: one load per thread, spread across the score tile's columns as the initial
+        # accumulators of the two matmuls: Sᵀ − lse·log2 e / (scale·log2 e) and dPᵀ − Δ come out of wgmma
+        in_q = m0 + offs_v < Sq
+        lse = gl.load(LSE + rows + offs_v, mask=in_q, other=float("inf"))
+        lse = gl.where(lse == float("-inf"), float("inf"), lse)          # no key: P = 0
+        s_init = gl.convert_layout(lse * (-LOG2E / qk_scale), col)[None, :] + zero_s
+        delta = gl.load(DELTA + rows + offs_v, mask=in_q, other=0.0)
+        dp_init = gl.convert_layout(-delta, col)[None, :] + zero_s
+
+        # 1. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on the tensor cores; Pᵀ = 2^(s − lse·log2 e)
+        mbarrier.wait(q_ready.index(s), phase)
+        sT = warpgroup_mma(k_w, q_smem.index(s).permute((1, 0)), s_init, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        dpT = warpgroup_mma(v_w, do_smem.index(s).permute((1, 0)), dp_init, is_async=True)
+        sT = warpgroup_mma_wait(1, deps=[sT])
+        pT = gl.exp2(sT * qk_scale)
+        if (m0 < full_lo) | (m0 + BLOCK_M > full_hi):
+            pT = gl.where(_keep_t(m0 + offs_q, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), pT, 0.0)
+        # 2. dV += Pᵀ dO (Pᵀ through shared memory: no operand registers held while the wgmma runs) while
+        #    dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) is formed; dK += dSᵀ Q (dSᵀ from shared memory too)
+        p_own = p_smem.slice(WG * BLOCK_N, BLOCK_N)
+        p_own.store(pT.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        dv = warpgroup_mma(p_own, do_smem.index(s), dv, is_async=True)
+        dpT = warpgroup_mma_wait(1, deps=[dpT])
+        dsT = (pT * dpT).to(dtype)
+        # 3. dQ += dS K (wgmma reads dSᵀ transposed)
+        if SPLIT_DQ:
+            b = it % 2
+            ds_all = ds_smem.index(b)
+            ds_own = ds_all.slice(WG * BLOCK_N, BLOCK_N)
+            mbarrier.wait(ds_empty.index(b), ((it // 2) & 1) ^ 1)
+            ds_own.store(dsT)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(b), count=1)      # (its bar.sync: the warpgroup's stores are done)
+            dk = warpgroup_mma(ds_own, q_smem.index(s), dk, is_async=True)
+            mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
+            dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1), zero_dq,
+                               use_acc=False, is_async=True)
+        else:
+            ds_own = ds_smem.index(0).slice(WG * BLOCK_N, BLOCK_N)
+            ds_own.store(dsT)
+            fence_async_shared()
+            gl.thread_barrier()
+            dk = warpgroup_mma(ds_own, q_smem.index(s), dk, is_async=True)
+            dq = warpgroup_mma(ds_own.permute((1, 0)), k_w, zero_dq, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
+        mbarrier.arrive(empty.index(s), count=1)          # (its bar.sync: every warp is past the wait)
+        if SPLIT_DQ:
+            mbarrier.arrive(ds_empty.index(it % 2), count=1)
+        gl.atomic_add(DQACC + rows * HEAD_DIM + dq_offs, dq, mask=(m0 + dq_rows[:, None]) < Sq, sem="relaxed")
+
+    # dK = scale · dSᵀ Q; both stored once, rows past Sk clipped
+    keys = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    ok = keys[:, None] < Sk
+    gl.store(dk_ptr + keys[:, None].to(gl.int64) * sdkn + cols[None, :], (dk * scale).to(dtype), mask=ok)
+    gl.store(dv_ptr + keys[:, None].to(gl.int64) * sdvn + cols[None, :], dv.to(dtype), mask=ok)
+
+
+@gluon.jit
+def attention_bwd_sm90_kernel(
+        Q, K, V, DO, LSE, DELTA, DK, DV, DQACC, CU_Q, CU_K,
+        sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, slb, slh,
+        Hkv, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale,
+        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+    """Grid (cdiv(Sk, 2·BLOCK_N), B·Hkv), num_warps = 4: two consumer warpgroups of BLOCK_N keys (the first is
+    the default partition) and the producer warp. Strides as ``bwd.attention_bwd_dkdv_kernel`` less the unit
+    head-dim ones; DQACC: fp32 rows of HEAD_DIM laid out as the lse, zeroed."""
+    KEYS: gl.constexpr = 2 * BLOCK_N
+    pid_n = gl.program_id(0)
+    bhk = gl.program_id(1)
+    b = bhk // Hkv
+    hk = bhk % Hkv
+    n0 = pid_n * KEYS
+    q_start, Sq = _seq(CU_Q, b, Sq, VARLEN)
+    k_start, Sk = _seq(CU_K, b, Sk, VARLEN)
+    if n0 < Sk:
+        off = Sk - Sq
+        lo, full_lo, full_hi, hi = _q_band(n0, Sq, Sk, off, LEFT, RIGHT, BLOCK_M, KEYS, HAS_LEFT, HAS_RIGHT)
+        n_m = gl.cdiv(hi - lo, BLOCK_M)
+        n_tiles = GROUP * n_m
+
+        dtype: gl.constexpr = Q.dtype.element_ty
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_DIM], dtype)
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+        q3_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, HEAD_DIM], dtype)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
+        h0 = hk * GROUP
+        k_base = K + b.to(gl.int64) * skb + hk.to(gl.int64) * skh + k_start.to(gl.int64) * skn
+        v_base = V + b.to(gl.int64) * svb + hk.to(gl.int64) * svh + k_start.to(gl.int64) * svn
+        q_base = Q + b.to(gl.int64) * sqb + h0.to(gl.int64) * sqh + q_start.to(gl.int64) * sqm
+        do_base = DO + b.to(gl.int64) * sdb + h0.to(gl.int64) * sdh + q_start.to(gl.int64) * sdm
+        k_desc = tma.make_tensor_descriptor(k_base, [Sk, HEAD_DIM], [skn, 1], [KEYS, HEAD_DIM], kv_layout)
+        v_desc = tma.make_tensor_descriptor(v_base, [Sk, HEAD_DIM], [svn, 1], [KEYS, HEAD_DIM], kv_layout)
+        # [group head, row, dim]: the producer walks the GQA group's heads with one descriptor each
+        q_desc = tma.make_tensor_descriptor(q_base, [GROUP, Sq, HEAD_DIM], [sqh, sqm, 1], [1, BLOCK_M, HEAD_DIM],
+                                            q3_layout)
+        do_desc = tma.make_tensor_descriptor(do_base, [GROUP, Sq, HEAD_DIM], [sdh, sdm, 1],
+                                             [1, BLOCK_M, HEAD_DIM], q3_layout)
+
+        k_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], kv_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], kv_layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+        p_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_M], ds_layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
+        bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+        ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)          # both consumer warpgroups release a slot
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=2)
+            mbarrier.init(ds_empty.index(i), count=2)
+        fence_async_shared()
+        mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_bar, v_smem)
+
+        row_base = b.to(gl.int64) * slb + h0.to(gl.int64) * slh + q_start      # head h0's row 0 in the lse layout
+        dk_ptr = DK + b.to(gl.int64) * sdkb + hk.to(gl.int64) * sdkh + k_start.to(gl.int64) * sdkn
+        dv_ptr = DV + b.to(gl.int64) * sdvb + hk.to(gl.int64) * sdvh + k_start.to(gl.int64) * sdvn
+        # the partitions' arguments are spelled out: constexprs inside a tuple built here would become tensors
+        gl.warp_specialize([
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready, do_ready, empty,
+                         ds_ready, ds_empty, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq,
+                         Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, HEAD_DIM == 128)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready, do_ready, empty,
+                         ds_ready, ds_empty, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq,
+                         Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, HEAD_DIM == 128)),
+            (_producer, (q_desc, do_desc, q_smem, do_smem, q_ready, do_ready, empty, lo, n_m, n_tiles, BLOCK_M,
+                         STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
