@@ -618,3 +618,131 @@ def test_gpu_sm90_forward_is_what_runs():
     expected = "sm90" if target_of(q.device).sm90 else "triton"
     assert explain(q, k, v, causal=True).forward.kernel == expected
     assert explain(q.float(), k.float(), v.float()).forward.kernel == "triton"
+
+
+# ---- the sm90 backward (Gluon: Q / dO ring filled by a producer warp, dK / dV in wgmma consumers, dQ atomics) ----
+def test_sm90_backward_plan():
+    """No default plans the sm90 backward (not yet measured); the knob asks for it on eligible problems (16-bit,
+    TMA-able, D = 64 / 128, no softcap, atomics allowed, Hopper) and raises elsewhere."""
+    from onlinesoftmax.attention.plan import Problem, plan_backward, sm90_bwd_eligible
+
+    base = Problem(4, 32, 8, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
+    assert plan_backward(base, H200).kernel == "triton"
+    sm90 = Knobs(backward={"kernel": "sm90"})
+    plan = plan_backward(base, H200, sm90)
+    assert (plan.kernel, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.dq_atomic) == \
+        ("sm90", 64, 128, 4, 2, True)
+    assert plan_backward(base, H200, Knobs(backward={"kernel": "sm90", "num_stages": 3})).num_stages == 3
+    for ok in (dataclasses.replace(base, D=64), dataclasses.replace(base, dtype="float16", varlen=True),
+               dataclasses.replace(base, causal=False, window=(100, 20), Hkv=32)):
+        assert sm90_bwd_eligible(ok) and plan_backward(ok, H200, sm90).kernel == "sm90", ok
+    for other in (dataclasses.replace(base, D=256), dataclasses.replace(base, D=80),
+                  dataclasses.replace(base, dtype="float32"), dataclasses.replace(base, tma=False),
+                  dataclasses.replace(base, softcap=True), dataclasses.replace(base, deterministic=True)):
+        assert not sm90_bwd_eligible(other)
+        with pytest.raises(ValueError, match="sm90 backward"):
+            plan_backward(other, H200, sm90)
+    for target in (A100, L4, INTERPRETER):
+        with pytest.raises(ValueError, match="sm90 backward"):
+            plan_backward(base, target, sm90)
+
+
+_SM90_BWD_PROBE = r"""
+import json, os, re, subprocess, tempfile
+import triton
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from onlinesoftmax.attention.kernels.bwd_sm90 import attention_bwd_sm90_kernel as fn
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+out = []
+for D, flags in ((128, {}), (128, dict(HAS_RIGHT=True)), (128, dict(VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
+                 (64, {}), (64, dict(HAS_RIGHT=True))):
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, VARLEN=False)
+    const.update(flags)
+    sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
+    sig.update(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", DK="*bf16", DV="*bf16", LSE="*fp32", DELTA="*fp32",
+               DQACC="*fp32", CU_Q="*i32", CU_K="*i32", scale="fp32", qk_scale="fp32")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in sig
+             if sig[n].startswith("*") or (n.startswith("s") and n != "scale")}
+    k = compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    out.append({"D": D, "flags": flags, "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+                "shared": k.metadata.shared, "hgmma": len(re.findall("HGMMA", sass)),
+                "tnspA": len(re.findall(r"HGMMA\S*\s.*tnspA", sass)),
+                "atom": sorted(set(re.findall(r"\b(?:red|atom)\.global[\w.]+", k.asm["ptx"]))),
+                "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
+print(json.dumps(out))
+"""
+
+
+def test_sm90_backward_compiles():
+    """The sm90 backward compiles for sm_90a (Triton's ptxas, no GPU): wgmma (HGMMA, dQ's with A read transposed
+    from shared memory) in the SASS, fp32 atomics two-wide, shared memory within 227 KB, consumers at 240 registers.
+    D = 64 has no stack frame; D = 128 (dK, dV, Sᵀ, dPᵀ and dQ: 224 fp32 accumulator registers of the 240) spills a
+    few scalars, at most 64 bytes (the accumulators stay in registers)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _SM90_BWD_PROBE], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for r in json.loads(res.stdout.strip().splitlines()[-1]):
+        assert r["hgmma"] > 0 and r["tnspA"] > 0 and r["shared"] <= 232448, r
+        assert r["atom"] == ["atom.global.gpu.relaxed.add.v2.f32"] and "240" in r["setmaxnreg"], r
+        assert r["stack"] <= (0 if r["D"] == 64 else 64), r
+
+
+SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, window, D 64 / 128, ragged sizes
+    (2, 8, 8, 1024, 1024, 128, torch.bfloat16, {}),
+    (2, 8, 8, 1024, 1024, 128, torch.bfloat16, dict(causal=True)),
+    (1, 16, 4, 777, 1500, 128, torch.bfloat16, dict(causal=True)),
+    (1, 16, 4, 1500, 777, 64, torch.bfloat16, dict(causal=True)),
+    (2, 8, 2, 1000, 1000, 128, torch.float16, dict(window=(200, 30))),
+    (1, 8, 8, 2048, 2048, 64, torch.bfloat16, dict(causal=True, window=(511, -1))),
+    (1, 4, 4, 63, 65, 64, torch.bfloat16, {}),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw", SM90_BWD_CASES)
+def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, backward_knobs):
+    """Against the fp64 reference (check_backward), and close to the tl.dot backward on the same inputs."""
+    from onlinesoftmax.target import target_of
+
+    if not target_of(DEV).sm90:
+        pytest.skip("the sm90 backward runs on Hopper only")
+    q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True, layout="bshd" if D == 64 else "bhsd")
+    o, lse = oss.attention(q, k, v, return_lse=True, **kw)
+    do, dl = torch.randn_like(o), torch.randn_like(lse).where(torch.isfinite(lse), 0)
+    ref = torch.autograd.grad((o, lse), (q, k, v), (do, dl))
+    backward_knobs({"kernel": "sm90"})
+    check_backward(q, k, v, "triton", with_lse=True, **kw)
+    o, lse = oss.attention(q, k, v, return_lse=True, **kw)
+    got = torch.autograd.grad((o, lse), (q, k, v), (do, dl))
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+        rel = ((g.float() - r.float()).norm() / r.float().norm()).item()
+        assert rel < 1e-2, f"{name}: sm90 vs tl.dot backward, relative difference {rel:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,Hkv", [(128, 2), (64, 8)])
+def test_gpu_sm90_backward_varlen(D, Hkv, backward_knobs):
+    """Packed sequences with empty ones (no queries, no keys), causal and windowed."""
+    from onlinesoftmax.target import target_of
+
+    if not target_of(DEV).sm90:
+        pytest.skip("the sm90 backward runs on Hopper only")
+    backward_knobs({"kernel": "sm90"})
+    lens = [1000, 0, 3000, 17, 4000, 1, 2500, 1575]
+    check_varlen(lens, lens, 8, Hkv, D, "triton", torch.bfloat16, causal=True)
+    check_varlen(lens, lens[::-1], 8, Hkv, D, "triton", torch.bfloat16, window=(200, 10))

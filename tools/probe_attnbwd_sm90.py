@@ -1,0 +1,449 @@
+"""Probe of the sm90 attention backward (Gluon, ``BackwardPlan(kernel="sm90")``) on the H200, beside the current
+default backward and SDPA's cuDNN and flash backwards.
+
+    PYTHONPATH=src python tools/probe_attnbwd_sm90.py --out DIR          # on the GPU machine, < 150 s
+    PYTHONPATH=src python tools/probe_attnbwd_sm90.py --compile-only     # here, no GPU: the launches' sm_90a
+                                                                         # registers / stack / shared memory
+
+Steps:
+1. compile every variant in worker processes (one per variant, at B = 1, S = 1024: the same Triton specialisations
+   as the timed shapes, so the timed calls find every kernel in Triton's disk cache);
+2. check each variant against an fp32 torch backward on fresh random inputs, outputs poisoned with NaN first:
+   at (1, H, Hkv, 1024, D) for every (H / Hkv, D, causal) of the timed shapes, and on packed sequences with empty
+   ones (causal; a window) — a variant that fails is not timed;
+3. at the issue's shapes: the variant must agree with the default (rel. err < 1e-2), then ``do_bench`` medians
+   (it clears the L2 before every repetition; every call also reads > 100 MB), per-kernel times (Δ, dK/dV or
+   sm90, dQ or cast) at the first two shapes.
+TFLOP/s = 2.5 · 4·B·H·S²·D / t, halved when causal. Writes DIR/probe_attnbwd_sm90.json, prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+T0 = time.time()
+BUDGET_S = 135          # stop timing past this (the whole run must end within 150 s)
+
+VARIANTS = {
+    "default": {},
+    "sm90 s2": {"kernel": "sm90"},
+    "sm90 s3": {"kernel": "sm90", "num_stages": 3},
+}
+
+# (B, H, Hkv, S, D, causal); the first two also get per-kernel times
+SHAPES = [(4, 32, 32, 4096, 128, False), (4, 32, 32, 4096, 128, True),
+          (1, 32, 32, 16384, 128, False), (1, 32, 32, 16384, 128, True),
+          (16, 32, 32, 1024, 128, False), (16, 32, 32, 1024, 128, True),
+          (8, 16, 16, 2048, 64, False), (8, 16, 16, 2048, 64, True),
+          (4, 32, 8, 4096, 128, True), (4, 32, 8, 4096, 128, False)]
+CHECK_S = 1024
+VARLEN_LENS = [300, 0, 1000, 17, 1, 1500, 64]      # packed sequences: empty, tiny, ragged
+VARLEN_CASES = [(8, 2, 128, dict(causal=True)), (8, 8, 64, dict(window=(200, 10)))]    # (H, Hkv, D, options)
+
+
+def groups():
+    """One small shape per Triton specialisation of SHAPES: (1, H, Hkv, CHECK_S, D, causal)."""
+    return sorted({(1, H, Hkv, CHECK_S, D, c) for _, H, Hkv, _, D, c in SHAPES})
+
+
+def problem(B, H, Hkv, S, D, causal, dtype="bfloat16"):
+    from onlinesoftmax.attention.plan import Problem
+    return Problem(B, H, Hkv, S, S, D, dtype, causal, (-1, 0) if causal else (-1, -1), tma=True)
+
+
+def bwd_plan(p, knobs):
+    from onlinesoftmax.attention.plan import Knobs, plan_backward
+    from onlinesoftmax.target import H200
+    return plan_backward(p, H200, Knobs(backward=knobs))
+
+
+def inputs(B, H, Hkv, S, D, device, seed=0):
+    import torch
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hkv, S, D, device=device, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hkv, S, D, device=device, dtype=torch.bfloat16, generator=g)
+    do = torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g)
+    return q, k, v, do
+
+
+def backward(knobs, q, k, v, do, o, lse, causal):
+    from onlinesoftmax.attention import api
+    B, H, S, D = q.shape
+    p = problem(B, H, k.shape[1], S, D, causal)
+    return api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, knobs), D ** -0.5, 0.0)
+
+
+def forward(q, k, v, causal):
+    """(o, lse) by the public call (whatever forward the plan picks: only the backward is probed)."""
+    import onlinesoftmax as oss
+    return oss.attention(q, k, v, causal=causal, return_lse=True, backend="triton")
+
+
+def varlen_case(knobs, H, Hkv, D, kw, seed):
+    """(got, want) gradients on packed sequences: the variant's backward vs fp32 torch per sequence."""
+    import torch
+
+    import onlinesoftmax as oss
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import Problem
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(VARLEN_LENS)
+    cu = torch.tensor([0] + torch.tensor(VARLEN_LENS).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    S = max(VARLEN_LENS)
+    o, lse = oss.attention_varlen(q, k, v, cu, cu, S, S, return_lse=True, backend="triton", **kw)
+    causal = kw.get("causal", False)
+    left, right = kw.get("window", (-1, -1))
+    p = Problem(len(VARLEN_LENS), H, Hkv, S, S, D, "bfloat16", causal, (left, 0 if causal else right), varlen=True,
+                tma=True)
+    shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+    got = poisoned(lambda: api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, knobs), D ** -0.5, 0.0,
+                                                (cu, cu)), shapes)
+    want = [torch.zeros(t.shape, dtype=torch.float32, device="cuda") for t in (q, k, v)]
+    for b, n in enumerate(VARLEN_LENS):
+        if n == 0:
+            continue
+        s0 = int(cu[b])
+        sl = slice(s0, s0 + n)
+        qs, ks, vs, ds = (t[sl].transpose(0, 1).unsqueeze(0) for t in (q, k, v, do))
+        _, gr = ref_backward(qs, ks, vs, ds, causal, kw.get("window"))
+        for w, gi in zip(want, gr):
+            w[sl] = gi[0].transpose(0, 1)
+    return got, want
+
+
+def err_head(e: BaseException) -> str:
+    lines = [ln for ln in traceback.format_exception_only(type(e), e)[-1].splitlines() if ln.strip()]
+    return " | ".join(lines[:3])[:300]
+
+
+# ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
+def compile_only():
+    os.environ.pop("TRITON_INTERPRET", None)
+    import re
+    import subprocess
+    import tempfile
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from onlinesoftmax._triton import launch
+    from onlinesoftmax.attention import api
+
+    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
+    nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    recorded = []
+    launch.BoundKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta))
+    api._tma_ok = lambda *ts: True                       # meta tensors have no data pointer
+    api._ensure_allocator = lambda: None
+    seen = set()
+    for name, knobs in VARIANTS.items():
+        for B, H, Hkv, S, D, causal in groups():
+            q, do = (torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+            k, v = (torch.empty(B, Hkv, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+            o, lse = torch.empty_like(q), q.new_empty((B, H, S), dtype=torch.float32)
+            recorded.clear()
+            try:
+                backward(knobs, q, k, v, do, o, lse, causal)
+            except Exception as e:
+                print(f"{name:8} D={D} causal={causal!s:5}: {err_head(e)}", flush=True)
+                continue
+            for fn, args, meta in recorded:
+                sig, const, attrs = {}, {}, {}
+                runtime = [p for p in fn.params if not p.is_constexpr]
+                assert len(runtime) == len(args), (fn.__name__, len(runtime), len(args))
+                for p, a in zip(runtime, args):
+                    i = fn.arg_names.index(p.name)
+                    if isinstance(a, torch.Tensor):
+                        sig[p.name] = ptr[a.dtype]
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+                    elif isinstance(a, float):
+                        sig[p.name] = "fp32"
+                    elif a == 1:
+                        sig[p.name], const[p.name] = "constexpr", 1
+                    else:
+                        sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
+                        if a % 16 == 0:
+                            attrs[(i,)] = [["tt.divisibility", 16]]
+                for p in fn.params:
+                    if p.is_constexpr:
+                        sig[p.name], const[p.name] = "constexpr", meta[p.name]
+                sig = {n: sig[n] for n in fn.arg_names}
+                opts = {k_: meta[k_] for k_ in ("num_warps", "num_stages") if k_ in meta}
+                key = (fn.__name__, json.dumps(sorted((k_, str(v_)) for k_, v_ in const.items())), str(attrs),
+                       str(opts))
+                if key in seen:
+                    continue
+                seen.add(key)
+                src = (GluonASTSource if "sm90" in fn.__name__ else ASTSource)(fn, sig, const, attrs)
+                try:
+                    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                        f.write(c.asm["cubin"])
+                        f.flush()
+                        res = subprocess.run([os.path.join(nvbin, "cuobjdump"), "-res-usage", f.name],
+                                             capture_output=True, text=True, check=True).stdout
+                    regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
+                    atom = sorted(set(re.findall(r"\b(?:red|atom)\.global[\w.]+", c.asm["ptx"])))
+                    out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB {' '.join(atom)}"
+                except Exception as e:
+                    out = f"FAILED {err_head(e)}"
+                print(f"{name:8} H{H}/{Hkv} D={D:3} causal={causal!s:5} {fn.__name__:30} {out}", flush=True)
+
+
+# ---- the device -----------------------------------------------------------------------------------------------
+def _warm(job):
+    """Worker: run one variant's backward (or the default forward) at every group's small shape: compiles only."""
+    import torch
+    name, knobs = job
+    t0 = time.time()
+    errors = []
+    for B, H, Hkv, S, D, causal in groups():
+        try:
+            q, k, v, do = inputs(B, H, Hkv, S, D, "cuda")
+            if name == "forward":
+                forward(q, k, v, causal)
+            else:
+                o = torch.randn_like(q)
+                lse = torch.randn(B, H, S, device="cuda", dtype=torch.float32)
+                backward(knobs, q, k, v, do, o, lse, causal)
+            torch.cuda.synchronize()
+        except Exception as e:
+            errors.append(f"D={D} causal={causal}: {err_head(e)}")
+    return name, time.time() - t0, errors
+
+
+def ref_backward(q, k, v, do, causal, window=None):
+    """fp32 torch backward from the bf16 inputs (GQA by repeating k / v; the band aligned bottom-right, Sq = Sk)."""
+    import torch
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    s = (qf @ kf.repeat_interleave(g, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    S = q.shape[2]
+    i = torch.arange(S, device=q.device)[:, None]
+    j = torch.arange(S, device=q.device)[None, :]
+    keep = torch.ones(S, S, dtype=torch.bool, device=q.device)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            keep &= j >= i - left
+        if right >= 0:
+            keep &= j <= i + right
+    s = s.masked_fill(~keep, -math.inf)
+    o = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(g, 1)
+    return o.to(q.dtype), torch.autograd.grad(o, (qf, kf, vf), do.float())
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def poisoned(fn, shapes):
+    """fn() after NaN-filled blocks of the outputs' sizes went back to the caching allocator (its torch.empty
+    outputs reuse them); raises if any output has a NaN / inf."""
+    import torch
+    junk = [torch.full(s, float("nan"), device="cuda", dtype=dt) for s, dt in shapes]
+    del junk
+    out = fn()
+    for name, t in zip(("dq", "dk", "dv"), out):
+        if not torch.isfinite(t).all():
+            raise RuntimeError(f"{name} has NaN / inf (unwritten or wrong)")
+    return out
+
+
+def device_run(out_dir):
+    import multiprocessing as mp
+
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    from onlinesoftmax._triton import launch
+    from onlinesoftmax.attention import api
+
+    report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  variants=VARIANTS, warm={}, check={}, rows=[])
+
+    # 1. compile in parallel
+    jobs = [("forward", None)] + list(VARIANTS.items())
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(len(jobs), max(1, (os.cpu_count() or 2) - 1))) as pool:
+        res = pool.map_async(_warm, jobs)
+        try:
+            for name, secs, errors in res.get(timeout=80):
+                report["warm"][name] = dict(s=round(secs, 1), errors=errors)
+                print(f"warm {name:10} {secs:5.1f} s {'; '.join(errors)[:300]}", flush=True)
+        except Exception as e:
+            print(f"warm-up incomplete: {err_head(e)}", flush=True)
+    print(f"[{time.time() - T0:5.1f} s] compiled", flush=True)
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    report["matmul_tflops"] = mm = 2 * 8192 ** 3 / (do_bench(lambda: a @ a, rep=100, return_mode="median")
+                                                    * 1e-3) / 1e12
+    a = None
+
+    # 2. correctness against fp32 torch, fresh inputs, poisoned outputs
+    bad = set()
+
+    def record(key, name, fn):
+        try:
+            got, want = fn()
+            errs = [rel(x, y) for x, y in zip(got, want)]
+            report["check"][key] = errs
+            if max(errs) > 2e-2:
+                bad.add(name)
+                print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
+        except Exception as e:
+            bad.add(name)
+            report["check"][key] = err_head(e)
+            print(f"FAILED {key}: {err_head(e)}", flush=True)
+
+    for B, H, Hkv, S, D, causal in groups():
+        q, k, v, do = inputs(B, H, Hkv, S, D, "cuda", seed=1 + D + causal + Hkv)
+        _, g_ref = ref_backward(q, k, v, do, causal)
+        o, lse = forward(q, k, v, causal)
+        shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype), ((B, H, S, D), torch.float32)]
+        for name, knobs in VARIANTS.items():
+            record(f"{name} | H{H}/{Hkv} D{D} causal={causal}", name,
+                   lambda: (poisoned(lambda: backward(knobs, q, k, v, do, o, lse, causal), shapes), g_ref))
+    for ci, (H, Hkv, D, kw) in enumerate(VARLEN_CASES):
+        for name, knobs in VARIANTS.items():
+            record(f"{name} | varlen H{H}/{Hkv} D{D} {kw}", name, lambda: varlen_case(knobs, H, Hkv, D, kw, 7 + ci))
+    q = k = v = do = o = lse = g_ref = None
+    print(f"[{time.time() - T0:5.1f} s] checked; bad: {sorted(bad)}", flush=True)
+
+    # 3. timings
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    for si, (B, H, Hkv, S, D, causal) in enumerate(SHAPES):
+        if time.time() - T0 > BUDGET_S:
+            print(f"out of time: shapes from {SHAPES[si]} not timed", flush=True)
+            break
+        fl = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+        q, k, v, do = inputs(B, H, Hkv, S, D, "cuda", seed=si)
+        o, lse = forward(q, k, v, causal)
+        base = None
+        row = dict(shape=(B, H, Hkv, S, D), causal=causal, ms={}, tflops={}, err={}, kernels_ms={})
+        for pname, be in peers.items():
+            try:
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(be):
+                    og = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                                                          enable_gqa=H != Hkv)
+                f = lambda og=og, ins=(qg, kg, vg): torch.autograd.grad(og, ins, do, retain_graph=True)  # noqa: E731
+                f()
+                row["ms"][pname] = do_bench(f, rep=100, return_mode="median")
+            except Exception as e:
+                row["err"][pname] = err_head(e)
+            og = qg = kg = vg = f = None
+        for name, knobs in VARIANTS.items():
+            if name in bad or time.time() - T0 > BUDGET_S:
+                continue
+            try:
+                shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+                g = poisoned(lambda: backward(knobs, q, k, v, do, o, lse, causal), shapes)
+                if base is None:
+                    base = g
+                else:
+                    e = max(rel(x, y) for x, y in zip(g, base))
+                    row["err"][name] = e
+                    if e > 1e-2:
+                        raise RuntimeError(f"differs from the default by {e:.2e}")
+                g = None
+                f = lambda knobs=knobs: backward(knobs, q, k, v, do, o, lse, causal)  # noqa: E731
+                row["ms"][name] = do_bench(f, rep=100, return_mode="median")
+                if si < 2:      # per kernel: record the launches of one call, then time each alone
+                    calls = []
+                    real = launch.BoundKernel.__call__
+
+                    def rec(self, args, check, device, real=real):
+                        calls.append((self, args, check, device))
+                        return real(self, args, check, device)
+                    launch.BoundKernel.__call__ = rec
+                    try:
+                        f()
+                    finally:
+                        launch.BoundKernel.__call__ = real
+                    row["kernels_ms"][name] = [
+                        (c[0].fn.__name__.replace("attention_bwd_", ""),
+                         do_bench(lambda c=c: c[0](c[1], c[2], c[3]), rep=40, return_mode="median"))
+                        for c in calls]
+            except Exception as e:
+                row["err"][name] = err_head(e)
+                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_head(e)}", flush=True)
+        row["tflops"] = {n: fl / ms / 1e9 for n, ms in row["ms"].items()}
+        report["rows"].append(row)
+        print(f"[{time.time() - T0:5.1f} s] {row['shape']} causal={causal}: "
+              + " ".join(f"{n.replace(' ', '_')}={t:.0f}" for n, t in row["tflops"].items()), flush=True)
+        q = k = v = do = o = lse = base = None
+        torch.cuda.empty_cache()
+    api._caches()
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "probe_attnbwd_sm90.json"), "w") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    table(report, mm)
+
+
+def table(report, mm):
+    names = list(VARIANTS)
+    print(f"\n== attention backward, bf16, TFLOP/s (2.5x fwd flops, causal halved); bf16 matmul {mm:.0f}; "
+          f"{report['device']}, torch {report['torch']}, triton {report['triton']}")
+    cols = ["cudnn", "flash"] + names
+    print(f"{'shape':22} " + " ".join(f"{c:>8}" for c in cols) + "  sm90/default  best-sm90/cudnn")
+    for r in report["rows"]:
+        B, H, Hkv, S, D = r["shape"]
+        t = r["tflops"]
+        lab = f"{B},{H}/{Hkv},{S},{D}{' c' if r['causal'] else ''}"
+        cells = [f"{t[n]:8.0f}" if n in t else f"{'x':>8}" for n in cols]
+        sm = [n for n in names if n.startswith("sm90") and n in t]
+        best = max(sm, key=t.get) if sm else None
+        r1 = f"{t[best] / t['default']:.2f}" if best and "default" in t else "-"
+        r2 = f"{t[best] / t['cudnn']:.2f} ({best})" if best and "cudnn" in t else "-"
+        print(f"{lab:22} " + " ".join(cells) + f"  {r1:>12}  {r2}")
+    for r in report["rows"]:
+        if r["kernels_ms"]:
+            print(f"per kernel ms at {r['shape']} causal={r['causal']}:")
+            for n, ks in r["kernels_ms"].items():
+                print(f"  {n:8} " + " + ".join(f"{k} {ms:.3f}" for k, ms in ks)
+                      + f" = {sum(ms for _, ms in ks):.3f} (whole {r['ms'][n]:.3f})")
+    errs = {f"{k} @ {r['shape']} c={r['causal']}": v for r in report["rows"] for k, v in r["err"].items()
+            if isinstance(v, str)}
+    for k, v in list(errs.items())[:8]:
+        print(f"error {k}: {v}")
+    for k, v in report["check"].items():
+        if isinstance(v, str) or max(v) > 2e-2:
+            print(f"check {k}: {v}")
+    for name in names:
+        vals = [max(v) for k, v in report["check"].items() if k.startswith(name + " |") and not isinstance(v, str)]
+        print(f"check {name}: {len(vals)} cases passed, worst rel err vs fp32 torch "
+              f"{max(vals) if vals else float('nan'):.2e}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile of every variant's launches, no GPU")
+    a = ap.parse_args()
+    if a.compile_only:
+        compile_only()
+    else:
+        device_run(a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
