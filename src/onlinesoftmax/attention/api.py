@@ -343,8 +343,14 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
         dlse = dlse.to(torch.float32)
         if dlse.stride() != lse.stride():
             dlse = dlse.contiguous()
-    # dq_atomic / sm90: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel
-    dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic or sm90 else lse
+    # dq_atomic / sm90: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel. The
+    # sm90 kernel adds whole query tiles (zeros past a sequence's rows): a tile of padding rows after the last
+    if sm90:
+        from .kernels.bwd_sm90 import QUERY_TILE
+
+        dqacc = lse.new_empty(((lse.numel() + QUERY_TILE) * p.block_d,))
+    else:
+        dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic else lse
     cu_q, cu_k = cu if cu is not None else (lse, lse)
     delta_k((o, do, dlse if dlse is not None else lse, delta, dqacc, cu_q, *so, *sdo, *sl, p.H, p.Sq), (o, do),
             q.device)

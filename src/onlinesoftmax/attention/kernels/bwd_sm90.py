@@ -161,7 +161,9 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready,
         mbarrier.arrive(empty.index(s), count=1)          # (its bar.sync: every warp is past the wait)
         if SPLIT_DQ:
             mbarrier.arrive(ds_empty.index(it % 2), count=1)
-        gl.atomic_add(DQACC + rows * HEAD_DIM + dq_offs, dq, mask=(m0 + dq_rows[:, None]) < Sq, sem="relaxed")
+        # no mask: rows past Sq have dS = 0 (P = 0, dO = 0), so their dQ rows are exact zeros, added into the next
+        # rows of the buffer or into its BLOCK_M rows of padding (a masked atomic is a branch per instruction)
+        gl.atomic_add(DQACC + rows * HEAD_DIM + dq_offs, dq, sem="relaxed")
 
     # dK = scale · dSᵀ Q; both stored once, rows past Sk clipped
     keys = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
