@@ -8,7 +8,8 @@ Prints one table; ``--json PATH`` also writes it (with the device and versions) 
 Rows: prefill of B x S tokens (forward, no cache), a training step (forward + backward: ``causal_lm_loss``, which never
 builds the [tokens, vocab] logits, against ``model(input_ids, labels=labels).loss``), greedy decoding of N new tokens
 from a P-token prompt (tokens/s). Time: median of ``--reps`` runs after one warm-up run; peak: the CUDA allocator's
-peak over one run, above what the model and inputs hold.
+peak over one run, above what the model and inputs hold. ``--breakdown`` also profiles one training step of each
+implementation (torch.profiler) and prints its GPU time by kind of kernel: attention, matmul, loss, other.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import time
 
@@ -61,6 +63,33 @@ def measure(fn, device, reps: int):
     return statistics.median(times), peak
 
 
+# kernel (or, on CPU, aten op) name -> kind, first match wins: ours, FlashAttention's, cuDNN's, cuBLAS's, CUTLASS's
+KINDS = (("attention", re.compile(r"attention_|flash|fmha|attn|sdpa|scaled_dot_product", re.I)),
+         ("loss", re.compile(r"^ce_|cross_entropy|nll_loss|log_softmax|logsumexp|scale_rows", re.I)),
+         ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|aten::(mm|addmm|bmm|baddbmm)$", re.I)))
+
+
+def breakdown(step, device) -> dict:
+    """Milliseconds of one ``step()`` by kind of kernel (``KINDS``; the rest is "other"): the GPU's kernel times
+    on CUDA, the ops' self times on CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    step()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        step()
+        _sync(device)
+    out = {"attention": 0.0, "loss": 0.0, "matmul": 0.0, "other": 0.0}
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if not us:
+            continue
+        kind = next((k for k, rx in KINDS if rx.search(e.key)), "other")
+        out[kind] += us / 1e3
+    return out
+
+
 def run_impl(impl: str, args, ids, prompt, device, dtype) -> tuple[list[dict], torch.Tensor]:
     """The three measurements for one attention implementation, and its greedy tokens."""
     from onlinesoftmax.integrations import transformers as osst
@@ -86,6 +115,9 @@ def run_impl(impl: str, args, ids, prompt, device, dtype) -> tuple[list[dict], t
     t, peak = measure(step, device, args.reps)
     model.zero_grad(set_to_none=True)
     rows.append(dict(case=f"training step {B}x{S}", impl=impl, seconds=t, peak_bytes=peak, tokens_per_s=B * S / t))
+    if args.breakdown:
+        rows[-1]["gpu ms by kind"] = breakdown(step, device)
+        model.zero_grad(set_to_none=True)
     model.eval()
     out = {}
 
@@ -145,6 +177,12 @@ def table(rows) -> str:
         lines.append(f"| {case} | {a['seconds'] * 1e3:.1f} | {b['seconds'] * 1e3:.1f} | "
                      f"{a['seconds'] / b['seconds']:.2f}x | {mib(a['peak_bytes'])} | {mib(b['peak_bytes'])} | "
                      f"{b['tokens_per_s']:.0f} |")
+    kinds = [(r["impl"], r["gpu ms by kind"]) for r in rows if r.get("gpu ms by kind")]
+    if kinds:
+        lines += ["", "training step, ms by kind of kernel (torch.profiler, one step):", "",
+                  "| impl | " + " | ".join(kinds[0][1]) + " | total |", "|---" * (len(kinds[0][1]) + 2) + "|"]
+        lines += [f"| {impl} | " + " | ".join(f"{v:.1f}" for v in d.values()) + f" | {sum(d.values()):.1f} |"
+                  for impl, d in kinds]
     return "\n".join(lines)
 
 
@@ -159,6 +197,7 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--breakdown", action="store_true", help="profile one training step per implementation")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     rows = run(args)
