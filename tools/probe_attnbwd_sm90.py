@@ -30,10 +30,13 @@ import traceback
 T0 = time.time()
 BUDGET_S = 135          # stop timing past this (the whole run must end within 150 s)
 
+# sm90 knobs (BackwardPlan): stage_rows = lse / Δ staged by the producer (no global load on the consumers' path);
+# dq_tma = dQ's partial tiles added by TMA reduce from shared memory (no fp32 atomics)
 VARIANTS = {
     "default": {},
     "sm90 s2": {"kernel": "sm90"},
-    "sm90 s3": {"kernel": "sm90", "num_stages": 3},
+    "sm90 rows": {"kernel": "sm90", "stage_rows": True},
+    "sm90 rows+tma": {"kernel": "sm90", "stage_rows": True, "dq_tma": True},
 }
 
 # (B, H, Hkv, S, D, causal); the first two also get per-kernel times
@@ -196,11 +199,12 @@ def compile_only():
                         res = subprocess.run([os.path.join(nvbin, "cuobjdump"), "-res-usage", f.name],
                                              capture_output=True, text=True, check=True).stdout
                     regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
-                    atom = sorted(set(re.findall(r"\b(?:red|atom)\.global[\w.]+", c.asm["ptx"])))
+                    atom = sorted(set(re.findall(r"\b(?:red|atom)\.global[\w.]+|cp\.reduce\.async\.bulk\.tensor[\w.:]+",
+                                                 c.asm["ptx"])))
                     out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB {' '.join(atom)}"
                 except Exception as e:
                     out = f"FAILED {err_head(e)}"
-                print(f"{name:8} H{H}/{Hkv} D={D:3} causal={causal!s:5} {fn.__name__:30} {out}", flush=True)
+                print(f"{name:13} H{H}/{Hkv} D={D:3} causal={causal!s:5} {fn.__name__:30} {out}", flush=True)
 
 
 # ---- the device -----------------------------------------------------------------------------------------------

@@ -633,6 +633,9 @@ def test_sm90_backward_plan():
     assert (plan.kernel, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.dq_atomic) == \
         ("sm90", 64, 128, 4, 2, True)
     assert plan_backward(base, H200, Knobs(backward={"kernel": "sm90", "num_stages": 3})).num_stages == 3
+    assert not (plan.stage_rows or plan.dq_tma)          # the staged lse / Δ and TMA-reduced dQ: knobs only
+    fast = plan_backward(base, H200, Knobs(backward={"kernel": "sm90", "stage_rows": True, "dq_tma": True}))
+    assert fast.stage_rows and fast.dq_tma and fast.kernel == "sm90"
     for ok in (dataclasses.replace(base, D=64), dataclasses.replace(base, dtype="float16", varlen=True),
                dataclasses.replace(base, causal=False, window=(100, 20), Hkv=32)):
         assert sm90_bwd_eligible(ok) and plan_backward(ok, H200, sm90).kernel == "sm90", ok
@@ -656,8 +659,10 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.attention.kernels.bwd_sm90 import attention_bwd_sm90_kernel as fn
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 out = []
+fast = dict(STAGE_ROWS=True, DQ_TMA=True)
 for D, flags in ((128, {}), (128, dict(HAS_RIGHT=True)), (128, dict(VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
-                 (64, {}), (64, dict(HAS_RIGHT=True))):
+                 (64, {}), (64, dict(HAS_RIGHT=True)), (128, fast), (128, dict(fast, HAS_RIGHT=True)),
+                 (128, dict(fast, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)), (64, dict(fast, HAS_RIGHT=True))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, VARLEN=False)
     const.update(flags)
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
@@ -677,6 +682,7 @@ for D, flags in ((128, {}), (128, dict(HAS_RIGHT=True)), (128, dict(VARLEN=True,
                 "shared": k.metadata.shared, "hgmma": len(re.findall("HGMMA", sass)),
                 "tnspA": len(re.findall(r"HGMMA\S*\s.*tnspA", sass)),
                 "atom": sorted(set(re.findall(r"\b(?:red|atom)\.global[\w.]+", k.asm["ptx"]))),
+                "reduce": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor[\w.:]+add", k.asm["ptx"])),
                 "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
 print(json.dumps(out))
 """
@@ -684,9 +690,10 @@ print(json.dumps(out))
 
 def test_sm90_backward_compiles():
     """The sm90 backward compiles for sm_90a (Triton's ptxas, no GPU): wgmma (HGMMA, dQ's with A read transposed
-    from shared memory) in the SASS, fp32 atomics two-wide, shared memory within 227 KB, consumers at 240 registers.
-    D = 64 has no stack frame; D = 128 (dK, dV, Sᵀ, dPᵀ and dQ: 224 fp32 accumulator registers of the 240) spills a
-    few scalars, at most 64 bytes (the accumulators stay in registers)."""
+    from shared memory) in the SASS, dQ by fp32 atomics two-wide or (DQ_TMA) by TMA reduce-add and no atomics,
+    shared memory within 227 KB, consumers at 240 registers. D = 64 has no stack frame; D = 128 (dK, dV, Sᵀ, dPᵀ
+    and dQ: 224 fp32 accumulator registers of the 240) spills a few scalars, at most 160 bytes (the accumulators
+    stay in registers)."""
     import json
     import os
     import subprocess
@@ -698,8 +705,10 @@ def test_sm90_backward_compiles():
     assert res.returncode == 0, res.stderr[-2000:]
     for r in json.loads(res.stdout.strip().splitlines()[-1]):
         assert r["hgmma"] > 0 and r["tnspA"] > 0 and r["shared"] <= 232448, r
-        assert r["atom"] == ["atom.global.gpu.relaxed.add.v2.f32"] and "240" in r["setmaxnreg"], r
-        assert r["stack"] <= (0 if r["D"] == 64 else 64), r
+        tma_dq = r["flags"].get("DQ_TMA", False)
+        assert r["atom"] == ([] if tma_dq else ["atom.global.gpu.relaxed.add.v2.f32"]), r
+        assert (r["reduce"] > 0) == tma_dq and "240" in r["setmaxnreg"], r
+        assert r["stack"] <= (0 if r["D"] == 64 else 160), r
 
 
 SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, window, D 64 / 128, ragged sizes
@@ -713,9 +722,13 @@ SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, win
 ]
 
 
+SM90_BWD_KNOBS = [{}, {"stage_rows": True, "dq_tma": True}]     # as planned; lse / Δ staged and dQ by TMA reduce
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", SM90_BWD_KNOBS)
 @pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw", SM90_BWD_CASES)
-def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, backward_knobs):
+def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knobs):
     """Against the fp64 reference (check_backward), and close to the tl.dot backward on the same inputs."""
     from onlinesoftmax.target import target_of
 
@@ -725,7 +738,7 @@ def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, backward_knobs):
     o, lse = oss.attention(q, k, v, return_lse=True, **kw)
     do, dl = torch.randn_like(o), torch.randn_like(lse).where(torch.isfinite(lse), 0)
     ref = torch.autograd.grad((o, lse), (q, k, v), (do, dl))
-    backward_knobs({"kernel": "sm90"})
+    backward_knobs({"kernel": "sm90", **knobs})
     check_backward(q, k, v, "triton", with_lse=True, **kw)
     o, lse = oss.attention(q, k, v, return_lse=True, **kw)
     got = torch.autograd.grad((o, lse), (q, k, v), (do, dl))
@@ -735,14 +748,15 @@ def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, backward_knobs):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", SM90_BWD_KNOBS)
 @pytest.mark.parametrize("D,Hkv", [(128, 2), (64, 8)])
-def test_gpu_sm90_backward_varlen(D, Hkv, backward_knobs):
+def test_gpu_sm90_backward_varlen(D, Hkv, knobs, backward_knobs):
     """Packed sequences with empty ones (no queries, no keys), causal and windowed."""
     from onlinesoftmax.target import target_of
 
     if not target_of(DEV).sm90:
         pytest.skip("the sm90 backward runs on Hopper only")
-    backward_knobs({"kernel": "sm90"})
+    backward_knobs({"kernel": "sm90", **knobs})
     lens = [1000, 0, 3000, 17, 4000, 1, 2500, 1575]
     check_varlen(lens, lens, 8, Hkv, D, "triton", torch.bfloat16, causal=True)
     check_varlen(lens, lens[::-1], 8, Hkv, D, "triton", torch.bfloat16, window=(200, 10))

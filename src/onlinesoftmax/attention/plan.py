@@ -78,6 +78,11 @@ class BackwardPlan:
     dq_atomic: bool = False  # dQ added by the dK/dV kernel into an fp32 buffer (fp32 atomics; 5 matmuls, not 7),
                              # then scaled and cast by a row kernel; the dQ kernel's fields go unused
     dot_f32: bool = False
+    # "sm90" only (kernels/bwd_sm90.py):
+    stage_rows: bool = False  # the producer warp stages each tile's lse and Δ in shared memory with its Q / dO
+                              # (the consumers wait on no global load)
+    dq_tma: bool = False      # dQ's partial tile through shared memory, added by a TMA reduce (one bulk op per
+                              # tile and warpgroup, not 32 fp32 atomics per thread)
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,8 @@ SM90_BACKWARD = {          # H200, bf16
 
 # The Gluon kernel (kernels/bwd_sm90.py; not yet measured, so no default picks it): (query rows per step, keys per
 # program, num_warps, Q / dO ring slots) by head dim. Shared memory at D = 128: K, V (2 × 32 KB), the ring
-# (slots × 32 KB), Pᵀ (16 KB) and two dSᵀ tiles (32 KB): 180 KB at two slots, 213 KB at three.
+# (slots × 32 KB), Pᵀ (16 KB) and two dSᵀ tiles (32 KB): 180 KB at two slots, 213 KB at three; dq_tma adds two fp32
+# dQ tiles (32 KB): 214 KB at two slots (three do not fit).
 SM90_WS_BACKWARD = {
     64: (64, 128, 4, 2),
     128: (64, 128, 4, 2),

@@ -22,6 +22,11 @@ read once per thread and spread over the columns as the initial accumulators of 
    (two consecutive per thread, from the accumulator's layout) into the rows of the buffer the Δ kernel zeroed
    (``bwd.attention_bwd_dq_cast_kernel`` scales and casts it): BLOCK_M·D fp32 per tile and program (SPLIT_DQ),
    twice that without.
+Knobs (the plan's, off unless asked for): STAGE_ROWS, the producer also stages each tile's lse·log2 e and Δ in
+shared memory (the consumers read them where used, after the matmuls; no global load on their path); DQ_TMA, each
+warpgroup writes its fp32 dQ partial [BLOCK_M, 64] to shared memory and one thread adds it with a TMA reduce
+(``cp.reduce.async.bulk.tensor .add``; rows past Sq clipped by the descriptor), waited one tile later, instead of
+32 two-wide atomics per thread.
 At the end ``dK ← scale·dK``; dK and dV are stored once (a GQA group's heads are summed here: no atomics).
 
 Rows past Sq read zeros (TMA) and an lse of +inf (so does a row with no key: lse = −inf), so their P is 0; query
@@ -32,8 +37,10 @@ dO (TMA), no softcap; a nonzero scale (step 1 divides by it: the api refuses 0).
 
 from __future__ import annotations
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -49,18 +56,38 @@ from .fwd import _seq
 WARPGROUP_KEYS = 64        # keys per consumer warpgroup (wgmma's M for Sᵀ, dPᵀ, dK, dV)
 CONSUMERS = 2              # consumer warpgroups per program: key blocks of 128
 QUERY_TILE = 64            # query rows per step (wgmma's N for Sᵀ, dPᵀ; M for dQ)
-# registers per consumer thread: the SM's 64K less the producer's warpgroup at 24, over two warpgroups
+# registers per consumer thread (two warpgroups at 240) and per producer thread (one warp; it loads lse / Δ with
+# STAGE_ROWS): 2·128·240 + 32·32 of the SM's 64K
 CONSUMER_REGS = gl.constexpr(240)
+PRODUCER_REGS = gl.constexpr(32)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``tma.async_copy_shared_to_global`` that adds into the destination (``cp.reduce.async.bulk.tensor .add``):
+    Gluon 3.6 builds the op (``create_async_tma_reduce``) but has no wrapper for it. Completes as a TMA store
+    (``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, q_smem, do_smem, q_ready, do_ready, empty, lo, n_m, n_tiles,
-              BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """Tile it = g·n_m + t: rows [lo + t·BLOCK_M, +BLOCK_M) of the group's query head g, into slot it % STAGES."""
+def _producer(q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA, row_base, slh,
+              Sq, lo, n_m, n_tiles,
+              BLOCK_M: gl.constexpr, STAGES: gl.constexpr, STAGE_ROWS: gl.constexpr):
+    """Tile it = g·n_m + t: rows [lo + t·BLOCK_M, +BLOCK_M) of the group's query head g, into slot it % STAGES.
+    STAGE_ROWS: also the tile's lse·log2 e and Δ into rows_smem[2s], rows_smem[2s + 1], so no consumer waits on a
+    global load; q_ready then takes a second arrival."""
+    offs = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([2], [32], [1], [0]))
     for it in range(n_tiles):
         s = it % STAGES
         g = it // n_m
         m0 = lo + (it - g * n_m) * BLOCK_M
+        if STAGE_ROWS:      # loads issued before the slot wait: their latency hides behind it
+            in_q = m0 + offs < Sq
+            rows = row_base + g * slh + m0 + offs
+            lse = gl.load(LSE + rows, mask=in_q, other=float("inf"))
+            delta = gl.load(DELTA + rows, mask=in_q, other=0.0)
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)     # barriers start in phase 1: lap 0 passes
         mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
         # the [BLOCK_M, D] slot seen as the descriptor's [1, BLOCK_M, D] box
@@ -69,14 +96,20 @@ def _producer(q_desc, do_desc, q_smem, do_smem, q_ready, do_ready, empty, lo, n_
         mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [g, m0, 0], do_ready.index(s),
                                         do_smem.index(s).reshape(do_desc.block_shape))
+        if STAGE_ROWS:
+            lse = gl.where(lse == float("-inf"), float("inf"), lse)          # no key: P = 0
+            rows_smem.index(2 * s).store(lse * LOG2E)
+            rows_smem.index(2 * s + 1).store(delta)
+            mbarrier.arrive(q_ready.index(s), count=1)      # (its bar.sync: the warp's stores are done)
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready, do_ready, empty, ds_ready,
-              ds_empty, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT,
-              lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
+def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem, kv_bar, q_ready, do_ready, empty,
+              ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk,
+              off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
               WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SPLIT_DQ: gl.constexpr):
+              STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SPLIT_DQ: gl.constexpr,
+              STAGE_ROWS: gl.constexpr, DQ_TMA: gl.constexpr):
     """Consumer warpgroup WG: keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's block."""
     dtype: gl.constexpr = k_smem.dtype
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
@@ -96,8 +129,8 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready,
     # (whole sectors) per warp instruction
     dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
     dq_offs = dq_rows[:, None] * HEAD_DIM + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))[None, :]
-    if SPLIT_DQ:
-        dq_offs += WG * DQ_COLS
+    dq_col0 = WG * DQ_COLS if SPLIT_DQ else 0
+    dq_offs += dq_col0
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -110,32 +143,43 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready,
         g = it // n_m
         m0 = lo + (it - g * n_m) * BLOCK_M
         rows = row_base + g * slh + m0           # the tile's first row in the lse / Δ / dQ-buffer layout (int64)
-        # the tile's lse and Δ: one load per thread, spread across the score tile's columns as the initial
-        # accumulators of the two matmuls: Sᵀ − lse·log2 e / (scale·log2 e) and dPᵀ − Δ come out of wgmma
-        in_q = m0 + offs_v < Sq
-        lse = gl.load(LSE + rows + offs_v, mask=in_q, other=float("inf"))
-        lse = gl.where(lse == float("-inf"), float("inf"), lse)          # no key: P = 0
-        s_init = gl.convert_layout(lse * (-LOG2E / qk_scale), col)[None, :] + zero_s
-        delta = gl.load(DELTA + rows + offs_v, mask=in_q, other=0.0)
-        dp_init = gl.convert_layout(-delta, col)[None, :] + zero_s
-
-        # 1. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on the tensor cores; Pᵀ = 2^(s − lse·log2 e)
-        mbarrier.wait(q_ready.index(s), phase)
-        sT = warpgroup_mma(k_w, q_smem.index(s).permute((1, 0)), s_init, is_async=True)
-        mbarrier.wait(do_ready.index(s), phase)
-        dpT = warpgroup_mma(v_w, do_smem.index(s).permute((1, 0)), dp_init, is_async=True)
-        sT = warpgroup_mma_wait(1, deps=[sT])
-        pT = gl.exp2(sT * qk_scale)
+        # 1. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ on the tensor cores; Pᵀ = 2^(scale·log2 e · Sᵀ − lse·log2 e).
+        #    STAGE_ROWS: lse·log2 e and Δ read from the slot where they are used (no registers held across the
+        #    matmuls, both of which start from zero). Otherwise one global load per thread, spread across the
+        #    columns as the initial accumulators: Sᵀ − lse·log2 e / (scale·log2 e) and dPᵀ − Δ come out of wgmma
+        if STAGE_ROWS:
+            mbarrier.wait(q_ready.index(s), phase)
+            sT = warpgroup_mma(k_w, q_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(s), phase)
+            dpT = warpgroup_mma(v_w, do_smem.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            sT = warpgroup_mma_wait(1, deps=[sT])
+            pT = gl.exp2(sT * qk_scale - rows_smem.index(2 * s).load(col)[None, :])
+        else:
+            in_q = m0 + offs_v < Sq
+            lse = gl.load(LSE + rows + offs_v, mask=in_q, other=float("inf"))
+            lse = gl.where(lse == float("-inf"), float("inf"), lse)          # no key: P = 0
+            s_init = gl.convert_layout(lse * (-LOG2E / qk_scale), col)[None, :] + zero_s
+            delta = gl.load(DELTA + rows + offs_v, mask=in_q, other=0.0)
+            dp_init = gl.convert_layout(-delta, col)[None, :] + zero_s
+            mbarrier.wait(q_ready.index(s), phase)
+            sT = warpgroup_mma(k_w, q_smem.index(s).permute((1, 0)), s_init, is_async=True)
+            mbarrier.wait(do_ready.index(s), phase)
+            dpT = warpgroup_mma(v_w, do_smem.index(s).permute((1, 0)), dp_init, is_async=True)
+            sT = warpgroup_mma_wait(1, deps=[sT])
+            pT = gl.exp2(sT * qk_scale)
         if (m0 < full_lo) | (m0 + BLOCK_M > full_hi):
             pT = gl.where(_keep_t(m0 + offs_q, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), pT, 0.0)
-        # 2. dV += Pᵀ dO (Pᵀ through shared memory: no operand registers held while the wgmma runs) while
-        #    dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) is formed; dK += dSᵀ Q (dSᵀ from shared memory too)
+        # 2. dV += Pᵀ dO while dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) is formed; dK += dSᵀ Q. Pᵀ and dSᵀ go through shared memory:
+        #    no operand registers held while the matmuls run (wgmma with Pᵀ from registers, as FlashAttention-3,
+        #    is serialised by ptxas here: "insufficient register resources" beside dK and dV's 128 accumulators)
         p_own = p_smem.slice(WG * BLOCK_N, BLOCK_N)
         p_own.store(pT.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         dv = warpgroup_mma(p_own, do_smem.index(s), dv, is_async=True)
         dpT = warpgroup_mma_wait(1, deps=[dpT])
+        if STAGE_ROWS:
+            dpT = dpT - rows_smem.index(2 * s + 1).load(col)[None, :]
         dsT = (pT * dpT).to(dtype)
         # 3. dQ += dS K (wgmma reads dSᵀ transposed)
         if SPLIT_DQ:
@@ -161,9 +205,19 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready,
         mbarrier.arrive(empty.index(s), count=1)          # (its bar.sync: every warp is past the wait)
         if SPLIT_DQ:
             mbarrier.arrive(ds_empty.index(it % 2), count=1)
-        # no mask: rows past Sq have dS = 0 (P = 0, dO = 0), so their dQ rows are exact zeros, added into the next
-        # rows of the buffer or into its BLOCK_M rows of padding (a masked atomic is a branch per instruction)
-        gl.atomic_add(DQACC + rows * HEAD_DIM + dq_offs, dq, sem="relaxed")
+        if DQ_TMA:
+            # the tile's dQ partial through shared memory, added by one TMA reduce (rows past Sq clipped by the
+            # descriptor); the previous tile's reduce has long finished reading dq_smem
+            tma.store_wait(0)
+            dq_smem.store(dq)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [g, m0, dq_col0], dq_smem.reshape(dq_desc.block_shape))
+        else:
+            # no mask: rows past Sq have dS = 0 (P = 0, dO = 0), so their dQ rows are exact zeros, added into the
+            # next rows of the buffer or into its BLOCK_M rows of padding (a masked atomic is a branch each)
+            gl.atomic_add(DQACC + rows * HEAD_DIM + dq_offs, dq, sem="relaxed")
+    if DQ_TMA:
+        tma.store_wait(0)
 
     # dK = scale · dSᵀ Q; both stored once, rows past Sk clipped
     keys = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -179,11 +233,15 @@ def attention_bwd_sm90_kernel(
         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, slb, slh,
         Hkv, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr):
+        HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
+        STAGE_ROWS: gl.constexpr = False, DQ_TMA: gl.constexpr = False):
     """Grid (cdiv(Sk, 2·BLOCK_N), B·Hkv), num_warps = 4: two consumer warpgroups of BLOCK_N keys (the first is
     the default partition) and the producer warp. Strides as ``bwd.attention_bwd_dkdv_kernel`` less the unit
-    head-dim ones; DQACC: fp32 rows of HEAD_DIM laid out as the lse, zeroed."""
+    head-dim ones; DQACC: fp32 rows of HEAD_DIM laid out as the lse, zeroed. STAGE_ROWS / DQ_TMA: the plan's
+    ``stage_rows`` / ``dq_tma``."""
     KEYS: gl.constexpr = 2 * BLOCK_N
+    SPLIT_DQ: gl.constexpr = HEAD_DIM == 128
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
     pid_n = gl.program_id(0)
     bhk = gl.program_id(1)
     b = bhk // Hkv
@@ -214,13 +272,29 @@ def attention_bwd_sm90_kernel(
                                             q3_layout)
         do_desc = tma.make_tensor_descriptor(do_base, [GROUP, Sq, HEAD_DIM], [sdh, sdm, 1],
                                              [1, BLOCK_M, HEAD_DIM], q3_layout)
+        row_base = b.to(gl.int64) * slb + h0.to(gl.int64) * slh + q_start      # head h0's row 0 in the lse layout
 
         k_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], kv_layout)
         v_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], kv_layout)
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-        p_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_M], ds_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
+        p_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_M], ds_layout)
+        rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M],
+                                              gl.SwizzledSharedLayout(1, 1, 1, order=[0]))   # rank 1: .index(i) a row
+        if DQ_TMA:
+            # dQ's fp32 rows as [group head, row, dim] from the group's first head; a box of one consumer's columns
+            dq3_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, DQ_COLS], gl.float32)
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+            dq_desc = tma.make_tensor_descriptor(DQACC + row_base * HEAD_DIM, [GROUP, Sq, HEAD_DIM],
+                                                 [slh * HEAD_DIM, HEAD_DIM, 1], [1, BLOCK_M, DQ_COLS], dq3_layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
+            dq_smem0 = dq_smem.index(0)
+            dq_smem1 = dq_smem.index(1)
+        else:
+            dq_desc = q_desc        # unread (a partition's argument cannot be None)
+            dq_smem0 = rows_smem
+            dq_smem1 = rows_smem
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -230,7 +304,7 @@ def attention_bwd_sm90_kernel(
         ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
-            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_ready.index(i), count=2 if STAGE_ROWS else 1)    # TMA's expect (+ the rows' arrive)
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)          # both consumer warpgroups release a slot
         for i in gl.static_range(2):
@@ -241,19 +315,20 @@ def attention_bwd_sm90_kernel(
         tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_bar, k_smem)
         tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_bar, v_smem)
 
-        row_base = b.to(gl.int64) * slb + h0.to(gl.int64) * slh + q_start      # head h0's row 0 in the lse layout
         dk_ptr = DK + b.to(gl.int64) * sdkb + hk.to(gl.int64) * sdkh + k_start.to(gl.int64) * sdkn
         dv_ptr = DV + b.to(gl.int64) * sdvb + hk.to(gl.int64) * sdvh + k_start.to(gl.int64) * sdvn
         # the partitions' arguments are spelled out: constexprs inside a tuple built here would become tensors
         gl.warp_specialize([
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready, do_ready, empty,
-                         ds_ready, ds_empty, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq,
-                         Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, HEAD_DIM == 128)),
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, kv_bar, q_ready, do_ready, empty,
-                         ds_ready, ds_empty, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq,
-                         Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, HEAD_DIM == 128)),
-            (_producer, (q_desc, do_desc, q_smem, do_smem, q_ready, do_ready, empty, lo, n_m, n_tiles, BLOCK_M,
-                         STAGES)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem0, kv_bar, q_ready,
+                         do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base,
+                         slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
+                         scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS,
+                         DQ_TMA)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem1, kv_bar, q_ready,
+                         do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base,
+                         slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
+                         scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS,
+                         DQ_TMA)),
+            (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA, row_base,
+                         slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
