@@ -169,7 +169,8 @@ def main():
 
     report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   variants={k: v[0] for k, v in VARIANTS.items()}, checks={}, rows=[])
-    jobs = [("default", None, (64, 128))] + [(n, kn, dims) for n, (kn, dims) in VARIANTS.items()]
+    jobs = [("default D64", None, (64,)), ("default D128", None, (128,))]
+    jobs += [(n, kn, dims) for n, (kn, dims) in VARIANTS.items()]
     ok = set()
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         it = pool.imap_unordered(_check, jobs)
