@@ -552,6 +552,28 @@ def test_sm90_forward_plan():
         assert plan_forward(base, target).kernel == "triton"
 
 
+def test_sm90_forward_knobs():
+    """The knob asks for the Gluon kernel at D = 64 (its table row); programs = -1 is the target's SM count (a
+    persistent grid, dense inputs only); a problem or GPU the kernel cannot run raises."""
+    from onlinesoftmax.attention.plan import SM90_WS_FORWARD, Problem, plan_forward
+
+    base = Problem(16, 32, 32, 1024, 1024, 64, "bfloat16", True, (-1, 0), tma=True)
+    sm90 = {"kernel": "sm90"}
+    plan = plan_forward(base, H200, Knobs(forward=sm90))
+    assert (plan.kernel, plan.block_n, plan.num_stages, plan.fold, plan.programs) == ("sm90", 128, 3, False, 0)
+    assert (plan.block_m, plan.block_n, plan.num_warps, plan.num_stages) == SM90_WS_FORWARD[64]
+    pers = plan_forward(base, H200, Knobs(forward=dict(sm90, programs=-1, fold=True, num_stages=4)))
+    assert (pers.programs, pers.fold, pers.num_stages) == (H200.sm_count, True, 4)
+    with pytest.raises(ValueError, match="persistent"):
+        plan_forward(dataclasses.replace(base, varlen=True), H200, Knobs(forward=dict(sm90, programs=-1)))
+    with pytest.raises(ValueError, match="persistent"):
+        plan_forward(base, H200, Knobs(forward={"programs": -1}))          # the tl.dot kernel has no such grid
+    for other, target in ((dataclasses.replace(base, D=80), H200), (dataclasses.replace(base, tma=False), H200),
+                          (base, A100), (base, INTERPRETER)):
+        with pytest.raises(ValueError, match="sm90 forward"):
+            plan_forward(other, target, Knobs(forward=sm90))
+
+
 def test_tma_eligibility_of_tensors():
     """Problem.tma: unit head-dim stride, 16-byte aligned data and strides (CPU tensors never: no TMA there)."""
     from onlinesoftmax.attention import api
@@ -575,9 +597,10 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_kernel as fn
 out = []
 for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, REVERSE=True, SOFTCAP=True)),
-                         (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True))):
+                         (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True)), (64, 128, 4, dict(FOLD=True)),
+                         (64, 256, 2, dict(FOLD=True, OVERLAP=False, HAS_RIGHT=True))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=BN, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
-                 REVERSE=False, VARLEN=False, OVERLAP=True)
+                 REVERSE=False, VARLEN=False, OVERLAP=True, FOLD=False)
     const.update(flags)
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
     sig.update(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", CU_Q="*i32", CU_K="*i32",
@@ -585,6 +608,24 @@ for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, R
     k = compile(GluonASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     (_, stack, _), sass = cubin_report(k)
     out.append({"D": D, "stack": stack, "shared": k.metadata.shared, "hgmma": len(re.findall("HGMMA", sass)),
+                "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
+# the persistent grid (host descriptors over [B, H, S, D]: 4-D boxes) at D = 64 / 128, the scale folded
+from triton.experimental.gluon import language as gl
+from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_persistent_kernel as pfn
+for D, ST, flags in ((64, 4, dict(HAS_RIGHT=True, REVERSE=True)), (128, 2, dict(HAS_LEFT=True, SOFTCAP=True))):
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=128, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
+                 REVERSE=False, OVERLAP=True, FOLD=True)
+    const.update(flags)
+    def desc(rows):
+        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
+        return f"tensordesc<bf16[1, 1, {rows}, {D}],{lay!r}>"
+    sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in pfn.params}
+    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(128), v_desc=desc(128), LSE="*fp32", qk_scale="fp32",
+               cap_in="fp32", cap_out="fp32")
+    k = compile(GluonASTSource(pfn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    (_, stack, _), sass = cubin_report(k)
+    out.append({"D": D, "persistent": True, "stack": stack, "shared": k.metadata.shared,
+                "hgmma": len(re.findall("HGMMA", sass)),
                 "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
 print(json.dumps(out))
 """

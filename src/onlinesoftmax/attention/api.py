@@ -221,9 +221,13 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
         if (plan.block_m, plan.num_warps) != (rows, 4):
             raise ValueError(f"attention: the sm90 kernel runs block_m = {rows} query rows on num_warps = 4 (two "
                              f"consumer warpgroups and a producer warp), got {plan.block_m} / {plan.num_warps}")
-        return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid,
-                      dict(common, BLOCK_M=fwd_sm90.WARPGROUP_ROWS, STAGES=plan.num_stages, OVERLAP=plan.overlap,
-                           num_warps=4))
+        meta = dict(common, BLOCK_M=fwd_sm90.WARPGROUP_ROWS, STAGES=plan.num_stages, OVERLAP=plan.overlap,
+                    FOLD=plan.fold, num_warps=4)
+        if plan.programs:
+            del meta["VARLEN"]
+            return _bound(fwd_sm90.attention_fwd_sm90_persistent_kernel, (min(plan.programs, grid[0] * grid[1]),),
+                          meta)
+        return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid, meta)
     return _bound(fwd.attention_fwd_kernel, grid,
                   dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,
                        num_warps=plan.num_warps, num_stages=plan.num_stages))
@@ -305,6 +309,10 @@ def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, 
     if p.Sk == 0 or q.numel() == 0:
         return o.zero_(), lse.fill_(-math.inf)
     left, right = p.window
+    if plan.kernel == "sm90" and plan.fold and (p.softcap or not scale > 0):
+        plan = dataclasses.replace(plan, fold=False)          # the row max over q kᵀ needs c > 0
+    if plan.kernel == "sm90" and plan.programs:
+        return _forward_persistent(q, k, v, o, lse, p, plan, scale, softcap)
     if plan.kernel == "sm90":     # unit head-dim strides (p.tma): the (batch, head, row) strides only
         _ensure_allocator()
         strides = (*_strides(q)[:3], *_strides(k)[:3], *_strides(v)[:3], *_strides(o)[:3], *_lse_strides(p, lse))
@@ -314,6 +322,31 @@ def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, 
     cu_q, cu_k = cu if cu is not None else (lse, lse)      # unread unless VARLEN
     bk((q, k, v, o, lse, cu_q, cu_k, *strides, p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
         *_scalars(scale, softcap)), (q, k, v, o), q.device)
+    return o, lse
+
+
+def _forward_persistent(q, k, v, o, lse, p: Problem, plan: ForwardPlan, scale: float, softcap: float):
+    """The sm90 kernel on a persistent grid: host TMA descriptors over q, o [B, H, Sq, D] and k, v [B, Hkv, Sk, D]
+    (4-D boxes of one (batch, head)'s rows: zeros past S, stores clipped there)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .kernels.fwd_sm90 import WARPGROUP_ROWS
+
+    dt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+
+    def desc(t, rows):
+        block = [1, 1, rows, p.D]
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, dt))
+
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o), *_lse_strides(p, lse))
+    bk = _caches()[0](p, plan, strides)
+    left, right = p.window
+    n_m = -(-p.Sq // plan.block_m)
+    bk((desc(q, WARPGROUP_ROWS), desc(k, plan.block_n), desc(v, plan.block_n), desc(o, WARPGROUP_ROWS), lse,
+        *_lse_strides(p, lse), p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0), *_scalars(scale, softcap),
+        n_m, n_m * p.B * p.H), (q, k, v, o), q.device)
     return o, lse
 
 

@@ -60,6 +60,11 @@ class ForwardPlan:
     num_stages: int         # "sm90": the key / value ring's slots
     dot_f32: bool = False   # operands upcast to fp32 before tl.dot (the interpreter's bf16 dot is wrong)
     overlap: bool = True    # "sm90": the scores of tile j + 1 issued before p v of tile j
+    fold: bool = False      # "sm90": the row max over q kᵀ, p = 2^(qk·c − m) one FFMA per score (c = log2e·scale
+                            # > 0, no softcap; other calls run unfolded)
+    programs: int = 0       # "sm90": a persistent grid of this many programs looping over the (query block, head)
+                            # tiles, host TMA descriptors, O staged apart (not varlen); 0: one program per tile;
+                            # -1 (a knob): the target's SM count
 
 
 @dataclass(frozen=True)
@@ -130,23 +135,30 @@ SM90_FORWARD = {
 # The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 128: two consumer warpgroups of 64 rows, block_n,
 # 4 warps, ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
 # (2 × slots × block_n × D), at most 227 KB.
-# D = 64 keeps the tl.dot kernel (it ran 389-393 TFLOP/s against 297-381 for the sm90 variants measured).
+# D = 64 runs it only when a knob asks (Knobs(forward={"kernel": "sm90"})): by default it keeps the tl.dot kernel
+# (389-393 TFLOP/s against 297-381 for the sm90 variants measured before the fold and the persistent grid).
 SM90_WS_FORWARD = {
+    64: (128, 128, 4, 3),
     128: (128, 128, 4, 2),
     256: (128, 64, 4, 2),
 }
+SM90_WS_DEFAULT = (128, 256)       # head dims whose default plan is the Gluon kernel
 SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128: a third slot (H200: +2-5 % at S >= 8K, GQA)
 
 
 def sm90_ws_eligible(p: Problem) -> bool:
-    """The Gluon kernel runs: 16-bit inputs that TMA can copy, a head dim it has a table row for."""
+    """The Gluon kernel can run: 16-bit inputs that TMA can copy, a head dim it has a table row for."""
     return p.tma and p.dtype in ("float16", "bfloat16") and p.D in SM90_WS_FORWARD
 
 
+def _forward_sm90_ws(p: Problem) -> ForwardPlan:
+    bm, bn, w, st = SM90_WS_FORWARD[p.D]
+    return ForwardPlan("sm90", bm, bn, w, SM90_WS_BANDED_STAGES.get(p.D, st) if p.banded else st)
+
+
 def _forward_sm90(p: Problem) -> ForwardPlan:
-    if sm90_ws_eligible(p):
-        bm, bn, w, st = SM90_WS_FORWARD[p.D]
-        return ForwardPlan("sm90", bm, bn, w, SM90_WS_BANDED_STAGES.get(p.D, st) if p.banded else st)
+    if sm90_ws_eligible(p) and p.D in SM90_WS_DEFAULT:
+        return _forward_sm90_ws(p)
     bd = p.block_d
     bm, bn, w, s = SM90_FORWARD.get(bd, SM90_FORWARD[256] if bd > 128 else SM90_FORWARD[64])
     if p.dtype == "float32":          # fp32 tiles take twice the shared memory
@@ -162,8 +174,24 @@ def _forward_portable(p: Problem, target: Target) -> ForwardPlan:
 
 
 def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardPlan:
-    plan = _forward_sm90(p) if target.sm90 else _forward_portable(p, target)
-    return dataclasses.replace(plan, **dict(knobs.forward))
+    """The forward's launch configuration. ``Knobs(forward={"kernel": "sm90"})`` asks for the Gluon kernel (its
+    table row, then the other knobs; ``"programs": -1`` makes its grid persistent, one program per SM); a problem or
+    target it cannot run raises."""
+    over = dict(knobs.forward)
+    if over.get("kernel") == "sm90":
+        if not (target.sm90 and sm90_ws_eligible(p)):
+            raise ValueError("attention: the sm90 forward needs a Hopper GPU, float16 / bfloat16 q, k, v that TMA can "
+                             f"copy and D in {sorted(SM90_WS_FORWARD)}; got {p} on arch {target.arch}")
+        plan = _forward_sm90_ws(p)
+    else:
+        plan = _forward_sm90(p) if target.sm90 else _forward_portable(p, target)
+    plan = dataclasses.replace(plan, **over)
+    if plan.programs < 0:
+        plan = dataclasses.replace(plan, programs=target.sm_count)
+    if plan.programs and (plan.kernel != "sm90" or p.varlen):
+        raise ValueError(f"attention: a persistent forward grid (programs = {plan.programs}) runs the sm90 kernel on "
+                         f"dense [B, H, S, D] inputs only; got kernel {plan.kernel!r}, varlen = {p.varlen}")
+    return plan
 
 
 # ---- the backward -----------------------------------------------------------------------------------------
