@@ -111,7 +111,7 @@ def fold(s: torch.Tensor, t: torch.Tensor, state: torch.Tensor, v0: int, ignore_
     spec = int_spec(s.stride(0), v0, vc, ignore_index)
     m, d, sz, zt = state[0], state[1], state[2], state[3]
     _bound_fold(n, vc, fast, smooth, softcap is not None, spec)(
-        (s, s.stride(0), t, m, d, sz, zt, v0, vc, ignore_index, cap), (s, t), s.device)
+        (s, s.stride(0), t, m, d, sz, zt, v0, vc, ignore_index, cap), (s, t, m, d, sz, zt), s.device)
 
 
 def grad_(s: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, rows: torch.Tensor, v0: int, ignore_index: int,
@@ -121,4 +121,5 @@ def grad_(s: torch.Tensor, t: torch.Tensor, lse: torch.Tensor, rows: torch.Tenso
     cap = float(softcap) if softcap is not None else 1.0
     spec = int_spec(s.stride(0), v0, vc, ignore_index)
     _bound_grad(n, vc, fast, smooth, softcap is not None, spec)(
-        (s, s.stride(0), t, lse, rows[0], rows[1], rows[2], v0, vc, ignore_index, cap), (s, t), s.device)
+        (s, s.stride(0), t, lse, rows[0], rows[1], rows[2], v0, vc, ignore_index, cap),
+        (s, t, lse, rows[0], rows[1], rows[2]), s.device)
