@@ -77,3 +77,35 @@ def test_smem_cross_entropy_compiles_for_sm90_without_spills():
     for case, got in zip(CASES, json.loads(res.stdout.strip().splitlines()[-1])):
         assert got["stack"] == 0 and got["shared"] >= got["smem"] > 0 and got["cp_async"] > 0, (case, got)
         assert got["regs"] <= (got["maxnreg"] or 255), (case, got)
+
+
+LCE_PROBE = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
+from compiler_report import compile_launch          # pops TRITON_INTERPRET before triton loads
+import torch
+from onlinesoftmax.losses import lce_kernels as K
+
+out = []
+for n, vc in ((8192, 3840), (16384, 1920)):
+    S = torch.empty(n, vc, dtype=torch.bfloat16, device="meta")
+    T = torch.empty(n, dtype=torch.int64, device="meta")
+    f = torch.empty(n, dtype=torch.float32, device="meta")
+    for smooth in (False, True):
+        for cap in (False, True):
+            meta = K._meta(vc, True, smooth, cap)
+            for fn in (K.lce_fold_kernel, K.lce_grad_kernel):
+                r = compile_launch(fn, (S, vc, T, f, f, f, f, vc, vc, -100, 1.0), meta, 90)
+                out.append(dict(kernel=fn.__name__, vc=vc, smooth=smooth, cap=cap, regs=r["regs"], stack=r["stack"]))
+print(json.dumps(out))
+"""
+
+
+def test_linear_cross_entropy_vocab_kernels_compile_for_sm90_without_spills():
+    """Scheme "vocab"'s fold and gradient kernels at the goal shapes' chunks, every option: no stack frame."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", LCE_PROBE, ROOT], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for got in json.loads(res.stdout.strip().splitlines()[-1]):
+        assert got["stack"] == 0 and got["regs"] <= 128, got

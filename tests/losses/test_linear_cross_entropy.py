@@ -117,3 +117,60 @@ def test_errors(bad, match):
     with pytest.raises((TypeError, ValueError), match=match) as e:
         oss.linear_cross_entropy(args.pop("hidden"), args.pop("weight"), args.pop("target"), **args)
     assert "linear_cross_entropy" in str(e.value)
+
+
+# ---- scheme "vocab": token blocks × vocab chunks, two sweeps ------------------------------------------------
+
+VOCAB = LCEKnobs(scheme="vocab", chunk_tokens=16, vocab_chunk=64)   # 3 token blocks, 5 vocab chunks, both ragged
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kw", [dict(), dict(reduction="sum", label_smoothing=0.1),
+                                dict(reduction="none", z_loss=1e-3), dict(softcap=4.0)],
+                         ids=["mean", "sum-ls", "none-z", "softcap"])
+def test_vocab_scheme_vs_fp64(backend, kw):
+    h, w, b, t = _case()
+    t[1] = 299                                    # the last class, in the ragged last chunk
+    leaves = [x.clone().requires_grad_() for x in (h, w, b)]
+    loss = oss.linear_cross_entropy(leaves[0], leaves[1], t, bias=leaves[2], backend=backend, knobs=VOCAB, **kw)
+    (loss.sum() * 0.7).backward()
+    d = [x.double().requires_grad_() for x in (h, w, b)]
+    lr = ref.linear_cross_entropy(d[0], d[1], t, bias=d[2], **kw)
+    (lr.sum() * 0.7).backward()
+    assert _rel(loss, lr) < 1e-5
+    for leaf, x in zip(leaves, d):
+        assert leaf.grad.dtype == leaf.dtype and _rel(leaf.grad, x.grad) < 1e-4
+
+
+def test_vocab_scheme_bf16_fp32_accumulator_and_no_grad():
+    h, w, b, t = _case(N=24, V=500, dtype=torch.bfloat16)
+    hd, wd = h.double().requires_grad_(), w.double().requires_grad_()
+    ref.linear_cross_entropy(hd, wd, t, bias=b.double()).backward()
+    for backend, k in (("triton", LCEKnobs(scheme="vocab", vocab_chunk=256)),
+                       ("torch", LCEKnobs(scheme="vocab", vocab_chunk=128, dh_fp32=True, chunk_tokens=16))):
+        hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+        oss.linear_cross_entropy(hl, wl, t, bias=b, backend=backend, knobs=k).backward()
+        assert _rel(hl.grad, hd.grad) < 2e-2 and _rel(wl.grad, wd.grad) < 2e-2
+    with torch.no_grad():
+        a = oss.linear_cross_entropy(h.double(), w.double(), t, backend="torch", knobs=VOCAB)
+    assert abs(a.item() - ref.linear_cross_entropy(h.double(), w.double(), t).item()) < 1e-5
+    t[:] = -100
+    hl = h.clone().requires_grad_()
+    s = oss.linear_cross_entropy(hl, w, t, backend="torch", reduction="sum", knobs=VOCAB)
+    s.backward()
+    assert s.item() == 0.0 and torch.equal(hl.grad, torch.zeros_like(h))
+
+
+def test_vocab_plan_fits_budget():
+    for N, Hd, V in ((8192, 4096, 128256), (16384, 2048, 151936), (65536, 4096, 262144), (100, 64, 1000)):
+        for fp32 in (False, True):
+            p = plan_linear_cross_entropy(LCEProblem(N, Hd, V, 2, True), H200,
+                                          LCEKnobs(scheme="vocab", dh_fp32=fp32))
+            assert p.scheme == "vocab" and p.tile_bytes <= 60 << 20 and p.dh_fp32 == fp32
+            assert p.chunk_tokens <= max(N, 16) and (p.vocab_chunk % 128 == 0 or p.vocab_chunk == V)
+    p = plan_linear_cross_entropy(LCEProblem(8192, 4096, 128256, 2, True), H200, LCEKnobs(scheme="vocab"))
+    assert (p.chunk_tokens, p.vocab_chunk) == (8192, 3840)      # all tokens in one block: grad_W written once
+    with pytest.raises(ValueError, match="scheme"):
+        plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(scheme="rows"))
+    with pytest.raises(ValueError, match="vocab"):
+        plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(vocab_chunk=64))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import onlinesoftmax as oss
-from onlinesoftmax.losses import CEKnobs, explain
+from onlinesoftmax.losses import CEKnobs, LCEKnobs, explain
 from onlinesoftmax.reference import losses as ref
 
 pytestmark = pytest.mark.gpu
@@ -164,9 +164,10 @@ def test_cross_entropy_gpu_one_plan_many_row_lengths():
         torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("scheme", ["tokens", "vocab"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_linear_cross_entropy_gpu_vs_fp64(bias, reduction):
+def test_linear_cross_entropy_gpu_vs_fp64(bias, reduction, scheme):
     dev = torch.device("cuda")
     N, Hd, V = 1500, 512, 50257
     h = (torch.randn(N, Hd, device=dev) / 4).bfloat16()
@@ -175,7 +176,8 @@ def test_linear_cross_entropy_gpu_vs_fp64(bias, reduction):
     t = torch.randint(0, V, (N,), device=dev)
     t[::7] = -100
     leaves = [x.clone().requires_grad_() for x in (h, w) + ((b,) if bias else ())]
-    loss = oss.linear_cross_entropy(leaves[0], leaves[1], t, bias=leaves[2] if bias else None, reduction=reduction)
+    loss = oss.linear_cross_entropy(leaves[0], leaves[1], t, bias=leaves[2] if bias else None, reduction=reduction,
+                                    knobs=LCEKnobs(scheme=scheme))
     loss.sum().backward()
     lr, grs = _grads_ref(lambda hh, ww, *bb: ref.linear_cross_entropy(hh, ww, t, bias=bb[0] if bb else None,
                                                                      reduction=reduction),

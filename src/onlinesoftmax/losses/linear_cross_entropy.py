@@ -13,6 +13,10 @@ the loop again with the per-token scale folded into the kernel's dlogits.
 
 Memory above the inputs and their gradients: the tile (``chunk_tokens × V`` in the logits' dtype), fp32 [N] loss
 rows and lse, and an fp32 [V] bias-gradient accumulator. grad_weight accumulates in weight's dtype.
+
+Scheme ``"vocab"`` (``LCEKnobs(scheme="vocab")``, ``plan.py``): a block of tokens against the vocabulary in chunks
+of ``vocab_chunk`` classes, two sweeps (``_vocab_loop``): the lse first, then the gradients from recomputed
+logits, so 4 GEMMs (8·N·Hd·V FLOPs), all of them cuBLAS at full size, and grad_weight written once per chunk.
 """
 
 from __future__ import annotations
@@ -113,6 +117,152 @@ def _loop(h, W, b, t, coef, g, need_dh, need_dW, need_db, plan: LCEPlan, backend
     return loss_rows, lse, dh, dW, db
 
 
+def _torch_fold(sc, t, state, v0, ignore_index, eps, softcap):
+    """The torch path of ``lce_kernels.fold``: (m, d) ⊕= the chunk's, Σ z, and z_t where the target is in the
+    chunk (rows of ``state``: m, d, Σz, z_t)."""
+    z = sc.to(state.dtype)
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    m, d = state[0], state[1]
+    m_new = torch.maximum(m, z.max(1).values)
+    shift = torch.where(torch.isinf(m_new), 0.0, m_new)
+    alpha = torch.where(m == m_new, 1.0, torch.exp(m - m_new))
+    keep = t != ignore_index
+    state[1] = torch.where(keep, d * alpha + torch.exp(z - shift[:, None]).sum(1), d)
+    state[0] = torch.where(keep, m_new, m)
+    if eps:
+        state[2] += torch.where(keep, z.sum(1), 0.0)
+    here = keep & (t >= v0) & (t < v0 + sc.shape[1])
+    zt = z.gather(1, torch.where(here, t - v0, 0)[:, None])[:, 0]
+    state[3] = torch.where(here, zt, state[3])
+
+
+def _torch_grad_(sc, t, lse, rows, v0, ignore_index, softcap):
+    """The torch path of ``lce_kernels.grad_``: dS over the tile."""
+    acc = rows.dtype
+    z = sc.to(acc)
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    gr = torch.exp(z - lse[:, None]) * rows[0][:, None] - rows[2][:, None]
+    here = (t >= v0) & (t < v0 + sc.shape[1])
+    gr.scatter_add_(1, torch.where(here, t - v0, 0)[:, None], torch.where(here, -rows[1], 0.0)[:, None])
+    if softcap is not None:
+        gr = gr * (1 - (z / softcap) ** 2)
+    sc.copy_(torch.where((t != ignore_index)[:, None], gr, 0.0))
+
+
+def _mm_f32(a, b, out, accumulate):
+    """out (fp32) = / += a @ b for 16-bit a, b: cuBLAS with fp32 output (``out_dtype``); elsewhere in fp32."""
+    if a.is_cuda and a.dtype != out.dtype:
+        if accumulate:
+            torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+        else:
+            torch.mm(a, b, out_dtype=out.dtype, out=out)
+    elif accumulate:
+        out.addmm_(a.to(out.dtype), b.to(out.dtype))
+    else:
+        torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
+
+
+def _vocab_loop(h, W, b, t, coef, g, need_dh, need_dW, need_db, plan: LCEPlan, backend, ignore_index, eps,
+                z_loss, softcap):
+    """Scheme "vocab" (``LCEPlan``): the outputs of ``_loop``. Per token block, sweep 1 over the vocab chunks
+    gives lse; sweep 2 (a gradient wanted) recomputes each chunk's logits, turns them into dS in place and takes
+    the chunk's grad_weight rows and its term of grad_hidden by cuBLAS."""
+    N, Hd, V = h.shape[0], h.shape[1], W.shape[0]
+    need = need_dh or need_dW or need_db
+    triton_k = None if backend == "torch" else _lce_kernels()
+    acc = torch.float64 if h.dtype == torch.float64 and triton_k is None else torch.float32
+    loss_rows = torch.empty(N, dtype=torch.float32, device=h.device)
+    lse = torch.empty(N, dtype=torch.float32, device=h.device)
+    dh = torch.empty_like(h) if need_dh else None
+    dW = torch.empty_like(W) if need_dW else None
+    db = torch.zeros(V, dtype=torch.float32, device=h.device) if need_db else None
+    if N == 0:
+        if dW is not None:
+            dW.zero_()
+        return loss_rows, lse, dh, dW, db
+    B, Vc = min(plan.chunk_tokens, N), plan.vocab_chunk
+    tile = torch.empty(B * min(Vc, V), dtype=h.dtype, device=h.device)
+    state = torch.empty(4, B, dtype=acc, device=h.device)         # m, d, Σz, z_t per token
+    rows = torch.empty(3, B, dtype=acc, device=h.device)          # A, c_t, c_s per token
+    dh_acc = torch.empty(B, Hd, dtype=acc, device=h.device) if need_dh and plan.dh_fp32 else None
+    chunks = [(v0, min(v0 + Vc, V)) for v0 in range(0, V, Vc)]
+    s_ce, s_z = coef[0].to(acc), coef[1].to(acc)
+    fast = plan.ce.fast_exp
+
+    def logits(hs, v0, v1):
+        sc = tile[: hs.shape[0] * (v1 - v0)].view(hs.shape[0], v1 - v0)
+        if b is not None:
+            torch.addmm(b[v0:v1], hs, W[v0:v1].t(), out=sc)
+        else:
+            torch.mm(hs, W[v0:v1].t(), out=sc)
+        return sc
+
+    for s in range(0, N, B):
+        e = min(s + B, N)
+        n, hs, ts = e - s, h[s:e], t[s:e]
+        st = state[:, :n]
+        st[0].fill_(float("-inf"))
+        st[1:3].zero_()
+        st[3].fill_(float("nan"))                 # a target outside [0, V): NaN loss, as the CE kernels
+        # sweep 1: S_c (2·n·Hd·Vc FLOPs, cuBLAS), (m, d) ⊕= its state
+        for v0, v1 in chunks:
+            sc = logits(hs, v0, v1)
+            if triton_k is None:
+                _torch_fold(sc, ts, st, v0, ignore_index, eps, softcap)
+            else:
+                triton_k.fold(sc, ts, st, v0, ignore_index, eps > 0, softcap, fast)
+        valid = ts != ignore_index
+        m, d, sz, zt = st[0], st[1], st[2], st[3]
+        lse_ = torch.where(torch.isinf(m), 0.0, m) + torch.log(d)
+        ce = lse_ - zt
+        if eps:
+            ce = (1 - eps) * ce + (eps / V) * (V * lse_ - sz)
+        loss_rows[s:e] = torch.where(valid, ce, 0.0)
+        lse[s:e] = torch.where(valid, lse_, 0.0)
+        if not need:
+            continue
+        # the row factors of dS: A = g·(s + 2λ·s_z·lse), c_t = g·s·(1 − ε), c_s = g·s·ε/V
+        gs = g[s:e].to(acc) if g is not None else 1.0
+        ok = torch.where((ts >= 0) & (ts < V), 1.0, float("nan"))  # a target out of range: NaN gradient row
+        r = rows[:, :n]
+        r[0] = (s_ce + 2.0 * z_loss * s_z * lse_ if z_loss else s_ce) * gs * ok
+        r[1] = s_ce * (1 - eps) * gs * ok
+        r[2] = s_ce * (eps / V) * gs * ok
+        lse_k = lse_.to(acc)
+        # sweep 2, last chunk first: its S_c is still in the tile
+        for i, (v0, v1) in enumerate(reversed(chunks)):
+            sc = tile[: n * (v1 - v0)].view(n, v1 - v0) if i == 0 else logits(hs, v0, v1)
+            if triton_k is None:
+                _torch_grad_(sc, ts, lse_k, r, v0, ignore_index, softcap)
+            else:
+                triton_k.grad_(sc, ts, lse_k, r, v0, ignore_index, eps > 0, softcap, fast)
+            if need_dW:                               # grad_W[c] (+)= dS_cᵀ @ hidden[block]
+                if s == 0:
+                    torch.mm(sc.t(), hs, out=dW[v0:v1])
+                else:
+                    dW[v0:v1].addmm_(sc.t(), hs)
+            if need_db:
+                db[v0:v1] += sc.sum(0, dtype=torch.float32)
+            if need_dh:                               # grad_hidden[block] += dS_c @ W_c
+                if dh_acc is not None:
+                    _mm_f32(sc, W[v0:v1], dh_acc[:n], accumulate=i > 0)
+                elif i == 0:
+                    torch.mm(sc, W[v0:v1], out=dh[s:e])
+                else:
+                    dh[s:e].addmm_(sc, W[v0:v1])
+        if dh_acc is not None:
+            dh[s:e].copy_(dh_acc[:n])
+    return loss_rows, lse, dh, dW, db
+
+
+def _lce_kernels():
+    from . import lce_kernels  # Triton is imported on first use only
+
+    return lce_kernels
+
+
 def _reduce(loss_rows, lse, coef, reduction, z_loss):
     if reduction == "none":
         return loss_rows + z_loss * lse * lse if z_loss else loss_rows
@@ -121,9 +271,10 @@ def _reduce(loss_rows, lse, coef, reduction, z_loss):
     return loss_rows.sum() * coef[0] + (z_loss * (lse * lse).sum() * coef[1] if z_loss else 0.0)
 
 
-def _plan_for(h, W, need_grad, kchunk, ktile, kpath) -> LCEPlan:
+def _plan_for(h, W, need_grad, kchunk, ktile, kpath, kscheme, kvchunk, kfp32) -> LCEPlan:
     knobs = LCEKnobs(chunk_tokens=kchunk or None, tile_bytes=ktile or None,
-                     ce=CEKnobs(path=kpath) if kpath else None)
+                     ce=CEKnobs(path=kpath) if kpath else None, scheme=kscheme or None, vocab_chunk=kvchunk or None,
+                     dh_fp32=None if kfp32 < 0 else bool(kfp32))
     p = LCEProblem(h.shape[0], h.shape[1], W.shape[0], h.element_size(), need_grad)
     return plan_linear_cross_entropy(p, target_of(h.device), knobs)
 
@@ -134,15 +285,16 @@ def _empty(x):
 
 def _lce_impl(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor, ignore_index: int,
               reduction: str, label_smoothing: float, z_loss: float, softcap: float | None, need_dh: bool,
-              need_dW: bool, need_db: bool, backend: str, kchunk: int, ktile: int, kpath: str
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              need_dW: bool, need_db: bool, backend: str, kchunk: int, ktile: int, kpath: str,
+              kscheme: str, kvchunk: int, kfp32: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     V = W.shape[0]
     if reduction == "none":                       # the per-token dloss enters dW's sum: gradients in backward
         need_dh = need_dW = need_db = False
-    plan = _plan_for(h, W, need_dh or need_dW or need_db, kchunk, ktile, kpath)
+    plan = _plan_for(h, W, need_dh or need_dW or need_db, kchunk, ktile, kpath, kscheme, kvchunk, kfp32)
     coef = _reduction_coefs(t, None, ignore_index, reduction, V)
-    loss_rows, lse, dh, dW, db = _loop(h, W, b, t, coef, None, need_dh, need_dW, need_db, plan, backend,
-                                       ignore_index, label_smoothing, z_loss, softcap)
+    loop = _vocab_loop if plan.scheme == "vocab" else _loop
+    loss_rows, lse, dh, dW, db = loop(h, W, b, t, coef, None, need_dh, need_dW, need_db, plan, backend,
+                                      ignore_index, label_smoothing, z_loss, softcap)
     loss = _reduce(loss_rows, lse, coef, reduction, z_loss)
     if h.shape[0] == 0 and reduction == "mean":
         loss = torch.full((), math.nan, device=h.device)
@@ -156,7 +308,7 @@ _lce_op = torch.library.custom_op("onlinesoftmax::linear_cross_entropy", _lce_im
 
 @_lce_op.register_fake
 def _(h, W, b, t, ignore_index, reduction, label_smoothing, z_loss, softcap, need_dh, need_dW, need_db, backend,
-      kchunk, ktile, kpath):
+      kchunk, ktile, kpath, kscheme, kvchunk, kfp32):
     loss = h.new_empty((h.shape[0],) if reduction == "none" else (), dtype=torch.float32)
     grads = reduction != "none"
     return (loss, torch.empty_like(h) if grads and need_dh else h.new_empty(0),
@@ -166,13 +318,14 @@ def _(h, W, b, t, ignore_index, reduction, label_smoothing, z_loss, softcap, nee
 
 def _lce_backward_impl(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor, g: torch.Tensor,
                        ignore_index: int, label_smoothing: float, z_loss: float, softcap: float | None,
-                       need_dh: bool, need_dW: bool, need_db: bool, backend: str, kchunk: int, ktile: int, kpath: str
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       need_dh: bool, need_dW: bool, need_db: bool, backend: str, kchunk: int, ktile: int, kpath: str,
+                       kscheme: str, kvchunk: int, kfp32: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none": the loop again, dlogits scaled per token by g."""
-    plan = _plan_for(h, W, True, kchunk, ktile, kpath)
+    plan = _plan_for(h, W, True, kchunk, ktile, kpath, kscheme, kvchunk, kfp32)
     coef = _reduction_coefs(t, None, ignore_index, "none", W.shape[0])
-    _, _, dh, dW, db = _loop(h, W, b, t, coef, g.reshape(-1).float().contiguous(), need_dh, need_dW, need_db, plan,
-                             backend, ignore_index, label_smoothing, z_loss, softcap)
+    loop = _vocab_loop if plan.scheme == "vocab" else _loop
+    _, _, dh, dW, db = loop(h, W, b, t, coef, g.reshape(-1).float().contiguous(), need_dh, need_dW, need_db, plan,
+                            backend, ignore_index, label_smoothing, z_loss, softcap)
     db = db.to(b.dtype) if db is not None and b is not None else None
     return (dh if dh is not None else _empty(h), dW if dW is not None else _empty(W),
             db if db is not None else _empty(h))
@@ -184,7 +337,7 @@ _lce_bwd_op = torch.library.custom_op("onlinesoftmax::linear_cross_entropy_backw
 
 @_lce_bwd_op.register_fake
 def _(h, W, b, t, g, ignore_index, label_smoothing, z_loss, softcap, need_dh, need_dW, need_db, backend, kchunk,
-      ktile, kpath):
+      ktile, kpath, kscheme, kvchunk, kfp32):
     return (torch.empty_like(h) if need_dh else h.new_empty(0), torch.empty_like(W) if need_dW else W.new_empty(0),
             torch.empty_like(b) if need_db and b is not None else h.new_empty(0))
 
@@ -239,7 +392,7 @@ def _backward(ctx, dloss, *_):
         torch.ops.onlinesoftmax.linear_cross_entropy_scale_(dh, dW, db, dloss)
     need_dh, need_dW, need_db = ctx.args[4:7]
     return (dh if need_dh else None, dW if need_dW else None, db if need_db else None,
-            None, None, None, None, None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("onlinesoftmax::linear_cross_entropy", _backward, setup_context=_setup)
@@ -273,7 +426,8 @@ def _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_
         raise TypeError(f"{name}: knobs must be an LCEKnobs, got {type(knobs).__name__}")
     backend = resolve_backend(backend, hidden, name)
     k = knobs or LCEKnobs()
-    kargs = (k.chunk_tokens or 0, k.tile_bytes or 0, (k.ce.path or "") if k.ce is not None else "")
+    kargs = (k.chunk_tokens or 0, k.tile_bytes or 0, (k.ce.path or "") if k.ce is not None else "", k.scheme or "",
+             k.vocab_chunk or 0, -1 if k.dh_fp32 is None else int(k.dh_fp32))
     h = hidden if hidden.dim() == 2 else hidden.reshape(-1, hidden.shape[-1])
     return h, target.reshape(-1), backend, kargs
 

@@ -222,10 +222,20 @@ def _reg_fits(V: int, chunk: int, reg_elems: int) -> bool:
 
 # ---- linear cross-entropy ---------------------------------------------------------------------------------
 
-# The logits tile (tokens × V in the logits' dtype) is the one buffer the op adds: it is sized to this budget.
-# A larger tile amortises the grad-weight accumulation (read + write of V × Hd per tile) over more tokens.
+# scheme "tokens": the logits tile (tokens × V in the logits' dtype) is the one buffer the op adds: it is sized to
+# this budget. A larger tile amortises the grad-weight accumulation (read + write of V × Hd per tile) over more
+# tokens.
 LCE_TILE_BYTES = 56 << 20
 LCE_TOKEN_MULTIPLE = 16
+# scheme "vocab": a block of tokens × a chunk of the vocabulary per logits tile (all four GEMMs by cuBLAS at full
+# size). The tile (plus the fp32 grad-hidden accumulator under dh_fp32) fits LCE_VOCAB_BYTES, 4 MiB below the
+# goal's 64 MiB for the [N] fp32 rows (loss, lse, the running (m, d), the target logit, the gradient's factors).
+# All N tokens form one block up to LCE_VOCAB_MAX_TOKENS: grad_weight is then written once per vocab chunk, never
+# accumulated, and grad_hidden accumulates over the V / vocab_chunk chunks.
+LCE_VOCAB_BYTES = 60 << 20
+LCE_VOCAB_MAX_TOKENS = 16384
+LCE_VOCAB_MULTIPLE = 128
+LCE_SCHEMES = ("tokens", "vocab")
 
 
 @dataclass(frozen=True)
@@ -239,14 +249,25 @@ class LCEProblem:
 
 @dataclass(frozen=True)
 class LCEPlan:
-    """Tokens are taken ``chunk_tokens`` at a time: logits tile = hidden[chunk] @ weightᵀ (+ bias), its loss and
-    gradient by ``ce`` (written over the tile), then grad_hidden[chunk] = dtile @ weight and
-    grad_weight += dtileᵀ @ hidden[chunk]."""
+    """``scheme``:
+
+    * ``"tokens"``: tokens are taken ``chunk_tokens`` at a time: logits tile = hidden[chunk] @ weightᵀ (+ bias),
+      its loss and gradient by ``ce`` (written over the tile), then grad_hidden[chunk] = dtile @ weight and
+      grad_weight += dtileᵀ @ hidden[chunk] (3 GEMMs, grad_weight read and written once per chunk).
+    * ``"vocab"``: blocks of ``chunk_tokens`` tokens; per block two sweeps over the vocabulary in chunks of
+      ``vocab_chunk`` classes. Sweep 1: S_c = hidden[block] @ W_cᵀ (+ b_c), folded into the running (m, d) per
+      token (and the target logit); lse = m + log d. Sweep 2 (a gradient wanted; the last chunk first, its S_c
+      still in the tile): S_c again, turned in place into dS_c, then grad_W[c] (+)= dS_cᵀ @ hidden[block] and
+      grad_hidden[block] += dS_c @ W_c (in its own dtype, or in an fp32 accumulator under ``dh_fp32``). 4 GEMMs.
+    """
 
     chunk_tokens: int
     tile_bytes: int
     ce: CEPlan
     reason: str = ""
+    scheme: str = "tokens"
+    vocab_chunk: int = 0
+    dh_fp32: bool = False
 
 
 @dataclass(frozen=True)
@@ -254,10 +275,20 @@ class LCEKnobs:
     chunk_tokens: int | None = None
     tile_bytes: int | None = None
     ce: CEKnobs | None = None
+    scheme: str | None = None
+    vocab_chunk: int | None = None
+    dh_fp32: bool | None = None
 
 
 def plan_linear_cross_entropy(p: LCEProblem, target: Target, knobs: LCEKnobs | None = None) -> LCEPlan:
     k = knobs or LCEKnobs()
+    scheme = k.scheme or "tokens"
+    if scheme not in LCE_SCHEMES:
+        raise ValueError(f"linear_cross_entropy knobs: scheme must be one of {LCE_SCHEMES}, got {scheme!r}")
+    if scheme == "vocab":
+        return _plan_vocab(p, target, k)
+    if k.vocab_chunk or k.dh_fp32:
+        raise ValueError("linear_cross_entropy knobs: vocab_chunk and dh_fp32 belong to scheme 'vocab'")
     budget = k.tile_bytes or LCE_TILE_BYTES
     row_bytes = max(p.vocab * p.itemsize, 1)
     fit = max(LCE_TOKEN_MULTIPLE, budget // row_bytes // LCE_TOKEN_MULTIPLE * LCE_TOKEN_MULTIPLE)
@@ -266,6 +297,38 @@ def plan_linear_cross_entropy(p: LCEProblem, target: Target, knobs: LCEKnobs | N
               f"{chunk} tokens × V = {p.vocab} fill the {budget >> 20} MiB logits tile")
     ce = plan_cross_entropy(CEProblem(chunk, p.vocab, p.itemsize, p.need_grad), target, k.ce)
     return LCEPlan(chunk_tokens=chunk, tile_bytes=chunk * row_bytes, ce=ce, reason=reason)
+
+
+def _plan_vocab(p: LCEProblem, target: Target, k: LCEKnobs) -> LCEPlan:
+    """Token block and vocab chunk within the budget: the block as large as allowed (all tokens up to
+    LCE_VOCAB_MAX_TOKENS, equal blocks past it; under dh_fp32 its fp32 accumulator at most half the budget), the
+    chunk what the rest holds, a multiple of LCE_VOCAB_MULTIPLE."""
+    if k.ce is not None:
+        raise ValueError("linear_cross_entropy knobs: scheme 'vocab' runs no cross-entropy plan (ce knobs)")
+    budget = k.tile_bytes or LCE_VOCAB_BYTES
+    n, mult = max(p.n_tokens, 1), LCE_TOKEN_MULTIPLE
+    fp32 = bool(k.dh_fp32)
+    acc_row = 4 * p.hidden if fp32 else 0
+    if k.chunk_tokens:
+        block = k.chunk_tokens
+    else:
+        cap = LCE_VOCAB_MAX_TOKENS if not fp32 else max(mult, budget // 2 // acc_row // mult * mult)
+        per = -(-n // -(-n // cap))                   # equal blocks of at most cap tokens
+        block = min(n, -(-per // mult) * mult)
+    if k.vocab_chunk:
+        vc = min(k.vocab_chunk, max(p.vocab, 1))
+    else:
+        fit = max(0, budget - block * acc_row) // (block * p.itemsize)
+        vc = max(LCE_VOCAB_MULTIPLE, fit // LCE_VOCAB_MULTIPLE * LCE_VOCAB_MULTIPLE)
+        vc = min(vc, max(p.vocab, 1))
+    reason = (f"{block} tokens × {vc} classes per logits tile ({-(-n // block)} token block(s), "
+              f"{-(-max(p.vocab, 1) // vc)} vocab chunks), 4 GEMMs")
+    if k.chunk_tokens or k.vocab_chunk or k.tile_bytes:
+        reason = "knobs: " + reason
+    ce = CEPlan("vocab", fast_exp=not target.interpret,
+                reason="scheme 'vocab': the fold and gradient kernels of lce_kernels.py, no cross-entropy plan")
+    return LCEPlan(chunk_tokens=block, tile_bytes=block * vc * p.itemsize + block * acc_row, ce=ce, reason=reason,
+                   scheme="vocab", vocab_chunk=vc, dh_fp32=fp32)
 
 
 def with_knobs(knobs, **changes):
