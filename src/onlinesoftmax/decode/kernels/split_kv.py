@@ -20,6 +20,9 @@ Two variants (constexprs, chosen by the plan's knobs):
 - BOUND: the splits cut [0, S_MAX) into equal chunks (not [lo, hi) of this sequence): with lengths that vary in a
   batch every program streams at most one chunk, and a program whose chunk starts past the sequence's keys
   stores lse = −inf and exits (the merge never reads its o).
+
+``balanced_kv_kernel`` (the ``balanced`` knob) schedules the same tile loop (``_attend``) differently: equal
+ranges of all sequences' tiles per program, whatever the lengths (its docstring).
 """
 
 from __future__ import annotations
