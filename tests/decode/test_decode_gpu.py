@@ -170,3 +170,53 @@ def test_plan_on_this_gpu():
     major, minor = torch.cuda.get_device_capability()
     assert p.path == "split_kv" and p.kernel == ("sm90" if (major, minor) == (9, 0) else "portable")
     assert p.splits > 1
+
+
+@pytest.mark.parametrize("page", [0, 16])
+@pytest.mark.parametrize("B,H,Hkv", [(8, 32, 32), (64, 32, 8)])
+def test_balanced_varied_lengths(page, B, H, Hkv):
+    """The balanced schedule at varied lengths: a few long, many short, empty and one-key sequences."""
+    S = 32768 if B == 8 else 4096
+    lens = [S, 1, 0, 7, S // 3 + 1, 129, S - 1, 2][:B] + [(37 * b) % S for b in range(B - 8)]
+    k, v, sl, table = make_cache(B, Hkv, 128, lens, S, torch.bfloat16, DEV, page=page)
+    q = torch.randn(B, H, 1, 128, device=DEV).bfloat16()
+    plan = explain(q, k, v, sl, block_table=table, knobs=Knobs.of(balanced=True))
+    o, lse = attention_split_kv(q, k, v, sl, table, True, 128 ** -0.5, -1, -1, 0.0, plan)
+    torch.cuda.synchronize()
+    ro, rl = ref.attention_with_kvcache(q, k, v, sl, table)
+    assert_matches(o, lse, ro, rl, torch.bfloat16, (ro.bfloat16().double() - ro).abs().max().item())
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_balanced_cuda_graph_replay_after_lengths_change(page):
+    """The balanced schedule captured once, replayed after cache_seqlens (and block_table) change in place: the
+    chunks are re-cut on the device from the new lengths."""
+    B, H, Hkv, D, S = 4, 32, 8, 128, 16384
+    k, v, sl, table = make_cache(B, Hkv, D, [S] * B, S, torch.bfloat16, DEV, page=page)
+    q = torch.randn(B, H, 1, D, device=DEV).bfloat16()
+    plan = explain(q, k, v, sl, block_table=table, knobs=Knobs.of(balanced=True))
+
+    def step():
+        return attention_split_kv(q, k, v, sl, table, True, D ** -0.5, -1, -1, 0.0, plan)
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, lse = step()
+    for lens in ([S] * B, [1, 17, 5000, 16383], [0, S, 2, 9999], [0, 0, 0, 1]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        if page:
+            table.copy_(torch.randperm(table.numel(), device=DEV).int().reshape(table.shape))
+            for c in (k, v):
+                c[:-3].normal_()
+            plant_nan(k, v, sl, table)
+        else:
+            for c in (k, v):
+                c.normal_()
+                for b, n in enumerate(lens):
+                    c[b, :, n:] = float("nan")
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        ro, rl = ref.attention_with_kvcache(q, k, v, sl, table)
+        assert_matches(o, lse, ro, rl, torch.bfloat16, (ro.bfloat16().double() - ro).abs().max().item())

@@ -115,6 +115,37 @@ def test_kernel_variants(case, kernel_device):
            **kw)
 
 
+BALANCED_CASES = [
+    # B, H, Hkv, Sq, D, lens, s_max, page, knobs, kw: the balanced schedule (chunks of the line of all sequences'
+    # tiles) at chunk counts below, at and above the tile count T, empty sequences between others, windows whose
+    # first tile starts mid-sequence, pages of 1 / 16 / 256 keys
+    (4, 4, 4, 1, 32, [0, 1, 45, 17], 48, 0, dict(balanced=True), {}),
+    (5, 4, 2, 1, 16, [0, 0, 33, 0, 1], 48, 0, dict(balanced=True, splits=13), {}),
+    (4, 8, 2, 1, 16, [96, 3, 50, 16], 96, 0, dict(balanced=True, splits=5), {}),
+    (3, 8, 2, 2, 16, [90, 16, 2], 96, 16, dict(balanced=True, ahead=2, splits=7), dict(window=(30, -1))),
+    (3, 8, 2, 2, 16, [90, 16, 2], 96, 0, dict(balanced=True, splits=4), dict(window=(30, -1))),
+    (2, 4, 1, 16, 16, [16, 40], 40, 1, dict(balanced=True, ahead=1, splits=3), {}),
+    (2, 4, 2, 3, 16, [60, 31], 64, 0, dict(balanced=True, splits=11), dict(softcap=3.0, window=(8, 1), causal=False)),
+    (3, 4, 4, 1, 64, [300, 5, 257], 512, 256, dict(balanced=True, splits=6), {}),
+    (2, 8, 1, 4, 16, [70, 9], 72, 16, dict(balanced=True, splits=1), {}),
+]
+
+
+@pytest.mark.parametrize("case", BALANCED_CASES, ids=lambda c: f"B{c[0]}Sq{c[3]}p{c[7]}-" + "-".join(
+    f"{k}{v}" for k, v in c[8].items()))
+def test_kernel_balanced(case, kernel_device):
+    """The balanced schedule, its partial-state workspace planted with NaN first (a slot the merge reads but no
+    program wrote would show)."""
+    from onlinesoftmax._triton.launch import stream_scratch
+
+    B, H, Hkv, Sq, D, lens, s_max, page, knobs, kw = case
+    rows = H * Sq * (4096 + B)
+    for t in stream_scratch("decode", kernel_device, ((rows * D, torch.float32), (rows, torch.float32)), zeroed=0):
+        t.fill_(float("nan"))
+    _check(B, H, Hkv, Sq, D, lens, s_max, torch.float32, kernel_device, "triton", page=page, knobs=Knobs.of(**knobs),
+           **kw)
+
+
 def test_kernel_rows_over_blocks(kernel_device):
     """G·Sq = 32 rows > the interpreter's 16-row blocks: two row blocks per kv head."""
     _check(1, 8, 1, 4, 16, [40], 40, torch.float32, kernel_device, "triton", knobs=Knobs.of(splits=2))
@@ -227,6 +258,12 @@ def test_knobs():
     for B, S in ((1, 131072), (8, 32768), (2, 64)):
         s = decode_plan(Problem(B, 32, 8, 1, 128, S), H200, Knobs.of(programs_per_sm=3)).splits
         assert 1 <= s <= max(1, S // 256)
+    # the balanced schedule: programs per (kv head, row block) from the slots alone, whatever the lengths
+    bal = decode_plan(Problem(8, 32, 8, 1, 128, 32768), H200, Knobs.of(balanced=True))
+    assert bal.balanced and bal.splits == 2 * 132 // 8 and not decode_plan(p, H200).balanced
+    assert decode_plan(Problem(8, 32, 32, 1, 128, 32768), H200, Knobs.of(balanced=True, programs_per_sm=1)).splits == 4
+    assert decode_plan(Problem(1, 8, 8, 1, 128, 256), H200, Knobs.of(balanced=True)).splits == 2   # one per tile
+    assert decode_plan(Problem(2, 300, 300, 1, 128, 4096), H200, Knobs.of(balanced=True)).splits == 1
     assert dataclasses.is_dataclass(decode_plan(p, H200))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decode_plan(p, H200).splits = 3

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from .._triton.host import pow2
 from .._triton.launch import BoundKernel, cached, stream_scratch
 from ..target import target_of
-from .kernels.merge import merge_splits_kernel, merge_two_kernel
-from .kernels.split_kv import split_kv_kernel
+from .kernels.merge import merge_segments_kernel, merge_splits_kernel, merge_two_kernel
+from .kernels.split_kv import balanced_kv_kernel, split_kv_kernel
 from .plan import MergePlan, Plan, Problem, decode_plan, merge_plan
 
 
@@ -40,6 +41,26 @@ def _split_launches(plan: Plan, p: Problem, flags: tuple, scalars: tuple, stride
     return kv, head, merge
 
 
+@cached
+def _balanced_launches(plan: Plan, p: Problem, flags: tuple, scalars: tuple, strides: tuple):
+    """(balanced kernel, its leading arguments), (segment merge, its trailing arguments) of one problem; the
+    arguments as ``_split_launches``'."""
+    paged, causal, wl, wr, sc, ieee = flags
+    block_b = max(64, pow2(p.B))     # one compiled kernel for every B <= 64
+    kv = BoundKernel(balanced_kv_kernel, (p.Hkv * plan.row_blocks, plan.splits), dict(
+        G=p.group, PAGED=paged, PAGE=max(p.page, 1), CAUSAL=causal, WINDOW_LEFT=wl, WINDOW_RIGHT=wr, SOFTCAP=sc,
+        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_B=block_b, FAST=plan.fast,
+        IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, num_warps=plan.num_warps))
+    head = (p.B, p.H, p.Hkv, p.Sq, p.D, plan.splits, plan.row_blocks, p.s_max, *strides[:-4], *scalars)
+    R = p.B * p.H * p.Sq
+    rows = max(1, min(plan.merge_rows, 2048 // block_b))     # its [rows, BLOCK_B] sums stay in registers
+    merge = BoundKernel(merge_segments_kernel, (-(-R // rows),), dict(
+        WINDOW_LEFT=wl, WINDOW_RIGHT=wr, BLOCK_N=plan.block_n, BLOCK_B=block_b, BLOCK_R=rows,
+        BLOCK_D=plan.block_d, FAST=plan.fast, num_warps=plan.merge_warps))
+    tail = (R, p.B, p.H, p.Sq, p.D, plan.splits, p.s_max, scalars[2], scalars[3], *strides[-4:])
+    return kv, head, merge, tail
+
+
 def attention_split_kv(q, k, v, seqlens, block_table, causal: bool, scale: float, left: int, right: int,
                        softcap: float, plan: Plan | None = None):
     """o ``[B, H, Sq, D]`` (q's dtype) and lse ``[B, H, Sq]`` fp32 by the split-KV kernel (and the merge)."""
@@ -58,6 +79,8 @@ def attention_split_kv(q, k, v, seqlens, block_table, causal: bool, scale: float
     kv, head, merge = _split_launches(plan, p, flags, (float(scale), float(softcap or 0.0), int(left), int(right)),
                                       strides)
     check = (q, k, v, seqlens, bt)
+    if plan.balanced:
+        return _balanced(plan, p, flags, scale, softcap, left, right, strides, q, k, v, seqlens, bt, o, lse)
     if merge is None:
         kv((q, k, v, seqlens, bt, o, lse, o, lse, *head), check, q.device)
         return o, lse
@@ -67,6 +90,18 @@ def attention_split_kv(q, k, v, seqlens, block_table, causal: bool, scale: float
     kv((q, k, v, seqlens, bt, o, lse, part_o, part_lse, *head), check, q.device)
     bound, margs = merge
     bound((part_o, part_lse, o, lse, *margs), (o,), q.device)     # o: q's dtype, which the cache key leaves out
+    return o, lse
+
+
+def _balanced(plan, p, flags, scale, softcap, left, right, strides, q, k, v, seqlens, bt, o, lse):
+    """The balanced schedule: segments of every chunk into H·Sq rows of CHUNKS + B − 1 slots, then their ⊕."""
+    kv, head, merge, tail = _balanced_launches(plan, p, flags, (float(scale), float(softcap or 0.0), int(left),
+                                                                int(right)), strides)
+    rows = p.H * p.Sq * (plan.splits + p.B - 1)
+    part_o, part_lse = stream_scratch("decode", q.device, ((rows * p.D, torch.float32), (rows, torch.float32)),
+                                      zeroed=0)
+    kv((q, k, v, seqlens, bt, part_o, part_lse, *head), (q, k, v, seqlens, bt), q.device)
+    merge((part_o, part_lse, seqlens, o, lse, *tail), (o,), q.device)
     return o, lse
 
 

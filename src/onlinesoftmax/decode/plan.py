@@ -39,7 +39,8 @@ class Problem:
 class Tiles:
     """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
     count aims for, warps; the defaults of the ``ahead`` / ``bound`` / ``programs_per_sm`` knobs (``waves``: the
-    programs per SM ``num_splits_waves`` counts with, 0 for ``num_splits_heuristic``)."""
+    programs per SM ``num_splits_waves`` counts with, 0 for ``num_splits_heuristic``; ``balanced``: the
+    balanced schedule)."""
 
     block_n: int
     num_stages: int
@@ -49,6 +50,7 @@ class Tiles:
     ahead: int = 0
     bound: bool = False
     waves: int = 0
+    balanced: bool = False
 
 
 # sm_90, H200 (tools/probe_decode.py, bf16, Sq = 1, GB/s of K and V): dense caches take 128-key tiles over 8 warps,
@@ -86,6 +88,7 @@ class Plan:
     fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
     ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead
     bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
+    balanced: bool = False      # splits = chunks of the line of all sequences' tiles per (kv head, row block)
 
     @property
     def programs(self) -> int:
@@ -105,7 +108,8 @@ class Knobs:
     merge_rows: int | None = None
     ahead: int | None = None
     bound: bool | None = None
-    programs_per_sm: int | None = None      # split count by num_splits_waves with this occupancy
+    programs_per_sm: int | None = None      # split count by num_splits_waves (balanced: num_chunks) with this occupancy
+    balanced: bool | None = None            # the balanced schedule (kernels/split_kv.py: balanced_kv_kernel)
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -170,6 +174,15 @@ def num_splits_waves(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: in
     return next(s for s in range(1, most + 1) if fill(s) >= FULL_WAVE * top)
 
 
+def num_chunks(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, block_n: int,
+               programs_per_sm: int) -> int:
+    """Chunks per (kv head, row block) of the balanced schedule: every chunk streams the same number of tiles
+    whatever the lengths, so the programs fill the ``programs_per_sm · sm_count`` slots once, as many as fit
+    (at least one per (kv head, row block), at most one per tile of the B·s_max bound)."""
+    units = max(Hkv * row_blocks, 1)
+    return max(1, min(programs_per_sm * sm_count // units, B * _cdiv(s_max, block_n), 4096))
+
+
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
     tiles = tiles_for(target, bool(p.page))
@@ -182,8 +195,12 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
+    balanced = tiles.balanced if knobs.balanced is None else knobs.balanced
     if knobs.splits:
         splits = knobs.splits
+    elif balanced:
+        splits = num_chunks(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
+                            knobs.programs_per_sm or tiles.programs_per_sm)
     elif knobs.programs_per_sm or tiles.waves:
         splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
                                   knobs.programs_per_sm or tiles.waves)
@@ -197,7 +214,7 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     ahead = (tiles.ahead if knobs.ahead is None else knobs.ahead) if p.page else 0
     bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound)
+                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound, balanced)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..._triton.online import _exp, _shift
+from ..._triton.online import _alpha, _exp, _lse, _shift
+from .split_kv import _tile_counts
 
 
 @triton.jit
@@ -80,3 +81,58 @@ def merge_two_kernel(OA, LA, OB, LB, O, LSE, N, D,
         o = wa[:, None] * oa + wb[:, None] * ob
         tl.store(O + rows64[:, None] * D + cols[None, :], o.to(O.dtype.element_ty), mask=c_ok)
     tl.store(LSE + rows64, ms + tl.log(W), mask=r_ok)
+
+
+@triton.jit
+def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Sq, D, CHUNKS, S_MAX, left, right,
+                          stride_ob, stride_oh, stride_os, stride_od,
+                          WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr):
+    """Rows r = (b·H + h)·Sq + i of the balanced kernel's segments into O [B, H, Sq, D] (any strides) and LSE [R].
+
+    Sequence b owns tiles [e_b, e_b + n_b) of the line of T tiles; the chunks c = chunk(e_b) .. chunk(e_b + n_b
+    − 1), chunk(x) = ((x + 1)·CHUNKS − 1) // T (the last c with c·T // CHUNKS <= x), each nonempty one wrote its
+    segment of b at slot c + b of PART_O [H·Sq, CHUNKS + B − 1, D] / PART_LSE. They are ⊕-merged in one pass with
+    a running (m, W, o): m' = max(m, lse_s), W' = W·e^(m − m') + e^(lse_s − m'), o' = o·e^(m − m') +
+    e^(lse_s − m')·o_s; one segment comes back exactly (weight e^0 = 1); a sequence without a key gives o = 0,
+    lse = −inf."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = rows < R
+    rows64 = rows.to(tl.int64)
+    b_r = rows // (Hq * Sq)
+    hi_r = (rows % (Hq * Sq)).to(tl.int64)                         # h·Sq + i
+    nslots = CHUNKS + B - 1
+    # 1. each row's segments: its sequence's first tile e_b and tile count n_b on the line, then its chunks
+    offs_b, n, incl = _tile_counts(SEQLENS, B, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N, BLOCK_B)
+    T = tl.maximum(tl.sum(n, 0), 1).to(tl.int64)     # T = 0: no row has a segment (count 0)
+    before = offs_b[None, :] < b_r[:, None]
+    e_b = tl.sum(tl.where(before, n[None, :], 0), 1).to(tl.int64)
+    n_b = tl.sum(tl.where(offs_b[None, :] == b_r[:, None], n[None, :], 0), 1).to(tl.int64)
+    c_first = ((e_b + 1) * CHUNKS - 1) // T
+    c_last = ((e_b + n_b) * CHUNKS - 1) // T
+    count = tl.where(r_ok & (n_b > 0), c_last - c_first + 1, 0)
+    slot0 = hi_r * nslots + c_first + b_r
+    # 2. the running ⊕ over the row's segments
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    W = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for k in range(0, tl.max(count, 0)):
+        c = c_first + k
+        ok = (k < count) & (c * T // CHUNKS < (c + 1) * T // CHUNKS)   # chunks are empty where T < CHUNKS
+        l_s = tl.load(PART_LSE + slot0 + k, mask=ok, other=float("-inf"))
+        m_new = tl.maximum(m, l_s)
+        alpha = _alpha(m, m_new)
+        w = _exp(l_s - _shift(m_new), FAST)                       # 0 where lse_s = −inf
+        o_s = tl.load(PART_O + (slot0 + k)[:, None] * D + offs_d[None, :],
+                      mask=(ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
+        W = W * alpha + w
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        m = m_new
+    bh = rows64 // Sq
+    i = rows64 % Sq
+    o_ptrs = (O + (bh // Hq) * stride_ob + (bh % Hq) * stride_oh + i * stride_os)[:, None] + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, (acc / tl.where(W == 0.0, 1.0, W)[:, None]).to(O.dtype.element_ty),
+             mask=r_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + rows64, _lse(m, W), mask=r_ok)

@@ -20,6 +20,9 @@ Two variants (constexprs, chosen by the plan's knobs):
 - BOUND: the splits cut [0, S_MAX) into equal chunks (not [lo, hi) of this sequence): with lengths that vary in a
   batch every program streams at most one chunk, and a program whose chunk starts past the sequence's keys
   stores lse = −inf and exits (the merge never reads its o).
+
+``balanced_kv_kernel`` (the ``balanced`` knob) schedules the same tile loop (``_attend``) differently: equal
+ranges of all sequences' tiles per program, whatever the lengths (its docstring).
 """
 
 from __future__ import annotations
@@ -60,76 +63,54 @@ def _page_numbers(BT, b, offs_n, end, stride_btb, PAGE: tl.constexpr, FAST: tl.c
 
 
 @triton.jit
-def split_kv_kernel(
-    Q, K, V, SEQLENS, BT, O, LSE, PART_O, PART_LSE,
-    H, Hkv, Sq, D, NUM_SPLITS, ROW_BLOCKS, S_MAX,
-    stride_qb, stride_qh, stride_qs, stride_qd,
-    stride_kb, stride_kh, stride_ks, stride_kd,
-    stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_btb,
-    stride_ob, stride_oh, stride_os, stride_od,
-    scale, softcap, left, right,
-    G: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
-    IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, AHEAD: tl.constexpr = False, BOUND: tl.constexpr = False,
-):
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    rb = pid % ROW_BLOCKS
-    bh = pid // ROW_BLOCKS
-    b = bh // Hkv
-    hkv = bh % Hkv
-    L = tl.load(SEQLENS + b)
+def _key_range(L, Sq, S_MAX, left, right, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """[lo, hi): the keys any query row of a sequence of L keys attends (L a scalar or a vector of lengths); lo a
+    tile edge (one page per tile where it can)."""
+    hi = tl.minimum(L, S_MAX)        # causal: j <= L − Sq + i <= L − 1 for every row; S_MAX: the cache's slots
+    if WINDOW_RIGHT:
+        hi = tl.minimum(hi, tl.maximum(L - Sq + (Sq - 1) + right + 1, 0))
+    lo = hi * 0
+    if WINDOW_LEFT:
+        lo = tl.maximum(L - Sq - left, 0) // BLOCK_N * BLOCK_N
+    return lo, hi
 
-    # 1. the rows: r = g·Sq + i -> query head h = hkv·G + g, query i at position L − Sq + i
+
+@triton.jit
+def _rows(Q, b, hkv, rb, L, Sq, stride_qb, stride_qh, stride_qs, stride_qd, D, G: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr):
+    """The block's rows r = g·Sq + i -> query head h = hkv·G + g, query i at position L − Sq + i: q [BLOCK_M,
+    BLOCK_D] (0 past the rows), h, i, their positions, which rows exist."""
     offs_r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     g = offs_r // Sq
     i = offs_r % Sq
     row_ok = g < G
     h = hkv * G + g
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
     q_ptrs = (Q + b.to(tl.int64) * stride_qb + h.to(tl.int64)[:, None] * stride_qh
               + i.to(tl.int64)[:, None] * stride_qs + offs_d[None, :] * stride_qd)
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     if not FAST:
         q = q.to(tl.float32)
-    qpos = L - Sq + i
+    return q, h, i, L - Sq + i, row_ok
 
-    # 2. the keys any row of the block attends, [lo, hi), cut into NUM_SPLITS chunks of whole tiles
-    hi = tl.minimum(L, S_MAX)        # causal: j <= L − Sq + i <= L − 1 for every row; S_MAX: the cache's slots
-    if WINDOW_RIGHT:
-        hi = tl.minimum(hi, tl.maximum(L - Sq + (Sq - 1) + right + 1, 0))
-    lo = 0
-    if WINDOW_LEFT:
-        lo = tl.maximum(L - Sq - left, 0) // BLOCK_N * BLOCK_N    # whole tiles: one page per tile where it can
-    if BOUND:
-        chunk = tl.cdiv(tl.cdiv(S_MAX, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = tl.maximum(split * chunk, lo)
-        end = tl.minimum(split * chunk + chunk, hi)
-        if SPLIT and start >= end:                  # nothing of this sequence in the chunk: an empty state
-            row = ((b * H + h) * Sq + i).to(tl.int64) * NUM_SPLITS + split
-            tl.store(PART_LSE + row, float("-inf"), mask=row_ok)
-            return
-    else:
-        n = tl.maximum(hi - lo, 0)
-        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        start = lo + split * chunk
-        end = tl.minimum(start + chunk, hi)
 
-    k_base = K + hkv.to(tl.int64) * stride_kh
-    v_base = V + hkv.to(tl.int64) * stride_vh
-    if not PAGED:
-        k_base += b.to(tl.int64) * stride_kb
-        v_base += b.to(tl.int64) * stride_vb
-
+@triton.jit
+def _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb, stride_ks, stride_kd,
+            stride_vb, stride_vs, stride_vd, scale, softcap, left, right,
+            PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+            WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, FAST: tl.constexpr, IEEE: tl.constexpr, NUM_STAGES: tl.constexpr,
+            AHEAD: tl.constexpr):
+    """The running state (m, d, o) of the rows over keys [start, end) of sequence b (k_base / v_base: the kv
+    head's caches, dense ones at sequence b)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     dsum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if AHEAD == 2:
         pg_next = _page_numbers(BT, b, start + tl.arange(0, BLOCK_N), end, stride_btb, PAGE, FAST)
-    # 3. stream the split's key tiles through the running (m, d, o)
     for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
@@ -185,11 +166,69 @@ def split_kv_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv                           # o' = o·α + p·V
         m = m_new
+    return m, dsum, acc
+
+
+@triton.jit
+def split_kv_kernel(
+    Q, K, V, SEQLENS, BT, O, LSE, PART_O, PART_LSE,
+    H, Hkv, Sq, D, NUM_SPLITS, ROW_BLOCKS, S_MAX,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_btb,
+    stride_ob, stride_oh, stride_os, stride_od,
+    scale, softcap, left, right,
+    G: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
+    IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, AHEAD: tl.constexpr = False, BOUND: tl.constexpr = False,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    rb = pid % ROW_BLOCKS
+    bh = pid // ROW_BLOCKS
+    b = bh // Hkv
+    hkv = bh % Hkv
+    L = tl.load(SEQLENS + b)
+
+    # 1. the rows of the block
+    q, h, i, qpos, row_ok = _rows(Q, b, hkv, rb, L, Sq, stride_qb, stride_qh, stride_qs, stride_qd, D, G, BLOCK_M,
+                                  BLOCK_D, FAST)
+
+    # 2. the keys any row of the block attends, [lo, hi), cut into NUM_SPLITS chunks of whole tiles
+    lo, hi = _key_range(L, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N)
+    if BOUND:
+        chunk = tl.cdiv(tl.cdiv(S_MAX, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = tl.maximum(split * chunk, lo)
+        end = tl.minimum(split * chunk + chunk, hi)
+        if SPLIT and start >= end:                  # nothing of this sequence in the chunk: an empty state
+            row = ((b * H + h) * Sq + i).to(tl.int64) * NUM_SPLITS + split
+            tl.store(PART_LSE + row, float("-inf"), mask=row_ok)
+            return
+    else:
+        n = tl.maximum(hi - lo, 0)
+        chunk = tl.cdiv(tl.cdiv(n, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = lo + split * chunk
+        end = tl.minimum(start + chunk, hi)
+
+    k_base = K + hkv.to(tl.int64) * stride_kh
+    v_base = V + hkv.to(tl.int64) * stride_vh
+    if not PAGED:
+        k_base += b.to(tl.int64) * stride_kb
+        v_base += b.to(tl.int64) * stride_vb
+
+    # 3. stream the split's key tiles through the running (m, d, o)
+    m, dsum, acc = _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb, stride_ks,
+                           stride_kd, stride_vb, stride_vs, stride_vd, scale, softcap, left, right, PAGED, PAGE,
+                           CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, BLOCK_M, BLOCK_N, BLOCK_D, FAST, IEEE,
+                           NUM_STAGES, AHEAD)
 
     # 4. the (partial) state: o / d and lse = m + log d; a row without a key gives o = 0, lse = −inf
+    offs_d = tl.arange(0, BLOCK_D)
     o = acc / tl.where(dsum == 0.0, 1.0, dsum)[:, None]
     lse = _lse(m, dsum)
-    out_ok = row_ok[:, None] & d_ok[None, :]
+    out_ok = row_ok[:, None] & (offs_d < D)[None, :]
     if SPLIT:
         row = ((b * H + h) * Sq + i).to(tl.int64) * NUM_SPLITS + split
         tl.store(PART_O + row[:, None] * D + offs_d[None, :], o, mask=out_ok)
@@ -199,3 +238,87 @@ def split_kv_kernel(
                   + i.to(tl.int64)[:, None] * stride_os + offs_d[None, :] * stride_od)
         tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=out_ok)
         tl.store(LSE + (b * H + h) * Sq + i, lse, mask=row_ok)
+
+
+@triton.jit
+def _tile_counts(SEQLENS, B, Sq, S_MAX, left, right, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Key tiles n_b of each sequence (0 past B) and their inclusive prefix sums: sequence b owns tiles
+    [incl_b − n_b, incl_b) of the line of all T = Σ n_b tiles, read from cache_seqlens on the device."""
+    offs_b = tl.arange(0, BLOCK_B)
+    L = tl.load(SEQLENS + offs_b, mask=offs_b < B, other=0)
+    lo, hi = _key_range(L, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N)
+    n = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+    return offs_b, n, tl.cumsum(n, 0)
+
+
+@triton.jit
+def balanced_kv_kernel(
+    Q, K, V, SEQLENS, BT, PART_O, PART_LSE,
+    B, H, Hkv, Sq, D, CHUNKS, ROW_BLOCKS, S_MAX,
+    stride_qb, stride_qh, stride_qs, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_btb,
+    scale, softcap, left, right,
+    G: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+    WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
+    FAST: tl.constexpr, IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, AHEAD: tl.constexpr = 0,
+):
+    """One program per (kv head, row block, chunk c): the key tiles of all B sequences laid end to end
+    (T = Σ_b n_b per kv head) are cut into CHUNKS equal ranges [c·T/CHUNKS, (c+1)·T/CHUNKS), whatever the
+    lengths, so every program streams the same number of tiles (± 1). A range may span several sequences: for
+    each sequence b it meets, the program streams its tiles of b and writes one partial state (o, lse) at slot
+    c + b of the row (a one-to-one map: a later chunk meets only the same or later sequences), which
+    ``merge_segments_kernel`` ⊕-merges. The ranges come from cache_seqlens on the device: no host sync, and a
+    CUDA graph stays right when the lengths change.
+
+    Memory traffic: the K and V tiles of the range, once; B lengths; per segment q (G·Sq rows × D) and G·Sq
+    partial rows of D + 1 fp32."""
+    u = tl.program_id(0)
+    c = tl.program_id(1).to(tl.int64)
+    rb = u % ROW_BLOCKS
+    hkv = u // ROW_BLOCKS
+    nslots = CHUNKS + B - 1
+
+    # 1. this chunk's tiles [t0, t1) on the line, and the sequences b_first..b_last they belong to
+    offs_b, n, incl = _tile_counts(SEQLENS, B, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N, BLOCK_B)
+    T = tl.sum(n, 0).to(tl.int64)
+    t0 = (c * T // CHUNKS).to(tl.int32)
+    t1 = ((c + 1) * T // CHUNKS).to(tl.int32)
+    b_first = tl.sum((incl <= t0).to(tl.int32), 0)
+    b_last = tl.sum((incl < t1).to(tl.int32), 0)                  # the sequence of tile t1 − 1
+    b_stop = tl.where(t1 > t0, b_last + 1, b_first)
+
+    k_head = K + hkv.to(tl.int64) * stride_kh
+    v_head = V + hkv.to(tl.int64) * stride_vh
+    offs_d = tl.arange(0, BLOCK_D)
+    for t in range(0, b_stop - b_first):
+        b = b_first + t
+        # 2. tiles [a, e) of sequence b's own [lo, hi) lie in the chunk (none if b has no key)
+        L = tl.load(SEQLENS + b)
+        lo, hi = _key_range(L, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N)
+        excl = tl.sum(tl.where(offs_b < b, n, 0), 0)
+        n_b = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+        start = lo + tl.maximum(t0 - excl, 0) * BLOCK_N
+        end = tl.minimum(lo + tl.minimum(t1 - excl, n_b) * BLOCK_N, hi)
+        q, h, i, qpos, row_ok = _rows(Q, b, hkv, rb, L, Sq, stride_qb, stride_qh, stride_qs, stride_qd, D, G,
+                                      BLOCK_M, BLOCK_D, FAST)
+        k_base = k_head
+        v_base = v_head
+        if not PAGED:
+            k_base += b.to(tl.int64) * stride_kb
+            v_base += b.to(tl.int64) * stride_vb
+        # 3. stream them through the running (m, d, o)
+        m, dsum, acc = _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb, stride_ks,
+                               stride_kd, stride_vb, stride_vs, stride_vd, scale, softcap, left, right, PAGED, PAGE,
+                               CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, BLOCK_M, BLOCK_N, BLOCK_D, FAST, IEEE,
+                               NUM_STAGES, AHEAD)
+        # 4. the segment's partial state (o / d, lse = m + log d) at slot c + b of each row (h, i)
+        o = acc / tl.where(dsum == 0.0, 1.0, dsum)[:, None]
+        lse = _lse(m, dsum)
+        seg_ok = row_ok & (start < end)
+        row = (h * Sq + i).to(tl.int64) * nslots + c + b
+        tl.store(PART_O + row[:, None] * D + offs_d[None, :], o, mask=seg_ok[:, None] & (offs_d < D)[None, :])
+        tl.store(PART_LSE + row, lse, mask=seg_ok)
