@@ -251,8 +251,9 @@ def backward_knobs(monkeypatch):
     wrapped): how the tests reach a variant no default plan picks."""
     from onlinesoftmax.attention import api
 
-    def use(knobs):
-        plan = api.plan_attention
+    plan = api.plan_attention
+
+    def use(knobs):           # a later call replaces an earlier one's fields
         monkeypatch.setattr(api, "plan_attention", lambda p, t, b, kn=Knobs(): plan(p, t, b, Knobs(backward=knobs)))
     return use
 
@@ -498,9 +499,10 @@ def test_gpu_real_sizes(B, H, Hkv, Sq, Sk, D, dtype, kw):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,H,Hkv,Sq,Sk,D,dtype,kw,knobs", [
-    GPU_CASES[i] + (kn,) for i in (1, 2, 3, 5) for kn in (dict(dq_atomic=True),
-                                                        dict(dq_atomic=True, block_m=32, block_n=128, num_warps=8))
-] + [GPU_CASES[10] + (dict(dq_atomic=True),)])
+    GPU_CASES[i] + (kn,) for i in (1, 2, 3, 5) for kn in (
+        dict(kernel="triton", dq_atomic=True), dict(kernel="triton", dq_atomic=True, block_m=32, block_n=128,
+                                                    num_warps=8))
+] + [GPU_CASES[10] + (dict(kernel="triton", dq_atomic=True),)])
 def test_gpu_atomic_dq(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knobs):
     backward_knobs(knobs)
     q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True)
@@ -534,18 +536,28 @@ def test_few_queries_over_many_keys_run_the_decode_kernels(kernel_device, Sq, ca
 
 # ---- the sm90 forward (Gluon: TMA ring, producer warp, wgmma consumers) ------------------------------------------
 def test_sm90_forward_plan():
-    """Hopper runs the sm90 kernel for 16-bit D = 128 / 256 inputs TMA can copy (a third ring slot when banded);
-    D = 64, fp32, unaligned strides and every other GPU keep the tl.dot kernel."""
-    from onlinesoftmax.attention.plan import Problem, plan_forward
+    """Hopper runs the sm90 kernel for 16-bit D = 64 / 128 / 256 inputs TMA can copy: D = 64 / 128 folded, on a
+    persistent grid of one program per SM for dense inputs (two ring slots), per tile for packed sequences (a third
+    slot when banded at D = 128); D = 256 per tile, unfolded; causal D = 64 at Sk <= 1024 and packed D = 64, fp32,
+    unaligned strides and every other GPU keep the tl.dot kernel."""
+    from onlinesoftmax.attention.plan import SM90_WS_SHORT_CAUSAL_D64, Problem, plan_forward
 
     base = Problem(4, 32, 8, 4096, 4096, 128, "bfloat16", False, (-1, -1), tma=True)
     plan = plan_forward(base, H200)
     assert (plan.kernel, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages) == ("sm90", 128, 128, 4, 2)
-    causal = plan_forward(dataclasses.replace(base, causal=True, window=(-1, 0)), H200)
-    assert causal.kernel == "sm90" and causal.num_stages == 3
-    assert plan_forward(dataclasses.replace(base, D=256), H200).block_n == 64
-    assert plan_forward(dataclasses.replace(base, dtype="float16", varlen=True), H200).kernel == "sm90"
-    for other in (dataclasses.replace(base, D=64), dataclasses.replace(base, D=80),
+    assert (plan.fold, plan.programs) == (True, H200.sm_count)
+    causal = dataclasses.replace(base, causal=True, window=(-1, 0))
+    assert plan_forward(causal, H200).num_stages == 2 and plan_forward(causal, H200).programs == H200.sm_count
+    packed = plan_forward(dataclasses.replace(causal, varlen=True), H200)
+    assert (packed.kernel, packed.num_stages, packed.fold, packed.programs) == ("sm90", 3, True, 0)
+    wide = plan_forward(dataclasses.replace(base, D=256), H200)
+    assert (wide.kernel, wide.block_n, wide.fold, wide.programs) == ("sm90", 64, False, 0)
+    d64 = plan_forward(dataclasses.replace(base, D=64), H200)
+    assert (d64.kernel, d64.num_stages, d64.fold, d64.programs) == ("sm90", 4, True, H200.sm_count)
+    short = dataclasses.replace(causal, D=64, Sq=SM90_WS_SHORT_CAUSAL_D64, Sk=SM90_WS_SHORT_CAUSAL_D64)
+    assert plan_forward(short, H200).kernel == "triton"
+    assert plan_forward(dataclasses.replace(short, Sq=2048, Sk=2048), H200).kernel == "sm90"
+    for other in (dataclasses.replace(base, D=64, varlen=True), dataclasses.replace(base, D=80),
                   dataclasses.replace(base, dtype="float32"), dataclasses.replace(base, tma=False)):
         assert plan_forward(other, H200).kernel == "triton", other
     for target in (A100, L4, INTERPRETER):
@@ -560,7 +572,7 @@ def test_sm90_forward_knobs():
     base = Problem(16, 32, 32, 1024, 1024, 64, "bfloat16", True, (-1, 0), tma=True)
     sm90 = {"kernel": "sm90"}
     plan = plan_forward(base, H200, Knobs(forward=sm90))
-    assert (plan.kernel, plan.block_n, plan.num_stages, plan.fold, plan.programs) == ("sm90", 128, 3, False, 0)
+    assert (plan.kernel, plan.block_n, plan.num_stages, plan.fold, plan.programs) == ("sm90", 128, 4, False, 0)
     assert (plan.block_m, plan.block_n, plan.num_warps, plan.num_stages) == SM90_WS_FORWARD[64]
     pers = plan_forward(base, H200, Knobs(forward=dict(sm90, programs=-1, fold=True, num_stages=4)))
     assert (pers.programs, pers.fold, pers.num_stages) == (H200.sm_count, True, 4)
@@ -651,32 +663,38 @@ def test_sm90_forward_compiles_without_spills():
 
 @pytest.mark.gpu
 def test_gpu_sm90_forward_is_what_runs():
-    """On an H100 / H200 the real-size bf16 D = 128 / 256 calls of GPU_CASES plan the sm90 kernel; elsewhere the
-    tl.dot kernel (what a non-Hopper GPU gets)."""
+    """On an H100 / H200 a bf16 D = 128 call plans the sm90 forward (persistent, folded) and backward; elsewhere the
+    tl.dot kernels (what a non-Hopper GPU gets)."""
     from onlinesoftmax.target import target_of
 
     q, k, v = make(2, 8, 8, 1024, 1024, 128, torch.bfloat16)
     expected = "sm90" if target_of(q.device).sm90 else "triton"
-    assert explain(q, k, v, causal=True).forward.kernel == expected
+    plan = explain(q, k, v, causal=True)
+    assert plan.forward.kernel == expected and plan.backward.kernel == expected
+    if expected == "sm90":
+        assert plan.forward.programs == target_of(q.device).sm_count and plan.backward.dq_tma
     assert explain(q.float(), k.float(), v.float()).forward.kernel == "triton"
 
 
 # ---- the sm90 backward (Gluon: Q / dO ring filled by a producer warp, dK / dV in wgmma consumers, dQ atomics) ----
 def test_sm90_backward_plan():
-    """No default plans the sm90 backward (not yet measured); the knob asks for it on eligible problems (16-bit,
-    TMA-able, D = 64 / 128, no softcap, atomics allowed, Hopper) and raises elsewhere."""
+    """On Hopper the sm90 backward (lse / Δ staged, dQ by TMA reduce) is the default for eligible problems (16-bit,
+    TMA-able, D = 64 / 128, no softcap, not deterministic); the tl.dot kernels elsewhere and on request; the sm90
+    knob raises where the kernel cannot run."""
     from onlinesoftmax.attention.plan import Problem, plan_backward, sm90_bwd_eligible
 
     base = Problem(4, 32, 8, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
-    assert plan_backward(base, H200).kernel == "triton"
-    sm90 = Knobs(backward={"kernel": "sm90"})
-    plan = plan_backward(base, H200, sm90)
+    plan = plan_backward(base, H200)
     assert (plan.kernel, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.dq_atomic) == \
         ("sm90", 64, 128, 4, 2, True)
+    assert plan.stage_rows and plan.dq_tma
+    sm90 = Knobs(backward={"kernel": "sm90"})
+    assert plan_backward(base, H200, sm90) == plan
     assert plan_backward(base, H200, Knobs(backward={"kernel": "sm90", "num_stages": 3})).num_stages == 3
-    assert not (plan.stage_rows or plan.dq_tma)          # the staged lse / Δ and TMA-reduced dQ: knobs only
-    fast = plan_backward(base, H200, Knobs(backward={"kernel": "sm90", "stage_rows": True, "dq_tma": True}))
-    assert fast.stage_rows and fast.dq_tma and fast.kernel == "sm90"
+    plain = plan_backward(base, H200, Knobs(backward={"kernel": "sm90", "stage_rows": False, "dq_tma": False}))
+    assert not (plain.stage_rows or plain.dq_tma)
+    assert plan_backward(base, H200, Knobs(backward={"kernel": "triton"})).kernel == "triton"
+    assert plan_backward(dataclasses.replace(base, deterministic=True), H200).kernel == "triton"
     for ok in (dataclasses.replace(base, D=64), dataclasses.replace(base, dtype="float16", varlen=True),
                dataclasses.replace(base, causal=False, window=(100, 20), Hkv=32)):
         assert sm90_bwd_eligible(ok) and plan_backward(ok, H200, sm90).kernel == "sm90", ok
@@ -687,6 +705,7 @@ def test_sm90_backward_plan():
         with pytest.raises(ValueError, match="sm90 backward"):
             plan_backward(other, H200, sm90)
     for target in (A100, L4, INTERPRETER):
+        assert plan_backward(base, target).kernel == "triton"
         with pytest.raises(ValueError, match="sm90 backward"):
             plan_backward(base, target, sm90)
 
@@ -763,7 +782,8 @@ SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, win
 ]
 
 
-SM90_BWD_KNOBS = [{}, {"stage_rows": True, "dq_tma": True}]     # as planned; lse / Δ staged and dQ by TMA reduce
+SM90_BWD_KNOBS = [{"stage_rows": False, "dq_tma": False}, {}]   # the first form (lse / Δ loaded, dQ atomics); the
+                                                                 # default (lse / Δ staged, dQ by TMA reduce)
 
 
 @pytest.mark.gpu
@@ -776,6 +796,7 @@ def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knob
     if not target_of(DEV).sm90:
         pytest.skip("the sm90 backward runs on Hopper only")
     q, k, v = make(B, H, Hkv, Sq, Sk, D, dtype, grad=True, layout="bshd" if D == 64 else "bhsd")
+    backward_knobs({"kernel": "triton"})
     o, lse = oss.attention(q, k, v, return_lse=True, **kw)
     do, dl = torch.randn_like(o), torch.randn_like(lse).where(torch.isfinite(lse), 0)
     ref = torch.autograd.grad((o, lse), (q, k, v), (do, dl))

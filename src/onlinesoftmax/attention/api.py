@@ -15,7 +15,7 @@ import torch
 from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from ..target import target_of
-from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, decode_dispatch, plan_attention
+from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_dispatch, plan_attention
 
 __all__ = ["attention", "attention_varlen", "explain"]
 
@@ -360,10 +360,9 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
         dq.zero_()
         dk.zero_()
         dv.zero_()
+    if plan.kernel == "sm90" and scale == 0.0:      # the sm90 backward divides by the scale: the tl.dot kernels
+        plan = backward_tl(p, target_of(q.device))
     sm90 = plan.kernel == "sm90"
-    if sm90 and scale == 0.0:
-        raise ValueError("attention: the sm90 backward divides by the scale (the lse folded into the scores' "
-                         "accumulator); scale = 0 runs on the tl.dot kernels")
     if sm90 and not _tma_ok(do):       # the kernel copies dO tiles with TMA, as q
         do = do.contiguous()
     left, right = p.window

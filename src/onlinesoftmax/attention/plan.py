@@ -135,15 +135,23 @@ SM90_FORWARD = {
 # The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 128: two consumer warpgroups of 64 rows, block_n,
 # 4 warps, ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
 # (2 × slots × block_n × D), at most 227 KB.
-# D = 64 runs it only when a knob asks (Knobs(forward={"kernel": "sm90"})): by default it keeps the tl.dot kernel
-# (389-393 TFLOP/s against 297-381 for the sm90 variants measured before the fold and the persistent grid).
+# By default (H200, bf16, tools/probe_fwd_sm90.py at dbcd81a + fwd-sm90): D = 128 and 64 fold the scale into the
+# row max (p = 2^(qk·c − m), one FFMA per score) and, for dense [B, H, S, D] inputs, run a persistent grid of one
+# program per SM (`_persistent`): 4 × 32 × 4096 × 128 619 / 525 TFLOP/s causal against 546 / 478 per-tile,
+# 16 × 32 × 1024 × 128 616 / 368 against 432 / 285; D = 64 477 / 404 (4 × 32 × 4096) against the tl.dot
+# kernel's 428 / 377. Causal D = 64 at Sk <= 1024 keeps the tl.dot kernel (273 against 250), as do packed D = 64
+# sequences (the per-tile sm90 kernel measured 0.7-0.9x it at D = 64). D = 256 is as measured before the fold
+# (per-tile, unfolded).
 SM90_WS_FORWARD = {
-    64: (128, 128, 4, 3),
+    64: (128, 128, 4, 4),
     128: (128, 128, 4, 2),
     256: (128, 64, 4, 2),
 }
-SM90_WS_DEFAULT = (128, 256)       # head dims whose default plan is the Gluon kernel
-SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128: a third slot (H200: +2-5 % at S >= 8K, GQA)
+SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128, per-tile grid: a third slot (H200: +2-5 % at S >= 8K,
+                                   # GQA); the persistent grid's O buffer leaves room for two
+SM90_WS_FOLD = (64, 128)           # head dims whose default folds the scale (fold)
+SM90_WS_PERSISTENT = (64, 128)     # head dims whose default grid for dense inputs is persistent
+SM90_WS_SHORT_CAUSAL_D64 = 1024    # causal D = 64 with Sk up to this keeps the tl.dot kernel
 
 
 def sm90_ws_eligible(p: Problem) -> bool:
@@ -156,9 +164,22 @@ def _forward_sm90_ws(p: Problem) -> ForwardPlan:
     return ForwardPlan("sm90", bm, bn, w, SM90_WS_BANDED_STAGES.get(p.D, st) if p.banded else st)
 
 
-def _forward_sm90(p: Problem) -> ForwardPlan:
-    if sm90_ws_eligible(p) and p.D in SM90_WS_DEFAULT:
-        return _forward_sm90_ws(p)
+def _sm90_ws_default(p: Problem, target: Target) -> ForwardPlan | None:
+    """The Gluon kernel's default plan for ``p``, or None where the tl.dot kernel is the default."""
+    if not sm90_ws_eligible(p):
+        return None
+    if p.D == 64 and (p.varlen or (p.banded and p.Sk <= SM90_WS_SHORT_CAUSAL_D64)):
+        return None
+    plan = dataclasses.replace(_forward_sm90_ws(p), fold=p.D in SM90_WS_FOLD)
+    if p.D in SM90_WS_PERSISTENT and not p.varlen:
+        plan = dataclasses.replace(plan, programs=target.sm_count, num_stages=SM90_WS_FORWARD[p.D][3])
+    return plan
+
+
+def _forward_sm90(p: Problem, target: Target) -> ForwardPlan:
+    ws = _sm90_ws_default(p, target)
+    if ws is not None:
+        return ws
     bd = p.block_d
     bm, bn, w, s = SM90_FORWARD.get(bd, SM90_FORWARD[256] if bd > 128 else SM90_FORWARD[64])
     if p.dtype == "float32":          # fp32 tiles take twice the shared memory
@@ -184,7 +205,7 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
                              f"copy and D in {sorted(SM90_WS_FORWARD)}; got {p} on arch {target.arch}")
         plan = _forward_sm90_ws(p)
     else:
-        plan = _forward_sm90(p) if target.sm90 else _forward_portable(p, target)
+        plan = _forward_sm90(p, target) if target.sm90 else _forward_portable(p, target)
     plan = dataclasses.replace(plan, **over)
     if plan.programs < 0:
         plan = dataclasses.replace(plan, programs=target.sm_count)
@@ -209,19 +230,23 @@ SM90_BACKWARD = {          # H200, bf16
 }
 
 
-# The Gluon kernel (kernels/bwd_sm90.py; not yet measured, so no default picks it): (query rows per step, keys per
-# program, num_warps, Q / dO ring slots) by head dim. Shared memory at D = 128: K, V (2 × 32 KB), the ring
-# (slots × 32 KB), Pᵀ (16 KB) and two dSᵀ tiles (32 KB): 180 KB at two slots, 213 KB at three; dq_tma adds two fp32
-# dQ tiles (32 KB): 214 KB at two slots (three do not fit).
+# The Gluon kernel (kernels/bwd_sm90.py): (query rows per step, keys per program, num_warps, Q / dO ring slots) by
+# head dim. Shared memory at D = 128: K, V (2 × 32 KB), the ring (slots × 32 KB), Pᵀ (16 KB) and two dSᵀ tiles
+# (32 KB): 180 KB at two slots, 213 KB at three; dq_tma adds two fp32 dQ tiles (32 KB): 214 KB at two slots (three
+# do not fit). Its default (H200, bf16, tools/probe_attnbwd_sm90.py at dbcd81a + attnbwd-sm90): lse and Δ staged
+# by the producer (stage_rows) and dQ added by TMA reduce from shared memory (dq_tma): 473 / 404 TFLOP/s causal at
+# 4 × 32 × 4096 × 128 against the split kernels' 387 / 334, 16 × 32 × 1024 368 / 252 against 323 / 236, GQA 32 / 8
+# causal 413 against 315; D = 64 307 / 229 against 302 / 227.
 SM90_WS_BACKWARD = {
     64: (64, 128, 4, 2),
     128: (64, 128, 4, 2),
 }
+SM90_WS_BACKWARD_DEFAULT = dict(stage_rows=True, dq_tma=True)
 
 
 def sm90_bwd_eligible(p: Problem) -> bool:
     """The Gluon backward can run: 16-bit inputs TMA can copy, a head dim of its table, no softcap (its derivative
-    is not in the kernel), atomics allowed (dQ is added with fp32 atomics)."""
+    is not in the kernel), no deterministic mode (dQ's partial tiles are added in an order that varies)."""
     return (p.tma and p.dtype in ("float16", "bfloat16") and p.D in SM90_WS_BACKWARD and not p.softcap
             and not p.deterministic)
 
@@ -231,19 +256,12 @@ def _backward_sm90_ws(p: Problem) -> BackwardPlan:
     return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True)
 
 
-def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> BackwardPlan:
-    """The backward's launch configuration. ``Knobs(backward={"kernel": "sm90"})`` asks for the Gluon kernel (its
-    table row, then the other knobs); a problem or target it cannot run raises."""
-    over = dict(knobs.backward)
-    if over.get("kernel") == "sm90":
-        if not (target.sm90 and sm90_bwd_eligible(p)):
-            raise ValueError("attention: the sm90 backward needs a Hopper GPU, float16 / bfloat16 q, k, v and dO that "
-                             f"TMA can copy, D in {sorted(SM90_WS_BACKWARD)}, no softcap and no deterministic mode; "
-                             f"got {p} on arch {target.arch}")
-        return dataclasses.replace(_backward_sm90_ws(p), **over)
+def backward_tl(p: Problem, target: Target) -> BackwardPlan:
+    """The tl.dot backward's configuration (the default wherever the Gluon kernel is not: non-Hopper GPUs, fp32,
+    softcap, D outside its table, deterministic mode, scale = 0)."""
     if target.interpret:
-        plan = BackwardPlan("triton", 16, 16, 1, 1, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
-    elif target.sm90:
+        return BackwardPlan("triton", 16, 16, 1, 1, 16, 16, 1, 1, dot_f32=p.dtype == "bfloat16")
+    if target.sm90:
         bd = p.block_d
         cfg = SM90_BACKWARD.get(bd, SM90_BACKWARD[256] if bd > 128 else SM90_BACKWARD[64])
         if p.dtype == "float32":
@@ -251,10 +269,26 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         plan = BackwardPlan("triton", *cfg)
         if p.banded and p.group == 1 and p.D == 128 and p.dtype != "float32" and not p.deterministic:
             plan = dataclasses.replace(plan, **SM90_BACKWARD_BANDED)
+        return plan
+    small = p.block_d > 128 or p.dtype == "float32"
+    return BackwardPlan("triton", 32, 32 if small else 64, 4, 1, 32 if small else 64, 32, 4, 1)
+
+
+def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> BackwardPlan:
+    """The backward's launch configuration: the Gluon kernel on Hopper where it can run, else the tl.dot kernels.
+    ``Knobs(backward={"kernel": "sm90"})`` asks for the Gluon kernel (its table row, then the other knobs; a problem
+    or target it cannot run raises), ``{"kernel": "triton"}`` for the tl.dot kernels."""
+    over = dict(knobs.backward)
+    kernel = over.get("kernel")
+    if kernel == "sm90" and not (target.sm90 and sm90_bwd_eligible(p)):
+        raise ValueError("attention: the sm90 backward needs a Hopper GPU, float16 / bfloat16 q, k, v and dO that "
+                         f"TMA can copy, D in {sorted(SM90_WS_BACKWARD)}, no softcap and no deterministic mode; "
+                         f"got {p} on arch {target.arch}")
+    if kernel == "sm90" or (kernel is None and target.sm90 and sm90_bwd_eligible(p)):
+        plan = dataclasses.replace(_backward_sm90_ws(p), **SM90_WS_BACKWARD_DEFAULT)
     else:
-        small = p.block_d > 128 or p.dtype == "float32"
-        plan = BackwardPlan("triton", 32, 32 if small else 64, 4, 1, 32 if small else 64, 32, 4, 1)
-    return dataclasses.replace(plan, **dict(knobs.backward))
+        plan = backward_tl(p, target)
+    return dataclasses.replace(plan, **over)
 
 
 def plan_attention(p: Problem, target: Target, backend: str, knobs: Knobs = Knobs()) -> AttentionPlan:
