@@ -1,6 +1,8 @@
 """linear_cross_entropy: against the fp64 reference of cross_entropy(hidden @ weightᵀ + bias), both backends,
 chunking, gradients to all three, plans, errors."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -33,9 +35,9 @@ def _case(N=37, H=16, V=300, bias=True, dtype=torch.float32):
 def test_vs_fp64(backend, bias, kw):
     h, w, b, t = _case(bias=bias)
     leaves = [x.clone().requires_grad_() for x in (h, w) + ((b,) if bias else ())]
-    # 16-token chunks: three chunks and a ragged last one
+    # scheme "tokens" in 16-token chunks: three chunks and a ragged last one
     loss = oss.linear_cross_entropy(leaves[0], leaves[1], t, bias=leaves[2] if bias else None, backend=backend,
-                                    knobs=LCEKnobs(chunk_tokens=16), **kw)
+                                    knobs=LCEKnobs(scheme="tokens", chunk_tokens=16), **kw)
     (loss.sum() * 0.7).backward()
     d = [x.double().requires_grad_() for x in (h, w) + ((b,) if bias else ())]
     lr = ref.linear_cross_entropy(d[0], d[1], t, bias=d[2] if bias else None, **kw)
@@ -51,7 +53,8 @@ def test_bf16_and_batch_dims():
     h, w, b, t = _case(N=24, V=500, dtype=torch.bfloat16)
     h3, t3 = h.reshape(2, 12, -1), t.reshape(2, 12)
     hl, wl = h3.clone().requires_grad_(), w.clone().requires_grad_()
-    loss = oss.linear_cross_entropy(hl, wl, t3, bias=b, backend="triton", knobs=LCEKnobs(chunk_tokens=16))
+    loss = oss.linear_cross_entropy(hl, wl, t3, bias=b, backend="triton",
+                                    knobs=LCEKnobs(scheme="tokens", chunk_tokens=16))
     loss.backward()
     hd, wd = h3.double().requires_grad_(), w.double().requires_grad_()
     lr = ref.linear_cross_entropy(hd, wd, t3, bias=b.double())
@@ -94,14 +97,20 @@ def test_compile_fullgraph():
 
 
 def test_plan_fits_budget():
+    """The default is scheme "vocab" (16-bit: an fp32 grad-hidden accumulator; fp32: none); scheme "tokens" on
+    request; both within their budgets."""
     p = LCEProblem(8192, 4096, 128256, 2, True)
     plan = plan_linear_cross_entropy(p, H200)
-    assert plan.tile_bytes <= 56 << 20 and plan.chunk_tokens % 16 == 0 and plan.chunk_tokens >= 16
-    assert plan.ce.path == "split"                 # a tile of ~224 rows is too few rows for one program each
-    assert plan_linear_cross_entropy(p, A100).chunk_tokens == plan.chunk_tokens
-    assert plan_linear_cross_entropy(p, H200, LCEKnobs(chunk_tokens=64)).chunk_tokens == 64
+    assert (plan.scheme, plan.dh_fp32) == ("vocab", True) and plan.tile_bytes <= 60 << 20
+    assert plan.chunk_tokens % 16 == 0 and plan.vocab_chunk % 128 == 0
+    assert plan_linear_cross_entropy(dataclasses.replace(p, itemsize=4), H200).dh_fp32 is False
+    assert plan_linear_cross_entropy(p, A100) == plan
+    tokens = plan_linear_cross_entropy(p, H200, LCEKnobs(scheme="tokens"))
+    assert tokens.scheme == "tokens" and tokens.tile_bytes <= 56 << 20 and tokens.chunk_tokens % 16 == 0
+    assert tokens.ce.path == "split"               # a tile of ~224 rows is too few rows for one program each
+    assert plan_linear_cross_entropy(p, H200, LCEKnobs(scheme="tokens", chunk_tokens=64)).chunk_tokens == 64
     h, w, _, t = _case()
-    assert explain(oss.linear_cross_entropy, h, w, t, backend="triton").chunk_tokens == 37
+    assert explain(oss.linear_cross_entropy, h, w, t, backend="triton").scheme == "vocab"
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -168,9 +177,10 @@ def test_vocab_plan_fits_budget():
                                           LCEKnobs(scheme="vocab", dh_fp32=fp32))
             assert p.scheme == "vocab" and p.tile_bytes <= 60 << 20 and p.dh_fp32 == fp32
             assert p.chunk_tokens <= max(N, 16) and (p.vocab_chunk % 128 == 0 or p.vocab_chunk == V)
-    p = plan_linear_cross_entropy(LCEProblem(8192, 4096, 128256, 2, True), H200, LCEKnobs(scheme="vocab"))
+    p = plan_linear_cross_entropy(LCEProblem(8192, 4096, 128256, 2, True), H200,
+                                  LCEKnobs(scheme="vocab", dh_fp32=False))
     assert (p.chunk_tokens, p.vocab_chunk) == (8192, 3840)      # all tokens in one block: grad_W written once
     with pytest.raises(ValueError, match="scheme"):
         plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(scheme="rows"))
     with pytest.raises(ValueError, match="vocab"):
-        plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(vocab_chunk=64))
+        plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(scheme="tokens", vocab_chunk=64))
