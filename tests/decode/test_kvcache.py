@@ -10,7 +10,15 @@ from decode_inputs import assert_matches, make_cache
 
 import onlinesoftmax as oss
 from onlinesoftmax.decode import explain
-from onlinesoftmax.decode.plan import MAX_SPLITS, Knobs, Problem, decode_plan, num_splits_heuristic, tiles_for
+from onlinesoftmax.decode.plan import (
+    BALANCED_MAX_B,
+    MAX_SPLITS,
+    Knobs,
+    Problem,
+    decode_plan,
+    num_splits_heuristic,
+    tiles_for,
+)
 from onlinesoftmax.reference import decode as ref
 from onlinesoftmax.target import A100, H200, INTERPRETER, L4
 
@@ -224,16 +232,22 @@ def test_plans_per_target():
 
 
 def test_split_count_from_shapes_only():
-    """Many (b, kv head) programs: no split; one long sequence: many; bounded; only shapes enter the plan."""
-    big = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200)
+    """Per-sequence splits (paged caches; dense ones on request): many (b, kv head) programs: no split; one long
+    sequence: many; bounded. Dense caches on the H200 run the balanced schedule: one program per SM over all
+    sequences' tiles (up to BALANCED_MAX_B sequences). Only shapes enter the plan."""
+    per_seq = Knobs.of(balanced=False)
+    big = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200, knobs=per_seq)
     assert big.splits == 1
-    long = explain(*_meta(1, 32, 8, 1, 128, 131072)[:4], target=H200)
+    long = explain(*_meta(1, 32, 8, 1, 128, 131072)[:4], target=H200, knobs=per_seq)
     assert 1 < long.splits <= MAX_SPLITS
-    short = explain(*_meta(1, 32, 8, 1, 128, 64)[:4], target=H200)
+    short = explain(*_meta(1, 32, 8, 1, 128, 64)[:4], target=H200, knobs=per_seq)
     assert short.splits == 1                  # one tile: nothing to split
     paged = explain(*_meta(1, 32, 8, 1, 128, 131072, page=16)[:4], block_table=_meta(1, 32, 8, 1, 128, 131072,
                                                                                        page=16)[4], target=H200)
-    assert paged.splits == long.splits
+    assert paged.splits == long.splits and not paged.balanced
+    dense = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200)
+    assert dense.balanced and dense.splits * 8 == H200.sm_count // 8 * 8       # one program per SM: 16 per kv head
+    assert not explain(*_meta(BALANCED_MAX_B + 1, 8, 8, 1, 128, 64)[:4], target=H200).balanced
     tiles = tiles_for(H200)
     for B in (1, 2, 4, 8, 16, 64):
         for S in (1024, 32768, 131072):
@@ -253,14 +267,19 @@ def test_knobs():
     assert decode_plan(Problem(1, 8, 2, 1, 64, 1024, 16), H200, Knobs.of(ahead=2, bound=True)).ahead == 2
     assert decode_plan(p, H200, Knobs.of(bound=True)).bound and not decode_plan(p, H200).bound
     # the occupancy-based split count: 512 (b, kv head) programs on 3 x 132 slots split 3 ways (3.9 full waves)
-    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200, Knobs.of(programs_per_sm=3)).splits == 3
-    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200).splits == 1
+    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200,
+                       Knobs.of(programs_per_sm=3, balanced=False)).splits == 3
+    assert decode_plan(Problem(64, 32, 8, 1, 128, 4096), H200, Knobs.of(balanced=False)).splits == 1
     for B, S in ((1, 131072), (8, 32768), (2, 64)):
-        s = decode_plan(Problem(B, 32, 8, 1, 128, S), H200, Knobs.of(programs_per_sm=3)).splits
+        s = decode_plan(Problem(B, 32, 8, 1, 128, S), H200, Knobs.of(programs_per_sm=3, balanced=False)).splits
         assert 1 <= s <= max(1, S // 256)
-    # the balanced schedule: programs per (kv head, row block) from the slots alone, whatever the lengths
-    bal = decode_plan(Problem(8, 32, 8, 1, 128, 32768), H200, Knobs.of(balanced=True))
-    assert bal.balanced and bal.splits == 2 * 132 // 8 and not decode_plan(p, H200).balanced
+    # the balanced schedule (dense caches' default, one program per SM): programs per (kv head, row block) from the
+    # slots alone, whatever the lengths; paged caches split per sequence unless asked
+    bal = decode_plan(Problem(8, 32, 8, 1, 128, 32768), H200)
+    assert bal.balanced and bal.splits == 132 // 8 and decode_plan(p, H200).balanced
+    assert decode_plan(Problem(8, 32, 8, 1, 128, 32768), H200, Knobs.of(programs_per_sm=2)).splits == 2 * 132 // 8
+    assert not decode_plan(dataclasses.replace(p, page=16), H200).balanced
+    assert decode_plan(dataclasses.replace(p, page=16), H200, Knobs.of(balanced=True)).balanced
     assert decode_plan(Problem(8, 32, 32, 1, 128, 32768), H200, Knobs.of(balanced=True, programs_per_sm=1)).splits == 4
     assert decode_plan(Problem(1, 8, 8, 1, 128, 256), H200, Knobs.of(balanced=True)).splits == 2   # one per tile
     assert decode_plan(Problem(2, 300, 300, 1, 128, 4096), H200, Knobs.of(balanced=True)).splits == 1

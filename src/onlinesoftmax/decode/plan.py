@@ -40,7 +40,7 @@ class Tiles:
     """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
     count aims for, warps; the defaults of the ``ahead`` / ``bound`` / ``programs_per_sm`` knobs (``waves``: the
     programs per SM ``num_splits_waves`` counts with, 0 for ``num_splits_heuristic``; ``balanced``: the
-    balanced schedule)."""
+    balanced schedule, with ``balanced_per_sm`` programs per SM)."""
 
     block_n: int
     num_stages: int
@@ -51,6 +51,7 @@ class Tiles:
     bound: bool = False
     waves: int = 0
     balanced: bool = False
+    balanced_per_sm: int = 0     # programs per SM of the balanced schedule (0: programs_per_sm)
 
 
 # sm_90, H200 (tools/probe_decode.py, bf16, Sq = 1, GB/s of K and V): dense caches take 128-key tiles over 8 warps,
@@ -59,8 +60,15 @@ class Tiles:
 # numbers read two tiles ahead over 4 stages (page 16: 4314 / 4212 / 4004 / 3986, page 256: 4375 / 4171 / 3971 /
 # 4067, 0.95-0.98x the dense figures; 3 stages ran 0.5-3 % faster on the first three shapes, 23 % slower on the
 # fourth; before: 3156-3798)
+# Dense caches run the balanced schedule (a fixed grid cutting the line of all sequences' key tiles, cut on the
+# device: tools/probe_decode_varlen.py at dbcd81a + decode-varlen, one program per SM): lengths drawn from 1 to 32K
+# at 0.94-0.99x the GB/s of a uniform batch of the same keys (B 8 / 32 / 64, H 32/32 and 32/8) against 0.77-0.84x
+# for the per-sequence splits, and within 1.4 % of them at full lengths. Paged caches keep the per-sequence
+# splits: the balanced paged kernel ran 0.85-0.89x at drawn lengths but 0.88x the default at full ones.
 SM90 = Tiles(block_n=64, num_stages=4, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
-SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8)
+SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8, balanced=True,
+                   balanced_per_sm=1)
+BALANCED_MAX_B = 256        # the balanced merge sums over all B lengths per row: larger batches split per sequence
 PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
 
@@ -195,12 +203,12 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
-    balanced = tiles.balanced if knobs.balanced is None else knobs.balanced
+    balanced = (tiles.balanced and p.B <= BALANCED_MAX_B) if knobs.balanced is None else knobs.balanced
     if knobs.splits:
         splits = knobs.splits
     elif balanced:
         splits = num_chunks(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
-                            knobs.programs_per_sm or tiles.programs_per_sm)
+                            knobs.programs_per_sm or tiles.balanced_per_sm or tiles.programs_per_sm)
     elif knobs.programs_per_sm or tiles.waves:
         splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
                                   knobs.programs_per_sm or tiles.waves)
