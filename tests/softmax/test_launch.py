@@ -77,14 +77,14 @@ def test_launch_plan_cached_per_problem():
 def test_launch_hooks_take_tritons_path():
     from triton import knobs
 
-    assert not TL._hooks_installed()
+    assert not TL.hooks_installed()
 
     def hook(*args):
         pass
 
     knobs.runtime.launch_enter_hook.add(hook)
     try:
-        assert TL._hooks_installed()
+        assert TL.hooks_installed()
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
 

@@ -21,12 +21,13 @@ def _rows(v, B, cast=float):
     return [v] * B
 
 
-def check_draws(x, u, *, temperature=1.0, top_k=None, top_p=None, min_p=None, backend, gap=1e-5, max_near=0.25):
+def check_draws(x, u, *, temperature=1.0, top_k=None, top_p=None, min_p=None, backend, gap=1e-5, max_near=0.25,
+                knobs=None):
     """ids and logprobs of ``sample`` against the reference, row by row. Rows whose u lies within ``gap`` of a
     boundary of the CDF (fp32 running sums round there) are only checked to draw a kept token with its
     log-probability; at most ``max_near`` of the rows may be such."""
     ids, logp = sample(x, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, uniform=u,
-                       backend=backend)
+                       backend=backend, knobs=knobs)
     B = x.shape[0]
     ts, ks, ps, qs = (_rows(temperature, B), _rows(top_k, B, int), _rows(top_p, B), _rows(min_p, B))
     xs = x.double().cpu().numpy()
@@ -66,6 +67,42 @@ def test_draw_matches_reference(kernel_device, backend, kw, V):
     x = _logits(B, V, device=kernel_device)
     u = torch.rand(B, device=kernel_device)
     check_draws(x, u, backend=backend, **kw)
+
+
+FUSED_MIXES = [dict(top_k=5), dict(top_k=1), dict(top_k=5, top_p=0.5), dict(top_k=40, top_p=0.95, min_p=0.05),
+               dict(temperature=0.0), dict(temperature=0.6, top_k=8, min_p=0.2)]
+
+
+@pytest.mark.parametrize("kw", FUSED_MIXES, ids=[str(m) for m in FUSED_MIXES])
+def test_fused_merge_draws_as_step_one(kernel_device, kw):
+    """``fuse``: step 1 in the last merge's epilogue (an int top_k, greedy) draws the reference's ids, as the
+    unfused step 1 does from the same candidates."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    B, V = 6, 300
+    x = _logits(B, V, device=kernel_device)
+    u = torch.rand(B, device=kernel_device)
+    fused = SampleKnobs(fuse=True)
+    check_draws(x, u, backend="triton", knobs=fused, **kw)
+    a = sample(x, uniform=u, backend="triton", knobs=fused, **kw)
+    b = sample(x, uniform=u, backend="triton", knobs=SampleKnobs(fuse=False), **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_fused_merge_per_row_parameters_and_ties(kernel_device):
+    """The fused merge with per-row tensors where the candidates hold the row (K = V = 12: no row kernel), and on
+    bf16 logits full of ties with an int top_k."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    d, fused = kernel_device, SampleKnobs(fuse=True)
+    x = _logits(4, 12, device=d)
+    u = torch.rand(4, device=d)
+    t = torch.tensor([1.0, 0.0, 0.5, 2.0], device=d)
+    p = torch.tensor([0.9, 1.0, 0.3, 0.7], device=d)
+    k = torch.tensor([0, 3, 12, 5], device=d)
+    check_draws(x, u, temperature=t, top_k=k, top_p=p, backend="triton", knobs=fused)
+    xb = torch.randint(-6, 3, (4, 400)).to(torch.bfloat16).to(d)
+    check_draws(xb, u, top_k=50, top_p=0.45, backend="triton", knobs=fused)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -193,6 +230,7 @@ def test_explain_sample_names_the_launches():
     whether the row kernel launches (not for an int top_k or greedy) with its chunks; per target; the torch path."""
     from onlinesoftmax.target import A100, H200
     from onlinesoftmax.topk import explain_sample
+    from onlinesoftmax.topk.plan import SampleKnobs
 
     x = torch.empty(8, 128256, device="meta")
     p = explain_sample(x, top_k=50, target=H200)
@@ -201,7 +239,9 @@ def test_explain_sample_names_the_launches():
     assert (p.k, p.row_chunks, p.chunk, p.table) == (64, 16, 8192, 256)
     assert explain_sample(x, top_k=torch.ones(8, dtype=torch.long), target=A100).row_chunks == 13
     p = explain_sample(x, temperature=0.0, top_k=50, target=H200)
-    assert (p.k, p.row_chunks) == (1, 0)
+    assert (p.k, p.row_chunks, p.fuse) == (1, 0, False)
+    assert explain_sample(x, top_k=50, target=H200, knobs=SampleKnobs(fuse=True)).fuse
+    assert not explain_sample(x, target=H200, knobs=SampleKnobs(fuse=True)).fuse      # the row kernel: no fusing
     assert explain_sample(x, top_k=5000, target=H200).path == "torch"          # past the fused kernels: sort
     assert explain_sample(torch.randn(3, 12), backend="torch").path == "torch"
     assert explain_sample(torch.randn(3, 12), target=H200).row_chunks == 0      # K = V: the candidates hold the row

@@ -123,3 +123,53 @@ def test_sampling_kernels_compile():
     kernel once failed to compile on the GPU only: a name rebound with another type in a branch)."""
     out = _compile_probe(SAMPLE_PROBE)
     assert out["compiled"] >= 40 and not out["failed"], "\n".join(out["failed"])
+
+
+CALL_PROBE = r"""
+import itertools, json
+import torch
+import compiler_report as CR
+from onlinesoftmax.target import H200
+from onlinesoftmax.topk.plan import SampleKnobs, sample_plan
+from onlinesoftmax.topk.sampling_launch import SampleCall
+
+M = CR._meta
+failed, n, seen, worst = [], 0, set(), {}
+for (B, V, K), fuse, t_mode, per_row in itertools.product(
+        ((1, 3, 1), (3, 300, 3), (1, 128256, 50), (8, 128256, 50), (256, 128256, 50), (64, 262144, 50),
+         (2, 151936, 256), (1, 128256, 1)), (False, True), (0, 1), (False, True)):
+    plan = sample_plan(B, V, 4, H200, top_k=K, knobs=SampleKnobs(fuse=fuse))
+    call = SampleCall(plan, B, V, V, 1, t_mode, torch.device("meta"), torch.bfloat16 if per_row else torch.float32)
+    x = M((B, V), call.dtypes[0])
+    ws, ws2 = M((1 << 24,), torch.int32), M((1 << 20,), torch.int32)
+    views = (ws, ws2) + ((None,) * 4 if fuse else (M((B * K,), torch.float32), M((B * K,), torch.int64),
+                                                     M((B,), torch.float32), M((B,), torch.int32)))
+    ids, logp, u = M((B,), torch.int64), M((B,), torch.float32), M((B,), torch.float32)
+    s = 1 if per_row else -1
+    f, i = (M((B,), torch.float32), M((B,), torch.int64)) if per_row else (logp, ids)
+    prm = [f, 0.8, s, i, K, s, f, 0.9, s, f, 0.1, s]
+    for kern, a in zip(call.kernels, call._arglists(x, views, ids, logp, u, prm)):
+        key = CR._key(kern.fn, kern.meta, a)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            r = CR.compile_launch(kern.fn, a, kern.meta, 90)
+            n += 1
+            if kern.fn.__name__ == "_sample_merge_kernel":
+                worst[f"B={B} V={V} K={K}"] = (r["regs"], r["stack"])
+            if r["stack"] and B <= 8 and K <= 50:     # (the merges spill a little at B >= 64 or K = 256 already)
+                failed.append(f"{kern.fn.__name__} B={B} V={V} K={K}: spills ({r['stack']} bytes of stack)")
+        except Exception as e:
+            failed.append(f"{kern.fn.__name__} B={B} V={V} K={K} fuse={fuse}: {type(e).__name__}: {str(e)[-300:]}")
+print(json.dumps(dict(compiled=n, failed=failed, fused=worst)))
+"""
+
+
+@pytest.mark.slow
+def test_sample_call_launches_compile():
+    """Every launch a bound ``sample`` problem makes (``SampleCall``: the top-k stages, then the fused sampling merge
+    or step 1), with its real argument layout, compiles for sm_90a (without spilling up to B = 8, k = 50): unit
+    sizes, the goal shapes, scalar and per-row parameters, T folded in or not."""
+    out = _compile_probe(CALL_PROBE)
+    assert out["compiled"] >= 20 and not out["failed"], "\n".join(out["failed"])

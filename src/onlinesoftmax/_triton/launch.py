@@ -121,7 +121,7 @@ def _take_reserved(device: torch.device, nbytes: int) -> torch.Tensor | None:
     return buf
 
 
-def _hooks_installed() -> bool:
+def hooks_installed() -> bool:
     hook = knobs.runtime.launch_enter_hook          # a HookChain in Triton 3.6 (a callable or None before)
     return bool(getattr(hook, "calls", hook))
 
@@ -145,7 +145,7 @@ class BoundKernel:
     def __call__(self, args: tuple, check: tuple, device: torch.device):
         """Launch on the current stream; ``check``: the tensors of ``args`` that may be misaligned (the caller's;
         workspace from :func:`stream_scratch` is always aligned). Returns the compiled kernel."""
-        if device.type != "cuda" or self.interpret or _hooks_installed():
+        if device.type != "cuda" or self.interpret or hooks_installed():
             return self.fn[self.grid](*args, **self.meta)
         index = current_device()              # Triton launches on the current device, as here
         key = (index, not any(t.data_ptr() & 15 for t in check), *(t.dtype for t in check))
@@ -157,6 +157,15 @@ class BoundKernel:
         launcher, head, compiled = entry
         launcher(*head[:3], current_stream(index), *head[3:], *args, *self.tail)
         return compiled
+
+    def entry(self, key: tuple) -> tuple | None:
+        """``(launch, head, tail)`` of the kernel compiled for ``key`` = (device index, all ``check`` pointers
+        16-byte aligned, their dtypes), None before its first launch: ``launch(*head[:3], stream, *head[3:],
+        *args, *tail)`` runs it, and a pointer of ``args`` may be an int (``data_ptr()``: the C launcher then
+        skips its ``data_ptr`` call and its driver query of the pointer's attributes). For callers that keep
+        their own per-problem state and check alignment themselves (``topk/sampling_launch.py``)."""
+        e = self._compiled.get(key)
+        return None if e is None else (e[0], e[1], self.tail)
 
     def _bind(self, compiled):
         # the C launcher takes every parameter in order, constexprs included (it skips them)

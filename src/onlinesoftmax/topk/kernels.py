@@ -436,6 +436,33 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     ``ws``). One level (NG = 1, GS = S): the row's answer. ``OUT_STATE`` (first level of the tree): the group's
     state ``(m, d, n, t, survivors)`` to ``out_ptr``, laid out as stage 1's, the second level's input.
     ``W < CAP``: stage 1 aimed at a rank below k; the first W slots of each chunk, checked (see below)."""
+    pid = tl.program_id(0)
+    row, buf, n, t, m, d, c = _merge_rows(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, lse_ptr, k, S, BS, GS, NG,
+                                          t_ptr, t_val, t_stride, BLOCK, R, CAP, SP, CT, FAST, EXACT, OUT_STATE, W,
+                                          T_MODE, not OUT_STATE)
+    if OUT_STATE:
+        BP = tl.num_programs(0)
+        out_f = out_ptr.to(tl.pointer_type(tl.float32))
+        tl.store(out_f + pid, m)
+        tl.store(out_f + BP + pid, d)
+        tl.store(out_ptr + 2 * BP + pid, n)
+        tl.store(out_ptr + 3 * BP + pid, t)
+    else:
+        j, p, ind = _ranked(buf, n, m, d, c, CAP, FAST)
+        out = row.to(tl.int64) * k + j
+        tl.store(val_ptr + out, p, mask=j < k)
+        tl.store(ind_ptr + out, ind.to(tl.int64), mask=j < k)
+
+
+@triton.jit
+def _merge_rows(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, lse_ptr, k, S, BS, GS, NG, t_ptr, t_val, t_stride,
+                BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr, CT: tl.constexpr,
+                FAST: tl.constexpr, EXACT: tl.constexpr, OUT_STATE: tl.constexpr, W: tl.constexpr,
+                T_MODE: tl.constexpr, LSE: tl.constexpr):
+    """The merge of program ``pid`` (see :func:`_topk_merge_kernel`): its row, the survivors' buffer, their number
+    n <= CAP, the bound t, the state (m, d) in base 2 and c = log2(e) / T; ``LSE``: the row's lse stored as soon as
+    it is known. The final level (``OUT_STATE`` off) leaves the survivors packed (key desc, index asc) for
+    :func:`_ranked`; the sampler's fused epilogue takes them from here too (``sampling_kernels``)."""
     NT: tl.constexpr = SP // CT
     pid = tl.program_id(0)
     if OUT_STATE:
@@ -467,7 +494,7 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     m = tl.max(tl.where(mc != mc, float("-inf"), mc))
     m = tl.where(has_nan, float("nan"), m)
     d = tl.sum(tl.where(smask, dc * tl.where(mc == m, 1.0, tl.exp2(mc - m)), 0.0))
-    if not OUT_STATE:
+    if LSE:
         tl.store(lse_ptr + row, (m + tl.log2(d)) * LN2)
     # 2. the row's k-th key is >= lo = max_c t_c: chunk c holds k elements >= t_c. (t_c is a lower bound for
     # chunk c's k-th key whichever path it took; every real key is >= the key of -inf. With W < CAP, t_c bounds
@@ -507,19 +534,13 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
     else:
         keys0 = _slot_tile(cand_ptr, n_ptr, SC, 0, CT, CAP, CAP)[0]
         n, t = _select_into(keys0, cand_ptr, n_ptr, SC, lo, k, buf, OUT_STATE, NT, CT, CAP, CAP)
-    if OUT_STATE:
-        out_f = out_ptr.to(tl.pointer_type(tl.float32))
-        tl.store(out_f + pid, m)
-        tl.store(out_f + BP + pid, d)
-        tl.store(out_ptr + 2 * BP + pid, n)
-        tl.store(out_ptr + 3 * BP + pid, t)
-    else:
-        _finish(buf, n, m, d, c, val_ptr, ind_ptr, row, k, CAP, FAST)
+    return row, buf, n, t, m, d, c
 
 
 @triton.jit
-def _finish(buf, n, m, d, c, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: tl.constexpr):
-    """The ``n <= CAP`` survivors in ``buf`` sorted; the first k as probabilities and indices."""
+def _ranked(buf, n, m, d, c, CAP: tl.constexpr, FAST: tl.constexpr):
+    """The ``n <= CAP`` survivors in ``buf`` sorted: ``(j, p, index)``, rank j's probability and int32 index (the
+    first k are the answer)."""
     tl.debug_barrier()
     j = tl.arange(0, CAP)
     packed = tl.load(buf + j, mask=j < n, other=-9223372036854775808, cache_modifier=".cg")
@@ -530,6 +551,4 @@ def _finish(buf, n, m, d, c, val_ptr, ind_ptr, row, k, CAP: tl.constexpr, FAST: 
     # (m = ±inf, or NaN)
     p = tl.exp2(_log2_rel(_value_of(key), c, m, FAST)) / d
     p = tl.where((m == float("inf")) | (m == float("-inf")), float("nan"), p)
-    out = row.to(tl.int64) * k + j
-    tl.store(val_ptr + out, p, mask=j < k)
-    tl.store(ind_ptr + out, ind.to(tl.int64), mask=j < k)
+    return j, p, ind

@@ -69,13 +69,20 @@ def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, t
                                                                     W=cfg.cap, num_warps=cfg.tree_warps)),
                     lambda x, ws, ws2, o, tt=NO_T: (x, *head, ws, ws2, *o, k, S, BS, cfg.tree, ng, *t(x, tt))))
         S2, exact = ng, False
-    sp = pow2(S2)
-    final = BoundKernel(_topk_merge_kernel, (B,), dict(merge, SP=sp, CT=max(1, min(sp, cfg.merge_tile // cfg.cap)),
-                                                       EXACT=exact, OUT_STATE=False, W=cfg.width or cfg.cap,
-                                                       num_warps=cfg.merge_warps))
+    final = BoundKernel(_topk_merge_kernel, (B,), dict(final_meta(cfg, t_mode), OUT_STATE=False))
     out.append((final, lambda x, ws, ws2, o, tt=NO_T: (x, *head, *(2 * (ws2 if cfg.tree else ws,)), *o, k, S2, B * S2,
                                                        S2, 1, *t(x, tt))))
     return tuple(out)
+
+
+def final_meta(cfg: Plan, t_mode: int = 0) -> dict:
+    """The constexprs and warps of the last merge (one program per row, over S chunk states or the tree's NG group
+    states), ``OUT_STATE`` aside: also the sampler's fused merge (``sampling_launch``)."""
+    S2 = -(-cfg.splits // cfg.tree) if cfg.tree else cfg.splits
+    sp = pow2(S2)
+    return dict(BLOCK=cfg.block, R=cfg.cols, CAP=cfg.cap, FAST=cfg.fast, T_MODE=t_mode, SP=sp,
+                CT=max(1, min(sp, cfg.merge_tile // cfg.cap)), EXACT=not cfg.exact_apart and not cfg.tree,
+                W=cfg.width or cfg.cap, num_warps=cfg.merge_warps)
 
 
 def _run(x: torch.Tensor, launches, ws, ws2, out, tt=NO_T):

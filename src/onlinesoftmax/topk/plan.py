@@ -212,6 +212,21 @@ def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
+class SampleKnobs:
+    """Overrides of :func:`sample_plan`'s choices (tests, tools); None leaves a choice to the plan.
+
+    ``fuse``: step 1 (the filters and the draw on the K candidates) in the last merge's epilogue, where step 1
+    decides every row (``row_chunks == 0``: an int top_k, greedy, K = V): one launch and the candidates' round trip
+    through memory (B·K·12 + 8·B bytes written and read back) less."""
+
+    fuse: bool | None = None
+
+
+NO_SAMPLE_KNOBS = SampleKnobs()
+FUSE = False                    # default of ``fuse`` (to be measured on the H200: tools/probe_sample.py)
+
+
+@dataclass(frozen=True)
 class SamplePlan:
     """What ``sample`` launches for one problem (``explain_sample`` returns it)."""
 
@@ -221,19 +236,21 @@ class SamplePlan:
     row_chunks: int = 0         # the row kernel's programs per row; 0: not launched (an int top_k decides every row)
     chunk: int = 0              # its elements per program
     table: int = 0              # the power of two its per-chunk tables are read with
+    fuse: bool = False          # step 1 in the last merge's epilogue (row_chunks == 0 only)
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
 
 
-def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = False, top_k: int | None = None
-                ) -> SamplePlan:
+def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = False, top_k: int | None = None,
+                knobs: SampleKnobs = NO_SAMPLE_KNOBS) -> SamplePlan:
     """The launches of ``sample`` on a ``[B, V]`` input of ``esize``-byte floats on ``target``: ``greedy`` when every
-    row's temperature is 0 (a Python 0), ``top_k`` a Python int (or None: no top-k, or a per-row tensor)."""
+    row's temperature is 0 (a Python 0), ``top_k`` a Python int (or None: no top-k, or a per-row tensor).
+    ``knobs.fuse`` where the row kernel is not needed (else ignored: step 1 must flag rows for it)."""
     K = 1 if greedy else top_k if top_k is not None else min(V, FREE_K)
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
     if greedy or top_k is not None or K == V:
-        return SamplePlan("kernels", K, cfg)
+        return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target))

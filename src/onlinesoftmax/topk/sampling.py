@@ -43,17 +43,33 @@ import torch
 from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from .api import softmax_topk
+from .plan import NO_SAMPLE_KNOBS
 
 __all__ = ["explain_sample", "sample"]
+
+_sample_2d = None       # sampling_launch.sample_2d, imported by the first call on the kernels (it imports Triton)
 
 
 def _number(v, name: str, ok, rule: str):
     """A Python real (bool excluded) that satisfies ``ok``, or TypeError / ValueError naming ``sample``."""
-    if isinstance(v, bool) or not isinstance(v, Real):
+    if type(v) is not float and (isinstance(v, bool) or not isinstance(v, Real)):
         raise TypeError(f"sample: {name} must be a float or a tensor, got {type(v).__name__}")
-    if not ok(float(v)):
+    f = float(v)
+    if not ok(f):
         raise ValueError(f"sample: {name} must be {rule}, got {v!r}")
-    return float(v)
+    return f
+
+
+def _t_rule(v: float) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
+def _p_rule(v: float) -> bool:
+    return 0 < v <= 1
+
+
+def _q_rule(v: float) -> bool:
+    return 0 <= v <= 1
 
 
 def _per_row(v: torch.Tensor, B: int, device, dtype, name: str, ok=None, rule: str = "") -> torch.Tensor:
@@ -84,7 +100,7 @@ def _q_ok(q):
 
 def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
            generator: torch.Generator | None = None, uniform: torch.Tensor | None = None,
-           backend: str | None = None):
+           backend: str | None = None, knobs=None):
     """Draw one token id per row of ``logits`` (``[..., V]``). Returns ``(ids, logprobs)``: int64 ids of shape
     ``logits.shape[:-1]`` and float32 log-probabilities of those ids under the distribution sampled from
     (after temperature, top-k, top-p, min-p and renormalisation; 0 for greedy rows). A row with no distribution
@@ -94,22 +110,22 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all), in place
     of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose running mass
     reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device). ``backend``:
-    ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``.
+    ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
+    ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests).
     """
     check_float_tensor(logits, "sample: logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError("sample: logits must have a non-empty last dimension")
     which = resolve_backend(backend, logits, "sample")
     lead, V = logits.shape[:-1], logits.shape[-1]
-    x = logits.reshape(-1, V)
+    x = logits if logits.dim() == 2 else logits.reshape(-1, V)
     B, dev = x.shape[0], x.device
     if not isinstance(temperature, torch.Tensor):
-        temperature = _number(temperature, "temperature", lambda v: math.isfinite(v) and v >= 0,
-                              "finite and >= 0")
+        temperature = _number(temperature, "temperature", _t_rule, "finite and >= 0")
     if top_p is not None and not isinstance(top_p, torch.Tensor):
-        top_p = _number(top_p, "top_p", lambda v: 0 < v <= 1, "in (0, 1]")
+        top_p = _number(top_p, "top_p", _p_rule, "in (0, 1]")
     if min_p is not None and not isinstance(min_p, torch.Tensor):
-        min_p = _number(min_p, "min_p", lambda v: 0 <= v <= 1, "in [0, 1]")
+        min_p = _number(min_p, "min_p", _q_rule, "in [0, 1]")
     if top_k is not None and not isinstance(top_k, torch.Tensor):
         if isinstance(top_k, bool) or not isinstance(top_k, int):
             raise TypeError(f"sample: top_k must be an int or an integer tensor, got {type(top_k).__name__}")
@@ -128,21 +144,23 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     else:
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
     if which == "triton" and B > 0:
-        from .sampling_launch import sample_2d
-
-        out = sample_2d(x, t, kk, pp, qq, u)
+        global _sample_2d
+        if _sample_2d is None:
+            from .sampling_launch import sample_2d as _sample_2d
+        out = _sample_2d(x, t, kk, pp, qq, u, knobs or NO_SAMPLE_KNOBS)
         if out is not None:
-            return out[0].reshape(lead), out[1].reshape(lead)
+            return out if len(lead) == 1 else (out[0].reshape(lead), out[1].reshape(lead))
     return _sample_torch(x.float(), t, kk, pp, qq, None if u is None else u.reshape(-1, 1), lead)
 
 
-def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend: str | None = None, target=None):
+def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend: str | None = None, target=None,
+                   knobs=None):
     """The plan ``sample(logits, temperature=..., top_k=...)`` runs (top-p and min-p do not change it), without
     running it: a ``SamplePlan`` (``path`` "kernels" or "torch"; the candidates K and their top-k plan; the row
     kernel's chunks, 0 where it is not launched). ``target`` plans for another GPU than the logits' (e.g.
-    ``onlinesoftmax.target.H200`` for a CPU or meta tensor)."""
+    ``onlinesoftmax.target.H200`` for a CPU or meta tensor); ``knobs`` as :func:`sample` takes them."""
     from ..target import target_of
-    from .plan import TORCH_SAMPLE_PLAN, sample_plan
+    from .plan import NO_SAMPLE_KNOBS, TORCH_SAMPLE_PLAN, sample_plan
 
     check_float_tensor(logits, "explain_sample: logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
@@ -156,7 +174,8 @@ def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend
     greedy = not isinstance(temperature, torch.Tensor) and temperature == 0
     k = None if greedy or not isinstance(top_k, int) or isinstance(top_k, bool) else min(top_k, V)
     esize = 4 if logits.dtype == torch.float64 else logits.dtype.itemsize
-    return sample_plan(B, V, esize, target or target_of(logits.device), greedy=greedy, top_k=k)
+    return sample_plan(B, V, esize, target or target_of(logits.device), greedy=greedy, top_k=k,
+                       knobs=knobs or NO_SAMPLE_KNOBS)
 
 
 def _u_ok(u):

@@ -28,8 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton.online import LOG2E, _row_barrier, _row_generation
-from .kernels import INT32_MIN, _key_of, _log2_scale, _param
+from .._triton.online import LN2, LOG2E, _row_barrier, _row_generation
+from .kernels import INT32_MIN, _key_of, _log2_scale, _merge_rows, _param, _ranked
 
 
 @triton.jit
@@ -58,7 +58,39 @@ def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr
     j = tl.arange(0, KP)
     live = j < K
     p = tl.load(val_ptr + row.to(tl.int64) * K + j, mask=live, other=0.0)
-    lse = tl.load(lse_ptr + row)
+    ind = tl.load(ind_ptr + row.to(tl.int64) * K + j, mask=live, other=0)
+    _draw(p, ind, j, K, tl.load(lse_ptr + row), row, u_ptr, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride,
+          k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, True)
+
+
+@triton.jit(do_not_specialize=("k", "S", "BS", "t_val", "t_stride", "k_val", "k_stride", "p_val", "p_stride",
+                               "q_val", "q_stride"))
+def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, ids_ptr, logp_ptr,
+                         t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
+                         q_stride, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
+                         CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, W: tl.constexpr,
+                         T_MODE: tl.constexpr):
+    """Step 1 fused into the last merge of ``softmax_topk(x / T, k)`` (``fuse``): the row's k sorted candidates
+    go from the merge's registers to the filters and the draw, not through memory (no values, indices or lse
+    written and read back, one launch less). Only where step 1 decides every row (an int top_k, or greedy): no
+    flag, no step 2."""
+    row, buf, n, t, m, d, c = _merge_rows(x_ptr, stride_b, stride_v, V, ws_ptr, ws_ptr, logp_ptr, k, S, BS, S, 1,
+                                          t_ptr, t_val, t_stride, BLOCK, R, CAP, SP, CT, FAST, EXACT, False, W, T_MODE,
+                                          False)
+    j, p, ind = _ranked(buf, n, m, d, c, CAP, FAST)
+    live = j < k
+    _draw(tl.where(live, p, 0.0), tl.where(live, ind, 0).to(tl.int64), j, k, (m + tl.log2(d)) * LN2, row, u_ptr,
+          ids_ptr, logp_ptr, logp_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr,
+          q_val, q_stride, V, False)
+
+
+@triton.jit
+def _draw(p, ind, j, K, lse, row, u_ptr, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride,
+          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr):
+    """Step 1 on row ``row``'s candidates ``p`` (sorted descending, 0 at positions ``j >= K``), their int64
+    indices ``ind`` and the row's lse: the id and log-probability, stored where the candidates decide the row;
+    ``FLAG``: the row's flag for step 2 stored (else every row must be decided: the fused merge)."""
+    live = j < K
     t, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                      q_ptr, q_val, q_stride, row, V)
     undefined = bad | ~((lse > float("-inf")) & (lse < float("inf")))    # also NaN
@@ -94,7 +126,6 @@ def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr
     # d. the draw: the kept candidates in index order (one int64 sort: index, then p's bits), the first whose
     # running mass exceeds u · W_kept (never one of p = 0)
     keep = j < n
-    ind = tl.load(ind_ptr + row.to(tl.int64) * K + j, mask=live, other=0)
     packed = tl.where(keep, (ind << 32) | (p.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF),
                       9223372036854775807)
     packed = tl.sort(packed)
@@ -114,8 +145,12 @@ def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr
     logp = tl.where(greedy, 0.0, logp)
     pick = tl.where(undefined, -1, pick)
     logp = tl.where(undefined, float("nan"), logp)
-    tl.store(flag_ptr + row, (~decided).to(tl.int32))
-    if decided:
+    if FLAG:
+        tl.store(flag_ptr + row, (~decided).to(tl.int32))
+        if decided:
+            tl.store(ids_ptr + row, pick)
+            tl.store(logp_ptr + row, logp)
+    else:
         tl.store(ids_ptr + row, pick)
         tl.store(logp_ptr + row, logp)
 

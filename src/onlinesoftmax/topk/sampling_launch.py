@@ -1,80 +1,244 @@
 """``sample`` on the kernels: candidates by ``softmax_topk`` (temperature folded in), the filters and the draw in
-one program per row, the exact row kernel for rows the candidates cannot decide. Launches bound once per problem."""
+one program per row (or in the last merge's epilogue: ``fuse``), the exact row kernel for rows the candidates
+cannot decide.
+
+Host cost is the point here (a decode step calls this once per token): a problem's launches, workspace and
+dummy pointers are bound once in a :class:`SampleCall`, found by one dict look-up of a tuple of ints. Later calls
+pass every pointer as an int (``data_ptr()``) straight to the compiled kernels' C launchers: Triton's launcher
+then neither calls ``data_ptr`` nor queries the driver for the pointer's attributes. Per call: the output
+allocations, the launches, and nothing else (no plan hashing, no workspace look-up, no tensor for a Python
+parameter, no view of scratch).
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
+from .._triton.launch import BoundKernel, cached, current_device, current_stream, hooks_installed, pow2, stream_scratch
+from ..backend import interpret_mode
 from ..target import target_of
-from .launch import softmax_topk_2d
-from .plan import MIN_KP, ROW_BLOCK, ROW_WARPS, SamplePlan, sample_plan
-from .sampling_kernels import _sample_kernel, _sample_row_kernel
+from .launch import _launches as topk_launches
+from .launch import final_meta, workspaces
+from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
+from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
+
+CALLS_KEPT = 256        # bound problems kept (then all dropped: a server sees a handful of (B, V, dtype) at a time)
+_calls: dict = {}
 
 
 @cached
-def cached_sample_plan(B: int, V: int, dtype: torch.dtype, device: torch.device, greedy: bool, top_k) -> SamplePlan:
+def cached_sample_plan(B: int, V: int, dtype: torch.dtype, device: torch.device, greedy: bool, top_k,
+                       knobs: SampleKnobs = NO_SAMPLE_KNOBS) -> SamplePlan:
     """:func:`sample_plan` for x's device (fp32 / fp16 / bf16: fp64 logits are read as fp32), cached per problem."""
-    return sample_plan(B, V, dtype.itemsize, target_of(device), greedy=greedy, top_k=top_k)
+    return sample_plan(B, V, dtype.itemsize, target_of(device), greedy=greedy, top_k=top_k, knobs=knobs)
 
 
-def _param(v, off, dummy: torch.Tensor) -> tuple:
-    """(pointer, scalar, stride) of a parameter for the kernels (``kernels._param``): a ``[B, 1]`` tensor (stride 0
-    when broadcast), or the Python value (``off`` for None) with stride -1 and a dummy pointer."""
+class SampleCall:
+    """The launches of one ``sample`` problem (B, V, x's strides and dtype, device, stream, K, temperature mode,
+    plan), bound once: the top-k launches of ``softmax_topk(x / T, K)`` (their last merge replaced by the fused
+    sampling merge with ``plan.fuse``), step 1, step 2 where some row may need it; the workspace of the stream.
+
+    Pointers are "ptr-like": tensors on the first call of an alignment class (Triton compiles and binds from
+    them) and under the interpreter, ints (``data_ptr()``) afterwards. A parameter is ``(ptr, value, stride)``:
+    stride -1 for a Python value (the pointer a dummy of the parameter's dtype, so scalar and per-row calls share
+    one compiled kernel)."""
+
+    __slots__ = ("plan", "B", "V", "strides", "device", "kernels", "args", "lanes", "dtypes", "ws")
+
+    def __init__(self, plan: SamplePlan, B: int, V: int, stride_b: int, stride_v: int, t_mode: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.plan, self.B, self.V, self.strides, self.device = plan, B, V, (stride_b, stride_v), device
+        K, cfg, C = plan.k, plan.topk, plan.row_chunks
+        head = (stride_b, stride_v, V)
+        top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode)
+        kernels, args = [kern for kern, _ in top], [a for _, a in top]
+        if plan.fuse:
+            kernels[-1] = BoundKernel(_sample_merge_kernel, (B,), final_meta(cfg, t_mode))
+            S2 = -(-cfg.splits // cfg.tree) if cfg.tree else cfg.splits
+
+            def fused(x, ws, ws2, ids, logp, u, tt, prm):
+                return (x, *head, ws2 if cfg.tree else ws, K, S2, B * S2, u, ids, logp, *tt, *prm)
+            args[-1] = fused
+        else:
+            kernels.append(BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)),
+                                                                  num_warps=1 if K <= 256 else 4)))
+            if C:
+                kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(BLOCK=ROW_BLOCK, CP=plan.table,
+                                                                              num_warps=ROW_WARPS)))
+        self.kernels, self.args = tuple(kernels), tuple(args)
+        # the compile keys of BoundKernel for aligned pointers: x, then the parameters' dtypes (t, top_k, top_p,
+        # min_p dummies or tensors, u)
+        self.dtypes = (dtype, torch.float32, torch.int64, torch.float32, torch.float32, torch.float32)
+        self.lanes = self.ws = None
+
+    def workspace(self, device: torch.device) -> tuple:
+        """Tensors: top-k's scratch (ws, ws2), the candidates (values, indices, lse, flags) and the row kernel's
+        barrier words and tables (the views not needed by the plan are None)."""
+        B, plan = self.B, self.plan
+        ws, ws2 = workspaces(B, plan.topk, device)
+        cand = (None,) * 4
+        if not plan.fuse:
+            K = plan.k
+            vals, inds, lse, flag = stream_scratch("sample", device, ((B * K, torch.float32), (B * K, torch.int64),
+                                                                      (B, torch.float32), (B, torch.int32)),
+                                                   zeroed=0)
+            cand = (vals[:B * K], inds[:B * K], lse[:B], flag[:B])
+        row = ()
+        if plan.row_chunks:
+            BC = B * plan.row_chunks
+            # barrier words (zeroed, left as found), the levels' histograms (two buffers), tie counts and cuts,
+            # then per chunk: the kept mass, the row's mass, (count, mass) above and at a boundary
+            row = stream_scratch("sample-row", device, ((B, torch.int32), (B, torch.int32), (32 * BC, torch.int32),
+                                                        (32 * BC, torch.float32), (BC + B, torch.int32),
+                                                        (6 * BC, torch.float32)), zeroed=2)
+        return (ws, ws2, *cand, *row)
+
+    def __call__(self, x: torch.Tensor, tt: tuple, kt: tuple, pt: tuple, qt: tuple, u, stream, capturing: bool):
+        """``(ids, logp)``: ``tt``..``qt`` the parameters ``(tensor or None, value, stride)`` (None: a Python value,
+        stride -1), ``u`` the uniforms (None: every row greedy), on ``stream`` (the raw current CUDA stream; the
+        call's key)."""
+        B, dev = self.B, self.device
+        ids = torch.empty(B, device=dev, dtype=torch.int64)
+        logp = torch.empty(B, device=dev, dtype=torch.float32)
+        lanes = self.lanes
+        if lanes is not None and not capturing:
+            idp, lpp = ids.data_ptr(), logp.data_ptr()
+            xp = x.data_ptr()
+            bits = xp
+            up = lpp
+            if u is not None:
+                up = u.data_ptr()
+                bits |= up
+            t0, k0, p0, q0 = tt[0], kt[0], pt[0], qt[0]
+            if t0 is not None:
+                t0 = t0.data_ptr()
+                bits |= t0
+            if k0 is not None:
+                k0 = k0.data_ptr()
+                bits |= k0
+            if p0 is not None:
+                p0 = p0.data_ptr()
+                bits |= p0
+            if q0 is not None:
+                q0 = q0.data_ptr()
+                bits |= q0
+            if not bits & 15 and not hooks_installed():
+                vals = (xp, idp, lpp, up, lpp if t0 is None else t0, float(tt[1]), tt[2], idp if k0 is None else k0,
+                        int(kt[1]), kt[2], lpp if p0 is None else p0, float(pt[1]), pt[2],
+                        lpp if q0 is None else q0, float(qt[1]), qt[2])
+                for launch, full, subs in lanes:
+                    a = full.copy()
+                    a[3] = stream
+                    for pos, i in subs:
+                        a[pos] = vals[i]
+                    launch(*a)
+                return ids, logp
+        self._launch_bound(x, ids, logp, u, tt, kt, pt, qt, capturing)
+        return ids, logp
+
+    def _arglists(self, x, views, ids, logp, u, prm) -> list:
+        """Each launch's run-time arguments: ``prm`` the parameters as the kernels take them, ``(ptr, value,
+        stride)`` four times (a Python value's pointer a dummy of its dtype: logp for float32, ids for int64)."""
+        plan = self.plan
+        ws, ws2, vals, inds, lse, flag = views[:6]
+        tt = tuple(prm[:3])
+        lists = [a(x, ws, ws2, (vals, inds, lse), tt) for a in self.args[:len(self.args) - plan.fuse]]
+        if plan.fuse:
+            lists.append(self.args[-1](x, ws, ws2, ids, logp, u, tt, prm[3:]))
+            return lists
+        K, V = plan.k, self.V
+        lists.append((vals, inds, lse, u, ids, logp, flag, *prm, K, V))
+        if plan.row_chunks:
+            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, K, *views[6:], plan.row_chunks,
+                          plan.chunk))
+        return lists
+
+    def _launch_bound(self, x, ids, logp, u, tt, kt, pt, qt, capturing):
+        """Through ``BoundKernel`` with tensors: the first call (compiles, binds), misaligned pointers, a capture
+        (its own workspace), the interpreter. Then, on CUDA, binds the lanes of later aligned calls: each launch's
+        C launcher with its arguments laid out once, the per-call ones (``_SLOTS``) put in by position."""
+        dev = self.device
+        views = self.workspace(dev)
+        u = logp if u is None else u                    # all greedy: nothing is drawn (any float32 pointer)
+        prm = [logp if tt[0] is None else tt[0], float(tt[1]), tt[2], ids if kt[0] is None else kt[0], int(kt[1]),
+               kt[2], logp if pt[0] is None else pt[0], float(pt[1]), pt[2], logp if qt[0] is None else qt[0],
+               float(qt[1]), qt[2]]
+        check = (x, prm[0], prm[3], prm[6], prm[9], u)
+        for kern, a in zip(self.kernels, self._arglists(x, views, ids, logp, u, prm)):
+            kern(a, check, dev)
+        if capturing or not raw_launches(dev) or self.lanes is not None or any(t.data_ptr() & 15 for t in check):
+            return
+        key = (current_device(), True, *self.dtypes)
+        raw = [kern.entry(key) for kern in self.kernels]
+        if any(r is None for r in raw):
+            return
+        ptrs = tuple(None if v is None else v.data_ptr() for v in views)
+        lanes = []
+        for (launch, head, tail), a in zip(raw, self._arglists(_SLOTS[0], ptrs, *_SLOTS[1:4], list(_SLOTS[4:]))):
+            full = [*head[:3], None, *head[3:], *a, *tail]
+            lanes.append((launch, full, tuple((i, _SLOTS.index(v)) for i, v in enumerate(full)
+                                              if isinstance(v, _Slot))))
+        self.ws = views                                  # held: the pointers in the lanes stay valid
+        self.lanes = tuple(lanes)
+
+
+class _Slot:
+    """A per-call argument's place in a bound lane (compared by identity)."""
+
+    __slots__ = ()
+
+
+# x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p: the order of a call's values
+_SLOTS = tuple(_Slot() for _ in range(16))
+
+
+def raw_launches(device: torch.device) -> bool:
+    """Whether calls on ``device`` may go straight to the compiled kernels' C launchers (CUDA, no interpreter)."""
+    return device.type == "cuda" and not interpret_mode()
+
+
+def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: SampleKnobs, stream) -> SampleCall | None:
+    """The bound problem for ``x`` (``[B, V]``) on ``stream`` (a raw CUDA stream, None elsewhere), cached by a tuple
+    of ints; None where the plan is not the kernels' (top_k past the fused kernels: the caller runs torch's path)."""
+    B, V = x.shape
+    sb, sv = x.stride()
+    dtype, dev = x.dtype, x.device
+    key = (B, V, sb, sv, dtype, dev, stream, greedy, top_k, t_mode, knobs)
+    call = _calls.get(key)
+    if call is None:
+        plan = cached_sample_plan(B, V, dtype, dev, greedy, top_k, knobs)
+        if plan.path != "kernels":
+            return None
+        if len(_calls) >= CALLS_KEPT:
+            _calls.clear()
+        call = _calls[key] = SampleCall(plan, B, V, sb, sv, t_mode, dev, dtype)
+    return call
+
+
+def _param(v, off) -> tuple:
+    """``(tensor or None, value, stride)``: a ``[B, 1]`` tensor (stride 0 when broadcast), or the Python value
+    (``off`` for None) with stride -1."""
     if isinstance(v, torch.Tensor):
         return v, 0.0, v.stride(0)
-    return dummy, off if v is None else v, -1
+    return None, off if v is None else v, -1
 
 
-@cached
-def _launches(B: int, V: int, K: int, C: int, CP: int):
-    """The sampling kernels after ``softmax_topk``: step 1 (B programs) and, where some row may need it (C > 0),
-    step 2 (B·C programs)."""
-    one = BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)), num_warps=1 if K <= 256 else 4))
-    two = None
-    if C:
-        two = BoundKernel(_sample_row_kernel, (B * C,), dict(BLOCK=ROW_BLOCK, CP=CP, num_warps=ROW_WARPS))
-    return one, two
-
-
-def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor):
+def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor | None, knobs: SampleKnobs = NO_SAMPLE_KNOBS):
     """``(ids [B], logp [B])`` for ``x`` ``[B, V]`` (B >= 1) and the rows' uniforms ``u`` (float32 ``[B]`` on x's
-    device; None for an all-greedy call) on the kernels, or None where ``softmax_topk`` would
-    take its sort path (``top_k`` above the fused kernels' range): the caller runs torch's path then."""
-    B, V = x.shape
-    dev = x.device
+    device; None for an all-greedy call) on the kernels, or None where ``softmax_topk`` would take its sort path
+    (``top_k`` above the fused kernels' range): the caller runs torch's path then."""
     if x.dtype == torch.float64:
         x = x.float()
     greedy = not isinstance(t, torch.Tensor) and t == 0
     if greedy:                                      # every row greedy: the first candidate
         kk = pp = qq = None
-    plan = cached_sample_plan(B, V, x.dtype, dev, greedy, kk if isinstance(kk, int) else None)
-    if plan.path != "kernels":
-        return None
-    K, cfg, C, CH, CP = plan.k, plan.topk, plan.row_chunks, plan.chunk, plan.table
-    vals, inds, lse, flag = stream_scratch("sample", dev, ((B * K, torch.float32), (B * K, torch.int64),
-                                                           (B, torch.float32), (B, torch.int32)), zeroed=0)
-    vals, inds, lse, flag = vals[:B * K].view(B, K), inds[:B * K].view(B, K), lse[:B], flag[:B]
-    # parameters: a [B, 1] tensor (float32; top_k int64) or a scalar with a dummy pointer of that same dtype, so
-    # every call of one (B, V, K) runs one compiled kernel
-    tt = _param(t, 1.0, vals)
+    tt = _param(t, 1.0)
     t_mode = 0 if tt[2] < 0 and tt[1] == 1.0 else 1
-    softmax_topk_2d(x, K, cfg, (vals, inds, lse), t_mode, (tt[0], float(tt[1]), tt[2]))
-    ids = torch.empty(B, device=dev, dtype=torch.int64)
-    logp = torch.empty(B, device=dev, dtype=torch.float32)
-    one, two = _launches(B, V, K, C, CP)
-    kt, pt, qt = _param(kk, 0, inds), _param(pp, 1.0, vals), _param(qq, 0.0, vals)
-    params = (*tt, kt[0], int(kt[1]), kt[2], *pt, *qt)
-    if u is None:                                   # all greedy: nothing is drawn
-        u = vals
-    check = (x, u, tt[0], kt[0], pt[0], qt[0])
-    one((vals, inds, lse, u, ids, logp, flag, *params, K, V), check, dev)
-    if two is not None:
-        BC = B * C
-        # barrier words (zeroed, left as found), the levels' histograms (two buffers), tie counts and cuts, then
-        # per chunk: the kept mass, the row's mass, (count, mass) above and at a boundary
-        ws = stream_scratch("sample-row", dev, ((B, torch.int32), (B, torch.int32), (32 * BC, torch.int32),
-                                                (32 * BC, torch.float32), (BC + B, torch.int32),
-                                                (6 * BC, torch.float32)), zeroed=2)
-        two((x, x.stride(0), x.stride(1), V, inds, lse, u, ids, logp, flag, *params, K, *ws, C, CH), check, dev)
-    return ids, logp
+    stream, capturing = None, False
+    if x.is_cuda:
+        stream = current_stream(current_device())
+        capturing = torch._C._cuda_isCurrentStreamCapturing()
+    call = sample_call(x, greedy, kk if isinstance(kk, int) else None, t_mode, knobs, stream)
+    if call is None:
+        return None
+    return call(x, tt, _param(kk, 0), _param(pp, 1.0), _param(qq, 0.0), u, stream, capturing)
