@@ -537,10 +537,11 @@ def test_few_queries_over_many_keys_run_the_decode_kernels(kernel_device, Sq, ca
 # ---- the sm90 forward (Gluon: TMA ring, producer warp, wgmma consumers) ------------------------------------------
 def test_sm90_forward_plan():
     """Hopper runs the sm90 kernel for 16-bit D = 64 / 128 / 256 inputs TMA can copy: D = 64 / 128 folded, on a
-    persistent grid of one program per SM for dense inputs (two ring slots), per tile for packed sequences (a third
-    slot when banded at D = 128); D = 256 per tile, unfolded; causal D = 64 at Sk <= 1024 and packed D = 64, fp32,
-    unaligned strides and every other GPU keep the tl.dot kernel."""
-    from onlinesoftmax.attention.plan import SM90_WS_SHORT_CAUSAL_D64, Problem, plan_forward
+    persistent grid of one program per SM for dense inputs (two ring slots; not banded past
+    SM90_WS_PERSISTENT_BANDED_SK keys), per tile for packed sequences (a third slot when banded at D = 128); D = 256
+    per tile, unfolded; causal and packed D = 64, fp32, unaligned strides and every other GPU keep the tl.dot
+    kernel."""
+    from onlinesoftmax.attention.plan import SM90_WS_PERSISTENT_BANDED_SK, Problem, plan_forward
 
     base = Problem(4, 32, 8, 4096, 4096, 128, "bfloat16", False, (-1, -1), tma=True)
     plan = plan_forward(base, H200)
@@ -554,9 +555,10 @@ def test_sm90_forward_plan():
     assert (wide.kernel, wide.block_n, wide.fold, wide.programs) == ("sm90", 64, False, 0)
     d64 = plan_forward(dataclasses.replace(base, D=64), H200)
     assert (d64.kernel, d64.num_stages, d64.fold, d64.programs) == ("sm90", 4, True, H200.sm_count)
-    short = dataclasses.replace(causal, D=64, Sq=SM90_WS_SHORT_CAUSAL_D64, Sk=SM90_WS_SHORT_CAUSAL_D64)
-    assert plan_forward(short, H200).kernel == "triton"
-    assert plan_forward(dataclasses.replace(short, Sq=2048, Sk=2048), H200).kernel == "sm90"
+    assert plan_forward(dataclasses.replace(causal, D=64), H200).kernel == "triton"
+    long = plan_forward(dataclasses.replace(causal, Sq=SM90_WS_PERSISTENT_BANDED_SK + 1,
+                                            Sk=SM90_WS_PERSISTENT_BANDED_SK + 1), H200)
+    assert (long.kernel, long.num_stages, long.fold, long.programs) == ("sm90", 3, True, 0)
     for other in (dataclasses.replace(base, D=64, varlen=True), dataclasses.replace(base, D=80),
                   dataclasses.replace(base, dtype="float32"), dataclasses.replace(base, tma=False)):
         assert plan_forward(other, H200).kernel == "triton", other

@@ -135,13 +135,14 @@ SM90_FORWARD = {
 # The Gluon kernel (fp16 / bf16, TMA-able tensors): (block_m = 128: two consumer warpgroups of 64 rows, block_n,
 # 4 warps, ring slots) by head dim; its shared memory holds q (block_m × D) and the ring's k and v tiles
 # (2 × slots × block_n × D), at most 227 KB.
-# By default (H200, bf16, tools/probe_fwd_sm90.py at dbcd81a + fwd-sm90): D = 128 and 64 fold the scale into the
-# row max (p = 2^(qk·c − m), one FFMA per score) and, for dense [B, H, S, D] inputs, run a persistent grid of one
-# program per SM (`_persistent`): 4 × 32 × 4096 × 128 619 / 525 TFLOP/s causal against 546 / 478 per-tile,
-# 16 × 32 × 1024 × 128 616 / 368 against 432 / 285; D = 64 477 / 404 (4 × 32 × 4096) against the tl.dot
-# kernel's 428 / 377. Causal D = 64 at Sk <= 1024 keeps the tl.dot kernel (273 against 250), as do packed D = 64
-# sequences (the per-tile sm90 kernel measured 0.7-0.9x it at D = 64). D = 256 is as measured before the fold
-# (per-tile, unfolded).
+# By default (H200, bf16, tools/probe_fwd_sm90.py at dbcd81a + fwd-sm90, bench attention at d8f0334): D = 128 and
+# 64 fold the scale into the row max (p = 2^(qk·c − m), one FFMA per score) and, for dense [B, H, S, D] inputs, run
+# a persistent grid of one program per SM (`programs`): 4 × 32 × 4096 × 128 619 / 525 TFLOP/s causal against
+# 546 / 478 per tile, 16 × 32 × 1024 × 128 616 / 368 against 432 / 285. Non-causal D = 64 as well (477 at
+# 4 × 32 × 4096 against the tl.dot kernel's 428); causal D = 64 keeps the tl.dot kernel (the persistent grid
+# measured 329 TFLOP/s at 8 × 16 × 2048 causal in the probe but 229, no faster than non-causal, in the bench: not
+# understood), as do packed D = 64 sequences (the per-tile sm90 kernel measured 0.6-0.9x it at D = 64). D = 256 is
+# as measured before the fold (per tile, unfolded).
 SM90_WS_FORWARD = {
     64: (128, 128, 4, 4),
     128: (128, 128, 4, 2),
@@ -151,7 +152,9 @@ SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128, per-tile grid
                                    # GQA); the persistent grid's O buffer leaves room for two
 SM90_WS_FOLD = (64, 128)           # head dims whose default folds the scale (fold)
 SM90_WS_PERSISTENT = (64, 128)     # head dims whose default grid for dense inputs is persistent
-SM90_WS_SHORT_CAUSAL_D64 = 1024    # causal D = 64 with Sk up to this keeps the tl.dot kernel
+SM90_WS_PERSISTENT_BANDED_SK = 8192  # causal / windowed D = 128 past this many keys runs per tile with 3 slots
+                                     # (bench at d8f0334: persistent 543 TFLOP/s at 1 × 32 × 16384 causal against
+                                     # cuDNN's 579; per tile, unfolded, 0.99x cuDNN at 1906241)
 
 
 def sm90_ws_eligible(p: Problem) -> bool:
@@ -168,10 +171,10 @@ def _sm90_ws_default(p: Problem, target: Target) -> ForwardPlan | None:
     """The Gluon kernel's default plan for ``p``, or None where the tl.dot kernel is the default."""
     if not sm90_ws_eligible(p):
         return None
-    if p.D == 64 and (p.varlen or (p.banded and p.Sk <= SM90_WS_SHORT_CAUSAL_D64)):
+    if p.D == 64 and (p.varlen or p.banded):
         return None
     plan = dataclasses.replace(_forward_sm90_ws(p), fold=p.D in SM90_WS_FOLD)
-    if p.D in SM90_WS_PERSISTENT and not p.varlen:
+    if p.D in SM90_WS_PERSISTENT and not p.varlen and not (p.banded and p.Sk > SM90_WS_PERSISTENT_BANDED_SK):
         plan = dataclasses.replace(plan, programs=target.sm_count, num_stages=SM90_WS_FORWARD[p.D][3])
     return plan
 
