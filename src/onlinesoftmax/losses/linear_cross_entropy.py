@@ -70,20 +70,25 @@ def torch_ce_rows(x, t, coef, loss_rows, lse, dx, g, ignore_index, eps, z_loss, 
     dx.copy_(gr)
 
 
+def _outputs(h, W, need_dh, need_dW, need_db):
+    """loss rows and lse [N] (fp32), dh, dW (None where not asked for; dW zero without tokens), db (fp32 zeros)."""
+    N, V = h.shape[0], W.shape[0]
+    loss_rows = torch.empty(N, dtype=torch.float32, device=h.device)
+    lse = torch.empty(N, dtype=torch.float32, device=h.device)
+    dh = torch.empty_like(h) if need_dh else None
+    dW = (torch.zeros_like(W) if N == 0 else torch.empty_like(W)) if need_dW else None
+    db = torch.zeros(V, dtype=torch.float32, device=h.device) if need_db else None
+    return loss_rows, lse, dh, dW, db
+
+
 def _loop(h, W, b, t, coef, g, need_dh, need_dW, need_db, plan: LCEPlan, backend, ignore_index, eps, z_loss,
           softcap):
     """The chunk loop: loss rows and lse [N]; dh, dW, db (None where not asked for), scaled by ``coef`` and by
     the per-token ``g`` if given."""
     N, V = h.shape[0], W.shape[0]
     need = need_dh or need_dW or need_db
-    loss_rows = torch.empty(N, dtype=torch.float32, device=h.device)
-    lse = torch.empty(N, dtype=torch.float32, device=h.device)
-    dh = torch.empty_like(h) if need_dh else None
-    dW = torch.empty_like(W) if need_dW else None
-    db = torch.zeros(V, dtype=torch.float32, device=h.device) if need_db else None
+    loss_rows, lse, dh, dW, db = _outputs(h, W, need_dh, need_dW, need_db)
     if N == 0:
-        if dW is not None:
-            dW.zero_()
         return loss_rows, lse, dh, dW, db
     T = plan.chunk_tokens
     tile = torch.empty(min(T, N), V, dtype=h.dtype, device=h.device)
@@ -173,14 +178,8 @@ def _vocab_loop(h, W, b, t, coef, g, need_dh, need_dW, need_db, plan: LCEPlan, b
     need = need_dh or need_dW or need_db
     triton_k = None if backend == "torch" else _lce_kernels()
     acc = torch.float64 if h.dtype == torch.float64 and triton_k is None else torch.float32
-    loss_rows = torch.empty(N, dtype=torch.float32, device=h.device)
-    lse = torch.empty(N, dtype=torch.float32, device=h.device)
-    dh = torch.empty_like(h) if need_dh else None
-    dW = torch.empty_like(W) if need_dW else None
-    db = torch.zeros(V, dtype=torch.float32, device=h.device) if need_db else None
+    loss_rows, lse, dh, dW, db = _outputs(h, W, need_dh, need_dW, need_db)
     if N == 0:
-        if dW is not None:
-            dW.zero_()
         return loss_rows, lse, dh, dW, db
     B, Vc = min(plan.chunk_tokens, N), plan.vocab_chunk
     tile = torch.empty(B * min(Vc, V), dtype=h.dtype, device=h.device)
