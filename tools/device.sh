@@ -28,7 +28,7 @@ for step in ${*:-tests bench}; do
     probes) mkdir -p "$OUT/probes"
             timeout ${T_PROBE:-240} python tools/attention_sm90_probe.py --budget 150 --out "$OUT/probes" \
               > "$OUT/probes/attention_sm90.log" 2>&1
-            for p in probe_attnbwd probe_decode probe_ce; do
+            for p in probe_attnbwd_sm90 probe_decode probe_ce; do
               timeout ${T_PROBE:-240} python tools/$p.py --out "$OUT/probes" > "$OUT/probes/$p.log" 2>&1
             done
             tail -n 12 "$OUT"/probes/*.log

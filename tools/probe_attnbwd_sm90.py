@@ -34,6 +34,7 @@ BUDGET_S = 135          # stop timing past this (the whole run must end within 1
 # dq_tma = dQ's partial tiles added by TMA reduce from shared memory (no fp32 atomics)
 VARIANTS = {
     "default": {},
+    "tl.dot": {"kernel": "triton"},       # the split kernels (kernels/bwd.py) as planned for the problem
     "sm90 s2": {"kernel": "sm90"},
     "sm90 rows": {"kernel": "sm90", "stage_rows": True},
     "sm90 rows+tma": {"kernel": "sm90", "stage_rows": True, "dq_tma": True},

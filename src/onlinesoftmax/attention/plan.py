@@ -221,7 +221,7 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
 # ---- the backward -----------------------------------------------------------------------------------------
 # (block_m, block_n, num_warps, num_stages) of the dK/dV kernel, then the same four of the dQ kernel
 # Causal / windowed, D = 128, no GQA: one kernel, dQ added with fp32 atomics (5 matmuls, not 7). H200, bf16
-# (tools/probe_attnbwd.py): 334 / 386 / 363 / 237 TFLOP/s at (4, 32, 4096) / (1, 32, 16384) / (2, 32, 8192) /
+# (tools/probe_attnbwd.py at c2cac02): 334 / 386 / 363 / 237 TFLOP/s at (4, 32, 4096) / (1, 32, 16384) / (2, 32, 8192) /
 # (16, 32, 1024) against 321 / 349 / 336 / 239 for the split; without a band the split stays ahead (395 vs 377 at
 # (4, 32, 4096)); with GQA the atomic kernel spills (its group loop), not measured. The atomics' order varies
 # from run to run (dQ's last bits do): under torch.use_deterministic_algorithms(True) the split runs.
