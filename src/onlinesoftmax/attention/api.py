@@ -263,13 +263,13 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
     if plan.kernel == "sm90":
         from .kernels import bwd_sm90
 
-        keys = bwd_sm90.CONSUMERS * bwd_sm90.WARPGROUP_KEYS
-        if (plan.block_m, plan.block_n, plan.num_warps) != (bwd_sm90.QUERY_TILE, keys, 4):
-            raise ValueError(f"attention: the sm90 backward runs block_m = {bwd_sm90.QUERY_TILE} query rows per step "
-                             f"over block_n = {keys} keys on num_warps = 4 (two consumer warpgroups and a producer "
-                             f"warp), got {plan.block_m} / {plan.block_n} / {plan.num_warps}")
+        block_ms, keys = bwd_sm90.TILES[p.D]
+        if plan.block_m not in block_ms or (plan.block_n, plan.num_warps) != (keys, 4):
+            raise ValueError(f"attention: the sm90 backward at D = {p.D} runs block_m in {block_ms} query rows per "
+                             f"step over block_n = {keys} keys on num_warps = 4 (two consumer warpgroups and a "
+                             f"producer warp), got {plan.block_m} / {plan.block_n} / {plan.num_warps}")
         dkdv = _bound(bwd_sm90.attention_bwd_sm90_kernel, (-(-p.Sk // keys), p.B * p.Hkv),
-                      dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=bwd_sm90.WARPGROUP_KEYS,
+                      dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
                            STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
                            STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, num_warps=4))
     else:
@@ -378,9 +378,7 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
     # dq_atomic / sm90: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel. The
     # sm90 kernel adds whole query tiles (zeros past a sequence's rows): a tile of padding rows after the last
     if sm90:
-        from .kernels.bwd_sm90 import QUERY_TILE
-
-        dqacc = lse.new_empty(((lse.numel() + QUERY_TILE) * p.block_d,))
+        dqacc = lse.new_empty(((lse.numel() + plan.block_m) * p.block_d,))
     else:
         dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic else lse
     cu_q, cu_k = cu if cu is not None else (lse, lse)
