@@ -28,10 +28,13 @@ warpgroup writes its fp32 dQ partial [BLOCK_M, 64] to shared memory and one thre
 (``cp.reduce.async.bulk.tensor .add``; rows past Sq clipped by the descriptor), waited one tile later, instead of
 32 two-wide atomics per thread.
 At the end ``dK ← scale·dK``; dK and dV are stored once (a GQA group's heads are summed here: no atomics).
+SPLIT_D (D = 256, ``_consumer_split_d``): dK and dV of 64 keys × 256 would take 256 registers a thread in one
+warpgroup, so the program holds 64 keys, each warpgroup forms S and dP for 32 of them (not transposed: wgmma's M
+is the 64 query rows) and dK, dV, dQ for half the head dim over all 64 (FlashAttention-3's D = 256 split).
 
 Rows past Sq read zeros (TMA) and an lse of +inf (so does a row with no key: lse = −inf), so their P is 0; query
 tiles that cross the band or Sk are masked (``_q_band``'s full range). Requirements (checked by the plan,
-``sm90_bwd_eligible``): fp16 / bf16, D = 64 / 128 with unit stride, 16-byte aligned bases and strides of q, k, v,
+``sm90_bwd_eligible``): fp16 / bf16, D = 64 / 128 / 256 with unit stride, 16-byte aligned bases and strides of q, k, v,
 dO (TMA), no softcap; a nonzero scale (step 1 divides by it: the api refuses 0).
 """
 
