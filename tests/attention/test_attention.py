@@ -588,6 +588,48 @@ def test_sm90_forward_knobs():
             plan_forward(other, target, Knobs(forward=sm90))
 
 
+def test_sm90_persistent_launch_follows_the_problem():
+    """The persistent forward's bound launch (what a default call and a knob call with the same plan replay) carries
+    the band of its problem: causal and not get launches of their own (HAS_RIGHT, REVERSE), a knob plan equal to the
+    default shares the default's launch, and the grid is at most one program per work unit (pairs: half as many)."""
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import SM90_WS_FORWARD, Problem, plan_forward
+
+    strides = (1,) * 18
+    for D in (64, 128):
+        dense = Problem(8, 16, 16, 2048, 2048, D, "bfloat16", False, (-1, -1), tma=True)
+        causal = dataclasses.replace(dense, causal=True, window=(-1, 0))
+        knobs = Knobs(forward=dict(kernel="sm90", programs=-1, fold=True, num_stages=SM90_WS_FORWARD[D][3]))
+        launches = {}
+        for p in (dense, causal):
+            plan = plan_forward(p, H200, knobs)
+            bk = api._caches()[0](p, plan, strides)
+            assert bk.fn.__name__ == "attention_fwd_sm90_persistent_kernel"
+            assert (bk.meta["HAS_RIGHT"], bk.meta["REVERSE"]) == (p.causal, p.causal), bk.meta
+            assert (bk.meta["PAIRS"], bk.meta["O_DIRECT"], bk.grid) == (False, False, (H200.sm_count,))
+            if D == 128:       # the default plan of these problems is this plan: one launch serves both calls
+                assert plan_forward(p, H200) == plan
+                assert api._caches()[0](p, plan_forward(p, H200), strides) is bk
+            launches[p.causal] = bk
+        assert launches[False] is not launches[True]
+        small = dataclasses.replace(causal, B=1, H=2, Hkv=2, Sq=640, Sk=640)      # 5 query blocks per head
+        for pairs, units in ((False, 10), (True, 6)):
+            plan = plan_forward(small, H200, Knobs(forward=dict(dict(knobs.forward), pairs=pairs)))
+            assert api._caches()[0](small, plan, strides).grid == (units,)
+            assert api.persistent_units(5, 2, pairs) == units
+
+
+def test_sm90_persistent_options_need_the_persistent_grid():
+    from onlinesoftmax.attention.plan import Problem, plan_forward
+
+    p = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
+    for opt in ("pairs", "o_direct"):
+        plan = plan_forward(p, H200, Knobs(forward={"kernel": "sm90", "programs": -1, opt: True}))
+        assert getattr(plan, opt) and plan.programs == H200.sm_count
+        with pytest.raises(ValueError, match="persistent"):
+            plan_forward(p, H200, Knobs(forward={"kernel": "sm90", opt: True}))
+
+
 def test_tma_eligibility_of_tensors():
     """Problem.tma: unit head-dim stride, 16-byte aligned data and strides (CPU tensors never: no TMA there)."""
     from onlinesoftmax.attention import api
@@ -626,16 +668,17 @@ for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, R
 # the persistent grid (host descriptors over [B, H, S, D]: 4-D boxes) at D = 64 / 128, the scale folded
 from triton.experimental.gluon import language as gl
 from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_persistent_kernel as pfn
-for D, ST, flags in ((64, 4, dict(HAS_RIGHT=True, REVERSE=True)), (128, 2, dict(HAS_LEFT=True, SOFTCAP=True))):
+for D, ST, flags in ((64, 4, dict(HAS_RIGHT=True, REVERSE=True)), (128, 2, dict(HAS_LEFT=True, SOFTCAP=True)),
+                     (64, 5, dict(HAS_RIGHT=True, REVERSE=True, PAIRS=True, O_DIRECT=True))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=128, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
-                 REVERSE=False, OVERLAP=True, FOLD=True)
+                 REVERSE=False, OVERLAP=True, FOLD=True, PAIRS=False, O_DIRECT=False)
     const.update(flags)
     def desc(rows):
         lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
         return f"tensordesc<bf16[1, 1, {rows}, {D}],{lay!r}>"
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in pfn.params}
-    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(128), v_desc=desc(128), LSE="*fp32", qk_scale="fp32",
-               cap_in="fp32", cap_out="fp32")
+    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(128), v_desc=desc(128), O="*bf16", LSE="*fp32",
+               qk_scale="fp32", cap_in="fp32", cap_out="fp32")
     k = compile(GluonASTSource(pfn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     (_, stack, _), sass = cubin_report(k)
     out.append({"D": D, "persistent": True, "stack": stack, "shared": k.metadata.shared,

@@ -225,8 +225,9 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
                     FOLD=plan.fold, num_warps=4)
         if plan.programs:
             del meta["VARLEN"]
-            return _bound(fwd_sm90.attention_fwd_sm90_persistent_kernel, (min(plan.programs, grid[0] * grid[1]),),
-                          meta)
+            meta.update(PAIRS=plan.pairs, O_DIRECT=plan.o_direct)
+            units = persistent_units(grid[0], grid[1], plan.pairs)
+            return _bound(fwd_sm90.attention_fwd_sm90_persistent_kernel, (min(plan.programs, units),), meta)
         return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid, meta)
     return _bound(fwd.attention_fwd_kernel, grid,
                   dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,
@@ -344,10 +345,16 @@ def _forward_persistent(q, k, v, o, lse, p: Problem, plan: ForwardPlan, scale: f
     bk = _caches()[0](p, plan, strides)
     left, right = p.window
     n_m = -(-p.Sq // plan.block_m)
-    bk((desc(q, WARPGROUP_ROWS), desc(k, plan.block_n), desc(v, plan.block_n), desc(o, WARPGROUP_ROWS), lse,
-        *_lse_strides(p, lse), p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0), *_scalars(scale, softcap),
-        n_m, n_m * p.B * p.H), (q, k, v, o), q.device)
+    bk((desc(q, WARPGROUP_ROWS), desc(k, plan.block_n), desc(v, plan.block_n), desc(o, WARPGROUP_ROWS), o,
+        *_strides(o)[:3], lse, *_lse_strides(p, lse), p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
+        *_scalars(scale, softcap), n_m, persistent_units(n_m, p.B * p.H, plan.pairs)), (q, k, v, o), q.device)
     return o, lse
+
+
+def persistent_units(n_m: int, heads: int, pairs: bool) -> int:
+    """Work units of the persistent grid (the kernel's ``_units``): n_m query blocks per (batch, head), or with
+    ``pairs`` their pairs (i, n_m − 1 − i), the middle block of an odd n_m alone."""
+    return (-(-n_m // 2) if pairs else n_m) * heads
 
 
 def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: BackwardPlan, scale: float,

@@ -65,6 +65,11 @@ class ForwardPlan:
     programs: int = 0       # "sm90": a persistent grid of this many programs looping over the (query block, head)
                             # tiles, host TMA descriptors, O staged apart (not varlen); 0: one program per tile;
                             # -1 (a knob): the target's SM count
+    pairs: bool = False     # persistent grid: a program's unit of work is the query blocks i and n_m − 1 − i of
+                            # one head (under a causal mask their key ranges sum to n_m + 1 key tiles: the
+                            # round-robin over programs is balanced; head-major, longest first, without)
+    o_direct: bool = False  # persistent grid: O stored from registers, no staging buffer (at D = 128 its 32 KB
+                            # make room for a third ring slot: 224 KB)
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,9 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
     if plan.programs and (plan.kernel != "sm90" or p.varlen):
         raise ValueError(f"attention: a persistent forward grid (programs = {plan.programs}) runs the sm90 kernel on "
                          f"dense [B, H, S, D] inputs only; got kernel {plan.kernel!r}, varlen = {p.varlen}")
+    if (plan.pairs or plan.o_direct) and not plan.programs:
+        raise ValueError("attention: pairs / o_direct are options of the persistent forward grid (programs != 0); "
+                         f"got {plan}")
     return plan
 
 
