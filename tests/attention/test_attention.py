@@ -588,6 +588,48 @@ def test_sm90_forward_knobs():
             plan_forward(other, target, Knobs(forward=sm90))
 
 
+def test_sm90_persistent_launch_follows_the_problem():
+    """The persistent forward's bound launch (what a default call and a knob call with the same plan replay) carries
+    the band of its problem: causal and not get launches of their own (HAS_RIGHT, REVERSE), a knob plan equal to the
+    default shares the default's launch, and the grid is at most one program per work unit (pairs: half as many)."""
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import SM90_WS_FORWARD, Problem, plan_forward
+
+    strides = (1,) * 18
+    for D in (64, 128):
+        dense = Problem(8, 16, 16, 2048, 2048, D, "bfloat16", False, (-1, -1), tma=True)
+        causal = dataclasses.replace(dense, causal=True, window=(-1, 0))
+        knobs = Knobs(forward=dict(kernel="sm90", programs=-1, fold=True, num_stages=SM90_WS_FORWARD[D][3]))
+        launches = {}
+        for p in (dense, causal):
+            plan = plan_forward(p, H200, knobs)
+            bk = api._caches()[0](p, plan, strides)
+            assert bk.fn.__name__ == "attention_fwd_sm90_persistent_kernel"
+            assert (bk.meta["HAS_RIGHT"], bk.meta["REVERSE"]) == (p.causal, p.causal), bk.meta
+            assert (bk.meta["PAIRS"], bk.meta["O_DIRECT"], bk.grid) == (False, False, (H200.sm_count,))
+            if D == 128:       # the default plan of these problems is this plan: one launch serves both calls
+                assert plan_forward(p, H200) == plan
+                assert api._caches()[0](p, plan_forward(p, H200), strides) is bk
+            launches[p.causal] = bk
+        assert launches[False] is not launches[True]
+        small = dataclasses.replace(causal, B=1, H=2, Hkv=2, Sq=640, Sk=640)      # 5 query blocks per head
+        for pairs, units in ((False, 10), (True, 6)):
+            plan = plan_forward(small, H200, Knobs(forward=dict(dict(knobs.forward), pairs=pairs)))
+            assert api._caches()[0](small, plan, strides).grid == (units,)
+            assert api.persistent_units(5, 2, pairs) == units
+
+
+def test_sm90_persistent_options_need_the_persistent_grid():
+    from onlinesoftmax.attention.plan import Problem, plan_forward
+
+    p = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
+    for opt in ("pairs", "o_direct"):
+        plan = plan_forward(p, H200, Knobs(forward={"kernel": "sm90", "programs": -1, opt: True}))
+        assert getattr(plan, opt) and plan.programs == H200.sm_count
+        with pytest.raises(ValueError, match="persistent"):
+            plan_forward(p, H200, Knobs(forward={"kernel": "sm90", opt: True}))
+
+
 def test_tma_eligibility_of_tensors():
     """Problem.tma: unit head-dim stride, 16-byte aligned data and strides (CPU tensors never: no TMA there)."""
     from onlinesoftmax.attention import api
@@ -626,16 +668,17 @@ for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, R
 # the persistent grid (host descriptors over [B, H, S, D]: 4-D boxes) at D = 64 / 128, the scale folded
 from triton.experimental.gluon import language as gl
 from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_persistent_kernel as pfn
-for D, ST, flags in ((64, 4, dict(HAS_RIGHT=True, REVERSE=True)), (128, 2, dict(HAS_LEFT=True, SOFTCAP=True))):
+for D, ST, flags in ((64, 4, dict(HAS_RIGHT=True, REVERSE=True)), (128, 2, dict(HAS_LEFT=True, SOFTCAP=True)),
+                     (64, 5, dict(HAS_RIGHT=True, REVERSE=True, PAIRS=True, O_DIRECT=True))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=128, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
-                 REVERSE=False, OVERLAP=True, FOLD=True)
+                 REVERSE=False, OVERLAP=True, FOLD=True, PAIRS=False, O_DIRECT=False)
     const.update(flags)
     def desc(rows):
         lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
         return f"tensordesc<bf16[1, 1, {rows}, {D}],{lay!r}>"
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in pfn.params}
-    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(128), v_desc=desc(128), LSE="*fp32", qk_scale="fp32",
-               cap_in="fp32", cap_out="fp32")
+    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(128), v_desc=desc(128), O="*bf16", LSE="*fp32",
+               qk_scale="fp32", cap_in="fp32", cap_out="fp32")
     k = compile(GluonASTSource(pfn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     (_, stack, _), sass = cubin_report(k)
     out.append({"D": D, "persistent": True, "stack": stack, "shared": k.metadata.shared,
@@ -700,7 +743,14 @@ def test_sm90_backward_plan():
     for ok in (dataclasses.replace(base, D=64), dataclasses.replace(base, dtype="float16", varlen=True),
                dataclasses.replace(base, causal=False, window=(100, 20), Hkv=32)):
         assert sm90_bwd_eligible(ok) and plan_backward(ok, H200, sm90).kernel == "sm90", ok
-    for other in (dataclasses.replace(base, D=256), dataclasses.replace(base, D=80),
+    # D = 256 by knob only (64 keys per program, dQ by atomics); D = 64 takes 128 query rows per step by knob
+    wide = dataclasses.replace(base, D=256)
+    assert sm90_bwd_eligible(wide) and plan_backward(wide, H200).kernel == "triton"
+    plan = plan_backward(wide, H200, sm90)
+    assert (plan.kernel, plan.block_m, plan.block_n, plan.stage_rows, plan.dq_tma) == ("sm90", 64, 64, True, False)
+    d64 = plan_backward(dataclasses.replace(base, D=64), H200, Knobs(backward={"kernel": "sm90", "block_m": 128}))
+    assert (d64.block_m, d64.block_n, d64.dq_tma) == (128, 128, True)
+    for other in (dataclasses.replace(base, D=80),
                   dataclasses.replace(base, dtype="float32"), dataclasses.replace(base, tma=False),
                   dataclasses.replace(base, softcap=True), dataclasses.replace(base, deterministic=True)):
         assert not sm90_bwd_eligible(other)
@@ -724,7 +774,10 @@ out = []
 fast = dict(STAGE_ROWS=True, DQ_TMA=True)
 for D, flags in ((128, {}), (128, dict(HAS_RIGHT=True)), (128, dict(VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
                  (64, {}), (64, dict(HAS_RIGHT=True)), (128, fast), (128, dict(fast, HAS_RIGHT=True)),
-                 (128, dict(fast, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)), (64, dict(fast, HAS_RIGHT=True))):
+                 (128, dict(fast, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)), (64, dict(fast, HAS_RIGHT=True)),
+                 (64, dict(fast, BLOCK_M=128, HAS_RIGHT=True)), (64, dict(fast, STAGES=4)),
+                 (256, dict(STAGE_ROWS=True, BLOCK_N=32)),
+                 (256, dict(STAGE_ROWS=True, BLOCK_N=32, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, VARLEN=False)
     const.update(flags)
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
@@ -754,8 +807,8 @@ def test_sm90_backward_compiles():
     """The sm90 backward compiles for sm_90a (Triton's ptxas, no GPU): wgmma (HGMMA, dQ's with A read transposed
     from shared memory) in the SASS, dQ by fp32 atomics two-wide or (DQ_TMA) by TMA reduce-add and no atomics,
     shared memory within 227 KB, consumers at 240 registers. D = 64 has no stack frame; D = 128 (dK, dV, Sᵀ, dPᵀ
-    and dQ: 224 fp32 accumulator registers of the 240) spills a few scalars, at most 160 bytes (the accumulators
-    stay in registers)."""
+    and dQ: 224 fp32 accumulator registers of the 240), D = 64 with 128 query rows and D = 256 spill a few scalars,
+    at most 160 bytes (the accumulators stay in registers)."""
     import json
     import os
     import subprocess
@@ -770,7 +823,7 @@ def test_sm90_backward_compiles():
         tma_dq = r["flags"].get("DQ_TMA", False)
         assert r["atom"] == ([] if tma_dq else ["atom.global.gpu.relaxed.add.v2.f32"]), r
         assert (r["reduce"] > 0) == tma_dq and "240" in r["setmaxnreg"], r
-        assert r["stack"] <= (0 if r["D"] == 64 else 160), r
+        assert r["stack"] <= (0 if r["D"] == 64 and r["flags"].get("BLOCK_M", 64) == 64 else 160), r
 
 
 SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, window, D 64 / 128, ragged sizes
@@ -809,6 +862,28 @@ def test_gpu_sm90_backward(B, H, Hkv, Sq, Sk, D, dtype, kw, knobs, backward_knob
     for name, g, r in zip(("dq", "dk", "dv"), got, ref):
         rel = ((g.float() - r.float()).norm() / r.float().norm()).item()
         assert rel < 1e-2, f"{name}: sm90 vs tl.dot backward, relative difference {rel:.2e}"
+
+
+SM90_BWD_VARIANTS = [  # knob-only tiles: (D, knobs, options); 128 query rows at D = 64, the D = 256 kernel
+    (64, {"block_m": 128}, dict(causal=True)), (64, {"block_m": 128, "num_stages": 3}, dict(window=(300, 20))),
+    (256, {}, {}), (256, {}, dict(causal=True)), (256, {}, dict(window=(200, 30))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,knobs,kw", SM90_BWD_VARIANTS)
+def test_gpu_sm90_backward_tiles(D, knobs, kw, backward_knobs):
+    """The knob-only tiles against the fp64 reference: GQA 4, ragged Sq > Sk and Sq < Sk, packed sequences."""
+    from onlinesoftmax.target import target_of
+
+    if not target_of(DEV).sm90:
+        pytest.skip("the sm90 backward runs on Hopper only")
+    backward_knobs({"kernel": "sm90", **knobs})
+    for Sq, Sk in ((777, 1500), (1500, 777)):
+        q, k, v = make(1, 16, 4, Sq, Sk, D, torch.bfloat16, grad=True)
+        check_backward(q, k, v, "triton", with_lse=True, **kw)
+    lens = [1000, 0, 3000, 17, 1, 1575]
+    check_varlen(lens, lens, 8, 2, D, "triton", torch.bfloat16, **kw)
 
 
 @pytest.mark.gpu

@@ -136,6 +136,13 @@ BALANCED_CASES = [
     (2, 4, 2, 3, 16, [60, 31], 64, 0, dict(balanced=True, splits=11), dict(softcap=3.0, window=(8, 1), causal=False)),
     (3, 4, 4, 1, 64, [300, 5, 257], 512, 256, dict(balanced=True, splits=6), {}),
     (2, 8, 1, 4, 16, [70, 9], 72, 16, dict(balanced=True, splits=1), {}),
+    # cross: one line over all kv heads (chunks spanning heads; counts not divisible by Hkv, above Hkv·T)
+    (4, 8, 4, 1, 16, [0, 1, 45, 17], 48, 0, dict(balanced=True, cross=True, splits=7), {}),
+    (5, 4, 2, 1, 16, [0, 0, 33, 0, 1], 48, 0, dict(balanced=True, cross=True, splits=13), {}),
+    (3, 8, 2, 2, 16, [90, 16, 2], 96, 16, dict(balanced=True, cross=True, ahead=2, splits=5), dict(window=(30, -1))),
+    (2, 4, 2, 16, 16, [16, 40], 40, 1, dict(balanced=True, cross=True, ahead=1, splits=3), {}),
+    (3, 4, 4, 1, 64, [300, 5, 257], 512, 256, dict(balanced=True, cross=True, splits=9), {}),
+    (2, 8, 1, 4, 16, [70, 9], 72, 0, dict(balanced=True, cross=True), {}),
 ]
 
 
@@ -282,6 +289,11 @@ def test_knobs():
     assert decode_plan(dataclasses.replace(p, page=16), H200, Knobs.of(balanced=True)).balanced
     assert decode_plan(Problem(8, 32, 32, 1, 128, 32768), H200, Knobs.of(balanced=True, programs_per_sm=1)).splits == 4
     assert decode_plan(Problem(1, 8, 8, 1, 128, 256), H200, Knobs.of(balanced=True)).splits == 2   # one per tile
+    # across kv heads: the chunks of one line fill every SM (132, not 16 · 8 = 128); cross needs balanced
+    wide = Problem(64, 32, 8, 1, 128, 4096)
+    xh = decode_plan(wide, H200, Knobs.of(cross=True))
+    assert xh.balanced and xh.cross and xh.splits == 132 and decode_plan(wide, H200).splits == 16
+    assert not decode_plan(wide, H200).cross and not decode_plan(wide, H200, Knobs.of(cross=True, balanced=False)).cross
     assert decode_plan(Problem(2, 300, 300, 1, 128, 4096), H200, Knobs.of(balanced=True)).splits == 1
     assert dataclasses.is_dataclass(decode_plan(p, H200))
     with pytest.raises(dataclasses.FrozenInstanceError):

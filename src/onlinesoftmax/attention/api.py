@@ -225,8 +225,9 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
                     FOLD=plan.fold, num_warps=4)
         if plan.programs:
             del meta["VARLEN"]
-            return _bound(fwd_sm90.attention_fwd_sm90_persistent_kernel, (min(plan.programs, grid[0] * grid[1]),),
-                          meta)
+            meta.update(PAIRS=plan.pairs, O_DIRECT=plan.o_direct)
+            units = persistent_units(grid[0], grid[1], plan.pairs)
+            return _bound(fwd_sm90.attention_fwd_sm90_persistent_kernel, (min(plan.programs, units),), meta)
         return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid, meta)
     return _bound(fwd.attention_fwd_kernel, grid,
                   dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,
@@ -263,13 +264,13 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
     if plan.kernel == "sm90":
         from .kernels import bwd_sm90
 
-        keys = bwd_sm90.CONSUMERS * bwd_sm90.WARPGROUP_KEYS
-        if (plan.block_m, plan.block_n, plan.num_warps) != (bwd_sm90.QUERY_TILE, keys, 4):
-            raise ValueError(f"attention: the sm90 backward runs block_m = {bwd_sm90.QUERY_TILE} query rows per step "
-                             f"over block_n = {keys} keys on num_warps = 4 (two consumer warpgroups and a producer "
-                             f"warp), got {plan.block_m} / {plan.block_n} / {plan.num_warps}")
+        block_ms, keys = bwd_sm90.TILES[p.D]
+        if plan.block_m not in block_ms or (plan.block_n, plan.num_warps) != (keys, 4):
+            raise ValueError(f"attention: the sm90 backward at D = {p.D} runs block_m in {block_ms} query rows per "
+                             f"step over block_n = {keys} keys on num_warps = 4 (two consumer warpgroups and a "
+                             f"producer warp), got {plan.block_m} / {plan.block_n} / {plan.num_warps}")
         dkdv = _bound(bwd_sm90.attention_bwd_sm90_kernel, (-(-p.Sk // keys), p.B * p.Hkv),
-                      dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=bwd_sm90.WARPGROUP_KEYS,
+                      dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
                            STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
                            STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, num_warps=4))
     else:
@@ -344,10 +345,16 @@ def _forward_persistent(q, k, v, o, lse, p: Problem, plan: ForwardPlan, scale: f
     bk = _caches()[0](p, plan, strides)
     left, right = p.window
     n_m = -(-p.Sq // plan.block_m)
-    bk((desc(q, WARPGROUP_ROWS), desc(k, plan.block_n), desc(v, plan.block_n), desc(o, WARPGROUP_ROWS), lse,
-        *_lse_strides(p, lse), p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0), *_scalars(scale, softcap),
-        n_m, n_m * p.B * p.H), (q, k, v, o), q.device)
+    bk((desc(q, WARPGROUP_ROWS), desc(k, plan.block_n), desc(v, plan.block_n), desc(o, WARPGROUP_ROWS), o,
+        *_strides(o)[:3], lse, *_lse_strides(p, lse), p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
+        *_scalars(scale, softcap), n_m, persistent_units(n_m, p.B * p.H, plan.pairs)), (q, k, v, o), q.device)
     return o, lse
+
+
+def persistent_units(n_m: int, heads: int, pairs: bool) -> int:
+    """Work units of the persistent grid (the kernel's ``_units``): n_m query blocks per (batch, head), or with
+    ``pairs`` their pairs (i, n_m − 1 − i), the middle block of an odd n_m alone."""
+    return (-(-n_m // 2) if pairs else n_m) * heads
 
 
 def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: BackwardPlan, scale: float,
@@ -378,9 +385,7 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
     # dq_atomic / sm90: dQ's fp32 rows, laid out as the lse (contiguous) times block_d; zeroed by the Δ kernel. The
     # sm90 kernel adds whole query tiles (zeros past a sequence's rows): a tile of padding rows after the last
     if sm90:
-        from .kernels.bwd_sm90 import QUERY_TILE
-
-        dqacc = lse.new_empty(((lse.numel() + QUERY_TILE) * p.block_d,))
+        dqacc = lse.new_empty(((lse.numel() + plan.block_m) * p.block_d,))
     else:
         dqacc = lse.new_empty((*lse.shape, p.block_d)) if plan.dq_atomic else lse
     cu_q, cu_k = cu if cu is not None else (lse, lse)

@@ -65,6 +65,11 @@ class ForwardPlan:
     programs: int = 0       # "sm90": a persistent grid of this many programs looping over the (query block, head)
                             # tiles, host TMA descriptors, O staged apart (not varlen); 0: one program per tile;
                             # -1 (a knob): the target's SM count
+    pairs: bool = False     # persistent grid: a program's unit of work is the query blocks i and n_m − 1 − i of
+                            # one head (under a causal mask their key ranges sum to n_m + 1 key tiles: the
+                            # round-robin over programs is balanced; head-major, longest first, without)
+    o_direct: bool = False  # persistent grid: O stored from registers, no staging buffer (at D = 128 its 32 KB
+                            # make room for a third ring slot: 224 KB)
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class BackwardPlan:
                             # "sm90": dK, dV and dQ in one Gluon kernel (kernels/bwd_sm90.py: TMA ring filled by a
                             # producer warp, wgmma consumers, dQ by fp32 atomics as dq_atomic; Hopper only)
     block_m: int            # dK/dV kernel: query rows per step
-    block_n: int            # dK/dV kernel: keys per program ("sm90": 64 per consumer warpgroup, two of them)
+    block_n: int            # dK/dV kernel: keys per program ("sm90": two consumer warpgroups of 64, of 32 at D = 256)
     num_warps: int          # dK/dV kernel ("sm90": 4, the first consumer warpgroup)
     num_stages: int         # ("sm90": the Q / dO ring's slots)
     block_m_dq: int         # dQ kernel: query rows per program
@@ -215,6 +220,9 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
     if plan.programs and (plan.kernel != "sm90" or p.varlen):
         raise ValueError(f"attention: a persistent forward grid (programs = {plan.programs}) runs the sm90 kernel on "
                          f"dense [B, H, S, D] inputs only; got kernel {plan.kernel!r}, varlen = {p.varlen}")
+    if (plan.pairs or plan.o_direct) and not plan.programs:
+        raise ValueError("attention: pairs / o_direct are options of the persistent forward grid (programs != 0); "
+                         f"got {plan}")
     return plan
 
 
@@ -240,11 +248,16 @@ SM90_BACKWARD = {          # H200, bf16
 # by the producer (stage_rows) and dQ added by TMA reduce from shared memory (dq_tma): 473 / 404 TFLOP/s causal at
 # 4 × 32 × 4096 × 128 against the split kernels' 387 / 334, 16 × 32 × 1024 368 / 252 against 323 / 236, GQA 32 / 8
 # causal 413 against 315; D = 64 307 / 229 against 302 / 227.
+# D = 256 (by knob only, not measured yet): 64 keys per program, the two warpgroups splitting them for S and dP and
+# the head dim for dK, dV and dQ (FlashAttention-3's D = 256 tiles); K, V (64 KB), two slots of Q / dO (128 KB), two
+# of Pᵀ and dSᵀ (32 KB): 225 KB, so dQ goes by atomics (dq_tma off). Other knobs (kernels/bwd_sm90.TILES):
+# block_m = 128 query rows per step at D = 64 (with dq_tma: 226 KB), num_stages 3-4 at D = 64 (146 / 163 KB).
 SM90_WS_BACKWARD = {
     64: (64, 128, 4, 2),
     128: (64, 128, 4, 2),
+    256: (64, 64, 4, 2),
 }
-SM90_WS_BACKWARD_DEFAULT = dict(stage_rows=True, dq_tma=True)
+SM90_WS_BACKWARD_DEFAULT_D = (64, 128)   # head dims whose default backward on Hopper is the Gluon kernel
 
 
 def sm90_bwd_eligible(p: Problem) -> bool:
@@ -255,8 +268,9 @@ def sm90_bwd_eligible(p: Problem) -> bool:
 
 
 def _backward_sm90_ws(p: Problem) -> BackwardPlan:
+    """The table row, lse / Δ staged by the producer (stage_rows), dQ by TMA reduce (dq_tma) where it fits."""
     bm, bn, w, st = SM90_WS_BACKWARD[p.D]
-    return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True)
+    return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True, stage_rows=True, dq_tma=p.D != 256)
 
 
 def backward_tl(p: Problem, target: Target) -> BackwardPlan:
@@ -287,8 +301,9 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         raise ValueError("attention: the sm90 backward needs a Hopper GPU, float16 / bfloat16 q, k, v and dO that "
                          f"TMA can copy, D in {sorted(SM90_WS_BACKWARD)}, no softcap and no deterministic mode; "
                          f"got {p} on arch {target.arch}")
-    if kernel == "sm90" or (kernel is None and target.sm90 and sm90_bwd_eligible(p)):
-        plan = dataclasses.replace(_backward_sm90_ws(p), **SM90_WS_BACKWARD_DEFAULT)
+    if kernel == "sm90" or (kernel is None and target.sm90 and sm90_bwd_eligible(p)
+                            and p.D in SM90_WS_BACKWARD_DEFAULT_D):
+        plan = _backward_sm90_ws(p)
     else:
         plan = backward_tl(p, target)
     return dataclasses.replace(plan, **over)

@@ -47,17 +47,17 @@ def _balanced_launches(plan: Plan, p: Problem, flags: tuple, scalars: tuple, str
     arguments as ``_split_launches``'."""
     paged, causal, wl, wr, sc, ieee = flags
     block_b = max(64, pow2(p.B))     # one compiled kernel for every B <= 64
-    kv = BoundKernel(balanced_kv_kernel, (p.Hkv * plan.row_blocks, plan.splits), dict(
+    kv = BoundKernel(balanced_kv_kernel, ((1 if plan.cross else p.Hkv) * plan.row_blocks, plan.splits), dict(
         G=p.group, PAGED=paged, PAGE=max(p.page, 1), CAUSAL=causal, WINDOW_LEFT=wl, WINDOW_RIGHT=wr, SOFTCAP=sc,
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_B=block_b, FAST=plan.fast,
-        IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, num_warps=plan.num_warps))
+        IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, CROSS=plan.cross, num_warps=plan.num_warps))
     head = (p.B, p.H, p.Hkv, p.Sq, p.D, plan.splits, plan.row_blocks, p.s_max, *strides[:-4], *scalars)
     R = p.B * p.H * p.Sq
     rows = max(1, min(plan.merge_rows, 2048 // block_b))     # its [rows, BLOCK_B] sums stay in registers
     merge = BoundKernel(merge_segments_kernel, (-(-R // rows),), dict(
         WINDOW_LEFT=wl, WINDOW_RIGHT=wr, BLOCK_N=plan.block_n, BLOCK_B=block_b, BLOCK_R=rows,
-        BLOCK_D=plan.block_d, FAST=plan.fast, num_warps=plan.merge_warps))
-    tail = (R, p.B, p.H, p.Sq, p.D, plan.splits, p.s_max, scalars[2], scalars[3], *strides[-4:])
+        BLOCK_D=plan.block_d, FAST=plan.fast, CROSS=plan.cross, num_warps=plan.merge_warps))
+    tail = (R, p.B, p.H, p.Hkv, p.Sq, p.D, plan.splits, p.s_max, scalars[2], scalars[3], *strides[-4:])
     return kv, head, merge, tail
 
 

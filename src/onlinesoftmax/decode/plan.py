@@ -40,7 +40,7 @@ class Tiles:
     """Keys per tile, software-pipeline stages, the most query rows a program holds, programs per SM the split
     count aims for, warps; the defaults of the ``ahead`` / ``bound`` / ``programs_per_sm`` knobs (``waves``: the
     programs per SM ``num_splits_waves`` counts with, 0 for ``num_splits_heuristic``; ``balanced``: the
-    balanced schedule, with ``balanced_per_sm`` programs per SM)."""
+    balanced schedule, with ``balanced_per_sm`` programs per SM, ``cross``: over one line of all kv heads)."""
 
     block_n: int
     num_stages: int
@@ -52,6 +52,7 @@ class Tiles:
     waves: int = 0
     balanced: bool = False
     balanced_per_sm: int = 0     # programs per SM of the balanced schedule (0: programs_per_sm)
+    cross: bool = False          # the balanced line over all kv heads (Plan.cross)
 
 
 # sm_90, H200 (tools/probe_decode.py, bf16, Sq = 1, GB/s of K and V): dense caches take 128-key tiles over 8 warps,
@@ -97,6 +98,7 @@ class Plan:
     ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead
     bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
     balanced: bool = False      # splits = chunks of the line of all sequences' tiles per (kv head, row block)
+    cross: bool = False         # balanced: one line for all kv heads, splits = chunks of it per row block
 
     @property
     def programs(self) -> int:
@@ -118,6 +120,7 @@ class Knobs:
     bound: bool | None = None
     programs_per_sm: int | None = None      # split count by num_splits_waves (balanced: num_chunks) with this occupancy
     balanced: bool | None = None            # the balanced schedule (kernels/split_kv.py: balanced_kv_kernel)
+    cross: bool | None = None               # balanced: chunks of one line over all kv heads (fills every SM)
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -183,12 +186,15 @@ def num_splits_waves(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: in
 
 
 def num_chunks(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, block_n: int,
-               programs_per_sm: int) -> int:
-    """Chunks per (kv head, row block) of the balanced schedule: every chunk streams the same number of tiles
-    whatever the lengths, so the programs fill the ``programs_per_sm · sm_count`` slots once, as many as fit
-    (at least one per (kv head, row block), at most one per tile of the B·s_max bound)."""
-    units = max(Hkv * row_blocks, 1)
-    return max(1, min(programs_per_sm * sm_count // units, B * _cdiv(s_max, block_n), 4096))
+               programs_per_sm: int, cross: bool = False) -> int:
+    """Chunks per (kv head, row block) of the balanced schedule (``cross``: per row block, of the line of all
+    kv heads): every chunk streams the same number of tiles whatever the lengths, so the programs fill the
+    ``programs_per_sm · sm_count`` slots once, as many as fit (at least one per line, at most one per tile of the
+    B·s_max bound). Per kv head, Hkv = 8 at one program per SM makes 16 chunks of 8 heads: 128 programs on 132
+    SMs; across heads, 132."""
+    lines = max(row_blocks if cross else Hkv * row_blocks, 1)
+    tiles = B * _cdiv(s_max, block_n) * (Hkv if cross else 1)
+    return max(1, min(programs_per_sm * sm_count // lines, tiles, 4096))
 
 
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
@@ -204,11 +210,12 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
     balanced = (tiles.balanced and p.B <= BALANCED_MAX_B) if knobs.balanced is None else knobs.balanced
+    cross = balanced and (tiles.cross if knobs.cross is None else knobs.cross)
     if knobs.splits:
         splits = knobs.splits
     elif balanced:
         splits = num_chunks(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
-                            knobs.programs_per_sm or tiles.balanced_per_sm or tiles.programs_per_sm)
+                            knobs.programs_per_sm or tiles.balanced_per_sm or tiles.programs_per_sm, cross)
     elif knobs.programs_per_sm or tiles.waves:
         splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
                                   knobs.programs_per_sm or tiles.waves)
@@ -222,7 +229,7 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     ahead = (tiles.ahead if knobs.ahead is None else knobs.ahead) if p.page else 0
     bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound, balanced)
+                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound, balanced, cross)
 
 
 @dataclass(frozen=True)

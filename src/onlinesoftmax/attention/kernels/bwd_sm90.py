@@ -28,10 +28,13 @@ warpgroup writes its fp32 dQ partial [BLOCK_M, 64] to shared memory and one thre
 (``cp.reduce.async.bulk.tensor .add``; rows past Sq clipped by the descriptor), waited one tile later, instead of
 32 two-wide atomics per thread.
 At the end ``dK ← scale·dK``; dK and dV are stored once (a GQA group's heads are summed here: no atomics).
+SPLIT_D (D = 256, ``_consumer_split_d``): dK and dV of 64 keys × 256 would take 256 registers a thread in one
+warpgroup, so the program holds 64 keys, each warpgroup forms S and dP for 32 of them (not transposed: wgmma's M
+is the 64 query rows) and dK, dV, dQ for half the head dim over all 64 (FlashAttention-3's D = 256 split).
 
 Rows past Sq read zeros (TMA) and an lse of +inf (so does a row with no key: lse = −inf), so their P is 0; query
 tiles that cross the band or Sk are masked (``_q_band``'s full range). Requirements (checked by the plan,
-``sm90_bwd_eligible``): fp16 / bf16, D = 64 / 128 with unit stride, 16-byte aligned bases and strides of q, k, v,
+``sm90_bwd_eligible``): fp16 / bf16, D = 64 / 128 / 256 with unit stride, 16-byte aligned bases and strides of q, k, v,
 dO (TMA), no softcap; a nonzero scale (step 1 divides by it: the api refuses 0).
 """
 
@@ -51,11 +54,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..._triton.online import LOG2E
 from .bwd import _keep_t, _q_band
-from .fwd import _seq
+from .fwd import _keep, _seq
 
-WARPGROUP_KEYS = 64        # keys per consumer warpgroup (wgmma's M for Sᵀ, dPᵀ, dK, dV)
-CONSUMERS = 2              # consumer warpgroups per program: key blocks of 128
-QUERY_TILE = 64            # query rows per step (wgmma's N for Sᵀ, dPᵀ; M for dQ)
+CONSUMERS = 2              # consumer warpgroups per program
+# by head dim: (the query rows per step it runs, keys per program). D <= 128: 64 keys per warpgroup (wgmma's M for
+# Sᵀ, dPᵀ, dK, dV), 64 query rows (N for Sᵀ, dPᵀ; M for dQ), 128 at D = 64 (Sᵀ, dPᵀ: 64 fp32 registers each beside
+# dK, dV's 32 each and dQ's 64); D = 256 (SPLIT_D): 32 keys per warpgroup for S, dP, dK / dV / dQ split by columns
+TILES = {64: ((64, 128), 128), 128: ((64,), 128), 256: ((64,), 64)}
 # registers per consumer thread (two warpgroups at 240) and per producer thread (one warp; it loads lse / Δ with
 # STAGE_ROWS): 2·128·240 + 32·32 of the SM's 64K
 CONSUMER_REGS = gl.constexpr(240)
@@ -228,6 +233,88 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
 
 
 @gluon.jit
+def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready, do_ready, empty,
+                      pd_ready, pd_empty, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT,
+                      lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
+                      WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """SPLIT_D (D = 256) consumer warpgroup WG: scores for keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's
+    2·BLOCK_N, accumulators for head-dim columns [WG·D/2, +D/2) of all of them.
+
+    Per query tile (not transposed: rows = the BLOCK_M queries, so wgmma's M = 64 holds with BLOCK_N = 32 keys):
+    1. S = Q K_wᵀ and dP = dO V_wᵀ ([BLOCK_M, BLOCK_N], 16 fp32 registers each), P = 2^(scale·log2 e·S − lse·log2 e),
+       dS = P ⊙ (dP − Δ) from fp32 P;
+    2. Pᵀ and dSᵀ of the warpgroup's keys into its rows of the shared [2·BLOCK_N, BLOCK_M] tiles (a two-slot ring
+       between the warpgroups, ``pd_ready`` / ``pd_empty``); once both halves are in:
+    3. dV[:, cols] += Pᵀ dO[:, cols], dK[:, cols] += dSᵀ Q[:, cols], dQ[:, cols] = dS K[:, cols] (wgmma reads dSᵀ
+       transposed), each [2·BLOCK_N or BLOCK_M, D/2]: dK, dV 64 fp32 registers each, dQ 64, added with fp32
+       atomics (a dQ partial through shared memory does not fit beside the ring at D = 256)."""
+    dtype: gl.constexpr = k_smem.dtype
+    COLS: gl.constexpr = HEAD_DIM // 2
+    k_w = k_smem.slice(WG * BLOCK_N, BLOCK_N)
+    v_w = v_smem.slice(WG * BLOCK_N, BLOCK_N)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, COLS, 16])
+    row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    offs_q = gl.arange(0, BLOCK_M, layout=row)                                                     # queries (rows)
+    offs_n = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))        # keys (cols)
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    dq_cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
+
+    dk = gl.zeros([2 * BLOCK_N, COLS], gl.float32, layout=acc_layout)
+    dv = gl.zeros([2 * BLOCK_N, COLS], gl.float32, layout=acc_layout)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    zero_dq = gl.zeros([BLOCK_M, COLS], gl.float32, layout=acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(n_tiles):
+        s = it % STAGES
+        phase = (it // STAGES) & 1
+        g = it // n_m
+        m0 = lo + (it - g * n_m) * BLOCK_M
+        rows = row_base + g * slh + m0
+        # 1. S, dP on the tensor cores (lse·log2 e and Δ staged by the producer), P and dS in fp32
+        mbarrier.wait(q_ready.index(s), phase)
+        sc = warpgroup_mma(q_smem.index(s), k_w.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(s), phase)
+        dp = warpgroup_mma(do_smem.index(s), v_w.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        sc = warpgroup_mma_wait(1, deps=[sc])
+        p = gl.exp2(sc * qk_scale - rows_smem.index(2 * s).load(row)[:, None])
+        if (m0 < full_lo) | (m0 + BLOCK_M > full_hi):
+            p = gl.where(_keep(m0 + offs_q, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=[dp])
+        ds = p * (dp - rows_smem.index(2 * s + 1).load(row)[:, None])
+        # 2. the warpgroup's Pᵀ, dSᵀ rows into the shared tiles; wait for the other warpgroup's
+        b = it % 2
+        mbarrier.wait(pd_empty.index(b), ((it // 2) & 1) ^ 1)
+        p_all = p_smem.index(b)
+        ds_all = ds_smem.index(b)
+        p_all.slice(WG * BLOCK_N, BLOCK_N).store(gl.permute(p.to(dtype), [1, 0]))
+        ds_all.slice(WG * BLOCK_N, BLOCK_N).store(gl.permute(ds.to(dtype), [1, 0]))
+        fence_async_shared()
+        mbarrier.arrive(pd_ready.index(b), count=1)          # (its bar.sync: the warpgroup's stores are done)
+        mbarrier.wait(pd_ready.index(b), (it // 2) & 1)
+        # 3. this warpgroup's head-dim columns of dV, dK and dQ over all 2·BLOCK_N keys
+        dv = warpgroup_mma(p_all, do_smem.index(s).slice(WG * COLS, COLS, dim=1), dv, is_async=True)
+        dk = warpgroup_mma(ds_all, q_smem.index(s).slice(WG * COLS, COLS, dim=1), dk, is_async=True)
+        dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * COLS, COLS, dim=1), zero_dq, use_acc=False,
+                           is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
+        mbarrier.arrive(empty.index(s), count=1)
+        mbarrier.arrive(pd_empty.index(b), count=1)
+        # rows past Sq have dS = 0: exact zeros added into the next rows or the buffer's padding (the offsets
+        # formed here, not held across the loop: 64 more registers beside dK, dV and dQ's 192)
+        gl.atomic_add(DQACC + rows * HEAD_DIM + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq, sem="relaxed")
+
+    keys = n0 + gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
+    ok = keys[:, None] < Sk
+    gl.store(dk_ptr + keys[:, None].to(gl.int64) * sdkn + cols[None, :], (dk * scale).to(dtype), mask=ok)
+    gl.store(dv_ptr + keys[:, None].to(gl.int64) * sdvn + cols[None, :], dv.to(dtype), mask=ok)
+
+
+@gluon.jit
 def attention_bwd_sm90_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV, DQACC, CU_Q, CU_K,
         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, slb, slh,
@@ -241,6 +328,9 @@ def attention_bwd_sm90_kernel(
     ``stage_rows`` / ``dq_tma``."""
     KEYS: gl.constexpr = 2 * BLOCK_N
     SPLIT_DQ: gl.constexpr = HEAD_DIM == 128
+    SPLIT_D: gl.constexpr = HEAD_DIM == 256
+    gl.static_assert(not (SPLIT_D and DQ_TMA), "D = 256: dQ by atomics (its partial tile does not fit)")
+    gl.static_assert(STAGE_ROWS or not SPLIT_D, "D = 256 reads lse / Δ staged by the producer")
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
     pid_n = gl.program_id(0)
     bhk = gl.program_id(1)
@@ -278,8 +368,9 @@ def attention_bwd_sm90_kernel(
         v_smem = gl.allocate_shared_memory(dtype, [KEYS, HEAD_DIM], kv_layout)
         q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
         do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
-        ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
-        p_smem = gl.allocate_shared_memory(dtype, [KEYS, BLOCK_M], ds_layout)
+        # dSᵀ: a two-slot ring between the warpgroups where both write it (SPLIT_DQ, SPLIT_D); one tile otherwise
+        ds_smem = gl.allocate_shared_memory(dtype, [2 if SPLIT_DQ or SPLIT_D else 1, KEYS, BLOCK_M], ds_layout)
+        p_smem = gl.allocate_shared_memory(dtype, [2 if SPLIT_D else 1, KEYS, BLOCK_M], ds_layout)
         rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M],
                                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))   # rank 1: .index(i) a row
         if DQ_TMA:
@@ -318,17 +409,31 @@ def attention_bwd_sm90_kernel(
         dk_ptr = DK + b.to(gl.int64) * sdkb + hk.to(gl.int64) * sdkh + k_start.to(gl.int64) * sdkn
         dv_ptr = DV + b.to(gl.int64) * sdvb + hk.to(gl.int64) * sdvh + k_start.to(gl.int64) * sdvn
         # the partitions' arguments are spelled out: constexprs inside a tuple built here would become tensors
-        gl.warp_specialize([
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem0, kv_bar, q_ready,
-                         do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base,
-                         slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
-                         scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS,
-                         DQ_TMA)),
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem1, kv_bar, q_ready,
-                         do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base,
-                         slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
-                         scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS,
-                         DQ_TMA)),
-            (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA, row_base,
-                         slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        if SPLIT_D:
+            gl.warp_specialize([
+                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready,
+                                     do_ready, empty, ds_ready, ds_empty, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn,
+                                     sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
+                                     scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT)),
+                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready,
+                                     do_ready, empty, ds_ready, ds_empty, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn,
+                                     sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
+                                     scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT)),
+                (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA,
+                             row_base, slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem.index(0), ds_smem, rows_smem, dq_smem0, kv_bar,
+                             q_ready, do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr,
+                             dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi,
+                             n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT,
+                             HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA)),
+                (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem.index(0), ds_smem, rows_smem, dq_smem1, kv_bar,
+                             q_ready, do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr,
+                             dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi,
+                             n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT,
+                             HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA)),
+                (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA,
+                             row_base, slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

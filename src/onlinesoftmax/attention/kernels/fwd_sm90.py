@@ -27,7 +27,10 @@ Descriptors of the per-tile kernel are made on the device per program over the s
 at the (batch, head) base; varlen: at the sequence's first row), so TMA fills rows past the sequence with zeros
 and clips the store of O at the sequence's end: no masks for the tails of q, k, v or o. The persistent kernel
 takes host descriptors over ``[B, H, S, D]`` (4-D boxes ``[1, 1, rows, D]``: the same zero fill and clipping at
-S, no varlen) and stages O in its own buffer, so the store of one tile overlaps the next tile's matmuls.
+S, no varlen) and stages O in its own buffer, so the store of one tile overlaps the next tile's matmuls, or
+(O_DIRECT) stores O from registers, which leaves that buffer's shared memory to the ring. Its work units are the
+tiles head by head, or (PAIRS) the pairs of query blocks (i, n_m − 1 − i) of one head, whose causal key counts
+add up to the same number: a balanced round-robin over the programs.
 Requirements (checked by the plan, ``sm90_ws_eligible``): fp16 / bf16, a head dim of the plan's table with unit
 stride, 16-byte aligned bases and row strides.
 """
@@ -330,99 +333,146 @@ def attention_fwd_sm90_kernel(
 
 # ---- persistent: one program per SM, looping over the (query block, head) tiles ---------------------------------
 @gluon.jit
-def _tile(t, n_m, H, GROUP, REVERSE: gl.constexpr):
-    """(query block, batch, head, kv head) of tile t: heads in turn (a head's keys stay in L2 while its query
-    blocks run), within a head the longest rows first when REVERSE (banded), as the per-tile grid launches."""
-    bh = t // n_m
-    pid_m = t % n_m
-    if REVERSE:
-        pid_m = n_m - 1 - pid_m
+def _units(n_m, BH, PAIRS: gl.constexpr):
+    """Work units of the persistent grid: (query block, head) tiles, or with PAIRS the pairs of query blocks
+    (i, n_m − 1 − i) of one head (the middle block alone when n_m is odd)."""
+    units = n_m * BH
+    if PAIRS:
+        units = gl.cdiv(n_m, 2) * BH
+    return units
+
+
+@gluon.jit
+def _halves(u, n_m, PAIRS: gl.constexpr):
+    """Tiles in work unit u: 1, or with PAIRS 2 (1 for the middle block of an odd n_m)."""
+    n = 1
+    if PAIRS:
+        n_pairs = gl.cdiv(n_m, 2)
+        n = 2 - ((n_m % 2) & (u % n_pairs == n_pairs - 1).to(gl.int32))
+    return n
+
+
+@gluon.jit
+def _tile(u, half, n_m, H, GROUP, REVERSE: gl.constexpr, PAIRS: gl.constexpr):
+    """(query block, batch, head, kv head) of tile ``half`` of work unit u: heads in turn (a head's keys stay in
+    L2 while its query blocks run), within a head the longest rows first when REVERSE (banded), as the per-tile
+    grid launches. PAIRS: unit u = (head, i) runs block n_m − 1 − i, then block i; under a causal mask their key
+    ranges add up to the same count for every i, so a round-robin of units over the programs is balanced."""
+    if PAIRS:
+        n_pairs = gl.cdiv(n_m, 2)
+        bh = u // n_pairs
+        i = u % n_pairs
+        pid_m = n_m - 1 - i
+        if half == 1:
+            pid_m = i
+    else:
+        bh = u // n_m
+        pid_m = u % n_m
+        if REVERSE:
+            pid_m = n_m - 1 - pid_m
     h = bh % H
     return pid_m, bh // H, h, h // GROUP
 
 
 @gluon.jit
 def _producer_persistent(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, total,
+                         k_empty, v_empty, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, units,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE: gl.constexpr):
+                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, REVERSE: gl.constexpr,
+                         PAIRS: gl.constexpr):
     """Per tile: the first key tile, then each warpgroup's queries once it released the last tile's (its last
     scores were read), then the remaining key / value tiles; the ring's counter runs on across tiles."""
     ROWS: gl.constexpr = 2 * BLOCK_M
     it = 0
     lap = 0
-    for t in range(gl.program_id(0), total, gl.num_programs(0)):
-        pid_m, b, h, hk = _tile(t, n_m, H, GROUP, REVERSE)
-        m_blk = pid_m * ROWS
-        lo, full_lo, full_hi, hi = _band(m_blk, Sq, Sk, Sk - Sq, LEFT, RIGHT, ROWS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-        first = gl.minimum(n_tiles, 1)
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, hk, lo, first, it,
-                 BLOCK_N, STAGES, True)
-        for wg in gl.static_range(2):
-            mbarrier.wait(q_empty.index(wg), (lap & 1) ^ 1)
-            mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b, h, m_blk + wg * BLOCK_M, 0], q_ready.index(wg),
-                                            q_smem.index(wg))
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, hk, lo + first * BLOCK_N,
-                 n_tiles - first, it + first, BLOCK_N, STAGES, True)
-        it += n_tiles
-        lap += 1
+    for u in range(gl.program_id(0), units, gl.num_programs(0)):
+        for half in range(_halves(u, n_m, PAIRS)):
+            pid_m, b, h, hk = _tile(u, half, n_m, H, GROUP, REVERSE, PAIRS)
+            m_blk = pid_m * ROWS
+            lo, full_lo, full_hi, hi = _band(m_blk, Sq, Sk, Sk - Sq, LEFT, RIGHT, ROWS, BLOCK_N, HAS_LEFT,
+                                             HAS_RIGHT)
+            n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+            first = gl.minimum(n_tiles, 1)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, hk, lo, first, it,
+                     BLOCK_N, STAGES, True)
+            for wg in gl.static_range(2):
+                mbarrier.wait(q_empty.index(wg), (lap & 1) ^ 1)
+                mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b, h, m_blk + wg * BLOCK_M, 0], q_ready.index(wg),
+                                                q_smem.index(wg))
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, hk,
+                     lo + first * BLOCK_N, n_tiles - first, it + first, BLOCK_N, STAGES, True)
+            it += n_tiles
+            lap += 1
 
 
 @gluon.jit
 def _consumer_persistent(q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                         o_desc, LSE, slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, total, qk_scale, cap_in,
-                         cap_out, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LEFT: gl.constexpr,
-                         HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, REVERSE: gl.constexpr,
-                         OVERLAP: gl.constexpr, FOLD: gl.constexpr):
+                         o_desc, O, sob, soh, som, LSE, slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, units,
+                         qk_scale, cap_in, cap_out, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+                         REVERSE: gl.constexpr, OVERLAP: gl.constexpr, FOLD: gl.constexpr, PAIRS: gl.constexpr,
+                         O_DIRECT: gl.constexpr):
     """Consumer warpgroup WG of every tile of the program: rows [m_blk + WG·BLOCK_M, +BLOCK_M). O leaves through
     its own buffer: the TMA store of tile t runs on while tile t + 1's matmuls do, and is waited for only before
-    the buffer is written again."""
+    the buffer is written again. O_DIRECT: O is stored from the registers (o's wgmma layout, rows past Sq
+    masked), no buffer: its shared memory goes to the ring."""
     ROWS: gl.constexpr = 2 * BLOCK_M
     q_wg = _mat(q_smem.index(WG), BLOCK_M, HEAD_DIM, True)
     o_wg = o_smem.index(WG)
     it = 0
     lap = 0
-    for t in range(gl.program_id(0), total, gl.num_programs(0)):
-        pid_m, b, h, hk = _tile(t, n_m, H, GROUP, REVERSE)
-        m_blk = pid_m * ROWS
-        off = Sk - Sq
-        lo, full_lo, full_hi, hi = _band(m_blk, Sq, Sk, off, LEFT, RIGHT, ROWS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-        m0 = m_blk + WG * BLOCK_M
-        mbarrier.wait(q_ready.index(WG), lap & 1)
-        acc, m_i, l_i = _attend(q_wg, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_empty.index(WG), it,
-                                m0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in, cap_out,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP, OVERLAP, FOLD,
-                                True, True)
-        it += n_tiles
-        lap += 1
-        o, lse = _finish(acc, m_i, l_i)
-        offs_m = m0 + gl.arange(0, BLOCK_M, layout=lse.type.layout)
-        gl.store(LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + offs_m, lse, mask=offs_m < Sq)
-        tma.store_wait(0)                     # the last tile's O has left the buffer
-        _mat(o_wg, BLOCK_M, HEAD_DIM, True).store(o.to(o_smem.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], o_wg)
-    tma.store_wait(0)
+    for u in range(gl.program_id(0), units, gl.num_programs(0)):
+        for half in range(_halves(u, n_m, PAIRS)):
+            pid_m, b, h, hk = _tile(u, half, n_m, H, GROUP, REVERSE, PAIRS)
+            m_blk = pid_m * ROWS
+            off = Sk - Sq
+            lo, full_lo, full_hi, hi = _band(m_blk, Sq, Sk, off, LEFT, RIGHT, ROWS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+            n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+            m0 = m_blk + WG * BLOCK_M
+            mbarrier.wait(q_ready.index(WG), lap & 1)
+            acc, m_i, l_i = _attend(q_wg, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_empty.index(WG),
+                                    it, m0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_tiles, qk_scale, cap_in,
+                                    cap_out, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                                    OVERLAP, FOLD, True, True)
+            it += n_tiles
+            lap += 1
+            o, lse = _finish(acc, m_i, l_i)
+            offs_m = m0 + gl.arange(0, BLOCK_M, layout=lse.type.layout)
+            gl.store(LSE + b.to(gl.int64) * slb + h.to(gl.int64) * slh + offs_m, lse, mask=offs_m < Sq)
+            if O_DIRECT:
+                rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o.type.layout))
+                cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o.type.layout))
+                o_ptr = O + b.to(gl.int64) * sob + h.to(gl.int64) * soh
+                gl.store(o_ptr + rows.to(gl.int64)[:, None] * som + cols[None, :], o.to(O.dtype.element_ty),
+                         mask=(rows < Sq)[:, None])
+            else:
+                tma.store_wait(0)                     # the last tile's O has left the buffer
+                _mat(o_wg, BLOCK_M, HEAD_DIM, True).store(o.to(o_smem.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], o_wg)
+    if not O_DIRECT:
+        tma.store_wait(0)
 
 
-@gluon.jit(do_not_specialize=["Sq", "Sk", "n_m", "total"])      # one compile serves every sequence length
+@gluon.jit(do_not_specialize=["Sq", "Sk", "n_m", "units"])      # one compile serves every sequence length
 def attention_fwd_sm90_persistent_kernel(
-        q_desc, k_desc, v_desc, o_desc, LSE, slb, slh,
-        H, GROUP, Sq, Sk, LEFT, RIGHT, qk_scale, cap_in, cap_out, n_m, total,
+        q_desc, k_desc, v_desc, o_desc, O, sob, soh, som, LSE, slb, slh,
+        H, GROUP, Sq, Sk, LEFT, RIGHT, qk_scale, cap_in, cap_out, n_m, units,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, REVERSE: gl.constexpr,
-        OVERLAP: gl.constexpr, FOLD: gl.constexpr):
-    """Grid (programs,), num_warps = 4; tiles t = 0 .. total − 1 (total = n_m · B · H query blocks of 2·BLOCK_M
-    rows) go to program t mod programs. Host descriptors over q, o [B, H, Sq, D] (boxes [1, 1, BLOCK_M, D]) and
-    k, v [B, Hkv, Sk, D] (boxes [1, 1, BLOCK_N, D]); LSE (float32) row i of (b, h) at b·slb + h·slh + i. Shared
-    memory: q and O staging (2 × 2 × BLOCK_M × D) and the ring (2 × STAGES × BLOCK_N × D)."""
+        OVERLAP: gl.constexpr, FOLD: gl.constexpr, PAIRS: gl.constexpr, O_DIRECT: gl.constexpr):
+    """Grid (programs,), num_warps = 4; work units u = 0 .. units − 1 (``_units``: the n_m · B · H query blocks of
+    2·BLOCK_M rows, or with PAIRS their pairs) go to program u mod programs. Host descriptors over q, o [B, H, Sq, D]
+    (boxes [1, 1, BLOCK_M, D]) and k, v [B, Hkv, Sk, D] (boxes [1, 1, BLOCK_N, D]); O (with O_DIRECT, stored from
+    registers) row i of (b, h) at b·sob + h·soh + i·som; LSE (float32) row i of (b, h) at b·slb + h·slh + i.
+    Shared memory: q (2 × BLOCK_M × D), O staging as much unless O_DIRECT, the ring (2 × STAGES × BLOCK_N × D)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-    o_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
+    o_smem = q_smem                                           # unused with O_DIRECT
+    if not O_DIRECT:
+        o_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -443,14 +493,14 @@ def attention_fwd_sm90_persistent_kernel(
     fence_async_shared()
     gl.warp_specialize([
         (_consumer_persistent, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                v_empty, o_desc, LSE, slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, total, qk_scale,
-                                cap_in, cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT,
-                                SOFTCAP, REVERSE, OVERLAP, FOLD)),
+                                v_empty, o_desc, O, sob, soh, som, LSE, slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT,
+                                n_m, units, qk_scale, cap_in, cap_out, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                HAS_LEFT, HAS_RIGHT, SOFTCAP, REVERSE, OVERLAP, FOLD, PAIRS, O_DIRECT)),
         (_consumer_persistent, (q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                                v_empty, o_desc, LSE, slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, total, qk_scale,
-                                cap_in, cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT,
-                                SOFTCAP, REVERSE, OVERLAP, FOLD)),
+                                v_empty, o_desc, O, sob, soh, som, LSE, slb, slh, H, GROUP, Sq, Sk, LEFT, RIGHT,
+                                n_m, units, qk_scale, cap_in, cap_out, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                HAS_LEFT, HAS_RIGHT, SOFTCAP, REVERSE, OVERLAP, FOLD, PAIRS, O_DIRECT)),
         (_producer_persistent, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                                k_empty, v_empty, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, total, BLOCK_M, BLOCK_N,
-                                STAGES, HAS_LEFT, HAS_RIGHT, REVERSE)),
+                                k_empty, v_empty, H, GROUP, Sq, Sk, LEFT, RIGHT, n_m, units, BLOCK_M, BLOCK_N,
+                                STAGES, HAS_LEFT, HAS_RIGHT, REVERSE, PAIRS)),
     ], [4, 1], [CONSUMER_REGS, 24])

@@ -84,10 +84,11 @@ def merge_two_kernel(OA, LA, OB, LB, O, LSE, N, D,
 
 
 @triton.jit
-def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Sq, D, CHUNKS, S_MAX, left, right,
+def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Hkv, Sq, D, CHUNKS, S_MAX, left, right,
                           stride_ob, stride_oh, stride_os, stride_od,
                           WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr):
+                          BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
+                          CROSS: tl.constexpr = False):
     """Rows r = (b·H + h)·Sq + i of the balanced kernel's segments into O [B, H, Sq, D] (any strides) and LSE [R].
 
     Sequence b owns tiles [e_b, e_b + n_b) of the line of T tiles; the chunks c = chunk(e_b) .. chunk(e_b + n_b
@@ -95,7 +96,8 @@ def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Sq, D, CH
     segment of b at slot c + b of PART_O [H·Sq, CHUNKS + B − 1, D] / PART_LSE. They are ⊕-merged in one pass with
     a running (m, W, o): m' = max(m, lse_s), W' = W·e^(m − m') + e^(lse_s − m'), o' = o·e^(m − m') +
     e^(lse_s − m')·o_s; one segment comes back exactly (weight e^0 = 1); a sequence without a key gives o = 0,
-    lse = −inf."""
+    lse = −inf. CROSS: the line of all Hkv·T tiles, head-major (query head h's kv head h // (Hq / Hkv) first
+    at tile hkv·T)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < R
     rows64 = rows.to(tl.int64)
@@ -107,6 +109,9 @@ def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Sq, D, CH
     T = tl.maximum(tl.sum(n, 0), 1).to(tl.int64)     # T = 0: no row has a segment (count 0)
     before = offs_b[None, :] < b_r[:, None]
     e_b = tl.sum(tl.where(before, n[None, :], 0), 1).to(tl.int64)
+    if CROSS:
+        e_b += (hi_r // Sq) // (Hq // Hkv) * T
+        T = T * Hkv
     n_b = tl.sum(tl.where(offs_b[None, :] == b_r[:, None], n[None, :], 0), 1).to(tl.int64)
     c_first = ((e_b + 1) * CHUNKS - 1) // T
     c_last = ((e_b + n_b) * CHUNKS - 1) // T

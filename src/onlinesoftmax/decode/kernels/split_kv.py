@@ -265,6 +265,7 @@ def balanced_kv_kernel(
     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
     FAST: tl.constexpr, IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, AHEAD: tl.constexpr = 0,
+    CROSS: tl.constexpr = False,
 ):
     """One program per (kv head, row block, chunk c): the key tiles of all B sequences laid end to end
     (T = Σ_b n_b per kv head) are cut into CHUNKS equal ranges [c·T/CHUNKS, (c+1)·T/CHUNKS), whatever the
@@ -274,39 +275,56 @@ def balanced_kv_kernel(
     ``merge_segments_kernel`` ⊕-merges. The ranges come from cache_seqlens on the device: no host sync, and a
     CUDA graph stays right when the lengths change.
 
+    CROSS: one line for all kv heads, head-major (kv head hkv's tiles at [hkv·T, (hkv+1)·T)), cut into CHUNKS
+    ranges per row block, so the chunk count need not divide by Hkv (it fills every SM); a range may then also
+    span kv heads: pair (hkv, b) is segment s = hkv·B + b, its tiles of b's written at slot c + b of the rows of
+    kv head hkv (still one-to-one per row: the line is ordered by b within a head).
+
     Memory traffic: the K and V tiles of the range, once; B lengths; per segment q (G·Sq rows × D) and G·Sq
     partial rows of D + 1 fp32."""
     u = tl.program_id(0)
     c = tl.program_id(1).to(tl.int64)
     rb = u % ROW_BLOCKS
-    hkv = u // ROW_BLOCKS
     nslots = CHUNKS + B - 1
 
-    # 1. this chunk's tiles [t0, t1) on the line, and the sequences b_first..b_last they belong to
+    # 1. this chunk's tiles [t0, t1) on the line, and the segments s_first..s_stop − 1 (s = hkv·B + b) they meet
     offs_b, n, incl = _tile_counts(SEQLENS, B, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N, BLOCK_B)
-    T = tl.sum(n, 0).to(tl.int64)
-    t0 = (c * T // CHUNKS).to(tl.int32)
-    t1 = ((c + 1) * T // CHUNKS).to(tl.int32)
-    b_first = tl.sum((incl <= t0).to(tl.int32), 0)
-    b_last = tl.sum((incl < t1).to(tl.int32), 0)                  # the sequence of tile t1 − 1
-    b_stop = tl.where(t1 > t0, b_last + 1, b_first)
+    T = tl.sum(n, 0)
+    if CROSS:
+        line = T.to(tl.int64) * Hkv
+    else:
+        line = T.to(tl.int64)
+    t0 = (c * line // CHUNKS).to(tl.int32)
+    t1 = ((c + 1) * line // CHUNKS).to(tl.int32)
+    if CROSS:
+        Tg = tl.maximum(T, 1)
+        h_first = t0 // Tg
+        h_last = (t1 - 1) // Tg                                      # the kv head of tile t1 − 1
+        s_first = h_first * B + tl.sum((incl <= t0 - h_first * Tg).to(tl.int32), 0)
+        s_last = h_last * B + tl.sum((incl <= t1 - 1 - h_last * Tg).to(tl.int32), 0)
+    else:
+        h_first = u // ROW_BLOCKS
+        s_first = h_first * B + tl.sum((incl <= t0).to(tl.int32), 0)
+        s_last = h_first * B + tl.sum((incl < t1).to(tl.int32), 0)    # the sequence of tile t1 − 1
+    s_stop = tl.where(t1 > t0, s_last + 1, s_first)
 
-    k_head = K + hkv.to(tl.int64) * stride_kh
-    v_head = V + hkv.to(tl.int64) * stride_vh
     offs_d = tl.arange(0, BLOCK_D)
-    for t in range(0, b_stop - b_first):
-        b = b_first + t
+    for s in range(s_first, s_stop):
+        hkv = s // B
+        b = s - hkv * B
         # 2. tiles [a, e) of sequence b's own [lo, hi) lie in the chunk (none if b has no key)
         L = tl.load(SEQLENS + b)
         lo, hi = _key_range(L, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N)
         excl = tl.sum(tl.where(offs_b < b, n, 0), 0)
+        if CROSS:
+            excl += hkv * T
         n_b = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
         start = lo + tl.maximum(t0 - excl, 0) * BLOCK_N
         end = tl.minimum(lo + tl.minimum(t1 - excl, n_b) * BLOCK_N, hi)
         q, h, i, qpos, row_ok = _rows(Q, b, hkv, rb, L, Sq, stride_qb, stride_qh, stride_qs, stride_qd, D, G,
                                       BLOCK_M, BLOCK_D, FAST)
-        k_base = k_head
-        v_base = v_head
+        k_base = K + hkv.to(tl.int64) * stride_kh
+        v_base = V + hkv.to(tl.int64) * stride_vh
         if not PAGED:
             k_base += b.to(tl.int64) * stride_kb
             v_base += b.to(tl.int64) * stride_vb
