@@ -13,6 +13,7 @@ from onlinesoftmax.decode import explain
 from onlinesoftmax.decode.plan import (
     BALANCED_MAX_B,
     MAX_SPLITS,
+    PAGED_BALANCED_MIN_B,
     Knobs,
     Problem,
     decode_plan,
@@ -241,7 +242,8 @@ def test_plans_per_target():
 def test_split_count_from_shapes_only():
     """Per-sequence splits (paged caches; dense ones on request): many (b, kv head) programs: no split; one long
     sequence: many; bounded. Dense caches on the H200 run the balanced schedule: one program per SM over all
-    sequences' tiles (up to BALANCED_MAX_B sequences). Only shapes enter the plan."""
+    sequences' tiles (up to BALANCED_MAX_B sequences), paged ones from PAGED_BALANCED_MIN_B sequences. Only shapes
+    enter the plan."""
     per_seq = Knobs.of(balanced=False)
     big = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200, knobs=per_seq)
     assert big.splits == 1
@@ -287,6 +289,15 @@ def test_knobs():
     assert decode_plan(Problem(8, 32, 8, 1, 128, 32768), H200, Knobs.of(programs_per_sm=2)).splits == 2 * 132 // 8
     assert not decode_plan(dataclasses.replace(p, page=16), H200).balanced
     assert decode_plan(dataclasses.replace(p, page=16), H200, Knobs.of(balanced=True)).balanced
+    # paged caches of PAGED_BALANCED_MIN_B to BALANCED_MAX_B sequences: balanced, 3 programs of 4 warps per SM
+    for B in (PAGED_BALANCED_MIN_B, BALANCED_MAX_B):
+        pb = decode_plan(Problem(B, 32, 8, 1, 128, 32768, 16), H200)
+        assert (pb.balanced, pb.splits, pb.num_warps, pb.num_stages, pb.ahead) == (True, 3 * 132 // 8, 4, 3, 2)
+        own = decode_plan(Problem(B, 32, 8, 1, 128, 32768, 16), H200, Knobs.of(balanced=False))
+        assert (own.balanced, own.num_warps, own.num_stages) == (False, 8, 4)      # the per-sequence tiles
+    for B in (PAGED_BALANCED_MIN_B - 1, BALANCED_MAX_B + 1):
+        assert not decode_plan(Problem(B, 32, 8, 1, 128, 32768, 16), H200).balanced
+    assert not decode_plan(Problem(64, 32, 8, 1, 128, 4096, 16), A100).balanced
     assert decode_plan(Problem(8, 32, 32, 1, 128, 32768), H200, Knobs.of(balanced=True, programs_per_sm=1)).splits == 4
     assert decode_plan(Problem(1, 8, 8, 1, 128, 256), H200, Knobs.of(balanced=True)).splits == 2   # one per tile
     # across kv heads: the chunks of one line fill every SM (132, not 16 · 8 = 128); cross needs balanced

@@ -143,11 +143,14 @@ SM90_FORWARD = {
 # By default (H200, bf16, tools/probe_fwd_sm90.py at dbcd81a + fwd-sm90, bench attention at d8f0334): D = 128 and
 # 64 fold the scale into the row max (p = 2^(qk·c − m), one FFMA per score) and, for dense [B, H, S, D] inputs, run
 # a persistent grid of one program per SM (`programs`): 4 × 32 × 4096 × 128 619 / 525 TFLOP/s causal against
-# 546 / 478 per tile, 16 × 32 × 1024 × 128 616 / 368 against 432 / 285. Non-causal D = 64 as well (477 at
-# 4 × 32 × 4096 against the tl.dot kernel's 428); causal D = 64 keeps the tl.dot kernel (the persistent grid
-# measured 329 TFLOP/s at 8 × 16 × 2048 causal in the probe but 229, no faster than non-causal, in the bench: not
-# understood), as do packed D = 64 sequences (the per-tile sm90 kernel measured 0.6-0.9x it at D = 64). D = 256 is
-# as measured before the fold (per tile, unfolded).
+# 546 / 478 per tile, 16 × 32 × 1024 × 128 616 / 368 against 432 / 285; non-causal D = 64 477 at 4 × 32 × 4096
+# against the tl.dot kernel's 428. Causal (or windowed) problems on the persistent grid take `pairs`: a program's
+# unit of work is query blocks i and n_m − 1 − i, the same number of key tiles per unit, so the round-robin over
+# 132 programs is balanced (tools/probe_fwd2.py at b4fb837, causal, TFLOP/s against cuDNN's in the same run):
+# 16 × 32 × 1024 × 128 433 against 350 without pairs (cuDNN 464), 4 × 32 × 4096 553 / 528 (600), 2 × 32 × 8192
+# 571 / 553 (574); D = 64 8 × 16 × 2048 379 / 332 (376), 4 × 32 × 4096 426 / 391 (435), where the tl.dot kernel,
+# the default before, measured 316 and 376. Packed D = 64 sequences keep the tl.dot kernel (the per-tile sm90 kernel
+# measured 0.6-0.9x it at D = 64). D = 256 is as measured before the fold (per tile, unfolded).
 SM90_WS_FORWARD = {
     64: (128, 128, 4, 4),
     128: (128, 128, 4, 2),
@@ -158,8 +161,8 @@ SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128, per-tile grid
 SM90_WS_FOLD = (64, 128)           # head dims whose default folds the scale (fold)
 SM90_WS_PERSISTENT = (64, 128)     # head dims whose default grid for dense inputs is persistent
 SM90_WS_PERSISTENT_BANDED_SK = 8192  # causal / windowed D = 128 past this many keys runs per tile with 3 slots
-                                     # (bench at d8f0334: persistent 543 TFLOP/s at 1 × 32 × 16384 causal against
-                                     # cuDNN's 579; per tile, unfolded, 0.99x cuDNN at 1906241)
+                                     # (probe_fwd2 at b4fb837, 1 × 32 × 16384 causal: per tile, folded, 3 slots 651
+                                     # TFLOP/s, persistent with pairs 581, cuDNN 594)
 
 
 def sm90_ws_eligible(p: Problem) -> bool:
@@ -176,11 +179,13 @@ def _sm90_ws_default(p: Problem, target: Target) -> ForwardPlan | None:
     """The Gluon kernel's default plan for ``p``, or None where the tl.dot kernel is the default."""
     if not sm90_ws_eligible(p):
         return None
-    if p.D == 64 and (p.varlen or p.banded):
+    if p.D == 64 and p.varlen:
         return None
     plan = dataclasses.replace(_forward_sm90_ws(p), fold=p.D in SM90_WS_FOLD)
-    if p.D in SM90_WS_PERSISTENT and not p.varlen and not (p.banded and p.Sk > SM90_WS_PERSISTENT_BANDED_SK):
-        plan = dataclasses.replace(plan, programs=target.sm_count, num_stages=SM90_WS_FORWARD[p.D][3])
+    if p.D in SM90_WS_PERSISTENT and not p.varlen and not (p.D == 128 and p.banded
+                                                           and p.Sk > SM90_WS_PERSISTENT_BANDED_SK):
+        plan = dataclasses.replace(plan, programs=target.sm_count, num_stages=SM90_WS_FORWARD[p.D][3],
+                                   pairs=p.banded)
     return plan
 
 
@@ -248,16 +253,18 @@ SM90_BACKWARD = {          # H200, bf16
 # by the producer (stage_rows) and dQ added by TMA reduce from shared memory (dq_tma): 473 / 404 TFLOP/s causal at
 # 4 × 32 × 4096 × 128 against the split kernels' 387 / 334, 16 × 32 × 1024 368 / 252 against 323 / 236, GQA 32 / 8
 # causal 413 against 315; D = 64 307 / 229 against 302 / 227.
-# D = 256 (by knob only, not measured yet): 64 keys per program, the two warpgroups splitting them for S and dP and
-# the head dim for dK, dV and dQ (FlashAttention-3's D = 256 tiles); K, V (64 KB), two slots of Q / dO (128 KB), two
-# of Pᵀ and dSᵀ (32 KB): 225 KB, so dQ goes by atomics (dq_tma off). Other knobs (kernels/bwd_sm90.TILES):
-# block_m = 128 query rows per step at D = 64 (with dq_tma: 226 KB), num_stages 3-4 at D = 64 (146 / 163 KB).
+# D = 256: 64 keys per program, the two warpgroups splitting them for S and dP and the head dim for dK, dV and dQ
+# (FlashAttention-3's D = 256 tiles); K, V (64 KB), two slots of Q / dO (128 KB), two of Pᵀ and dSᵀ (32 KB): 225 KB,
+# so dQ goes by atomics (dq_tma off). D = 64: 128 query rows per step (with dq_tma: 226 KB). tools/probe_attnbwd3.py
+# at b4fb837, TFLOP/s against the previous default (cuDNN): D = 256 2 × 16 × 4096 186 / 176 causal against the
+# tl.dot kernels' 114 / 74 (380 / 342); D = 64 8 × 16 × 2048 343 / 252 against 302 / 228 at 64 rows (406 / 313),
+# 4 × 32 × 4096 371 against 339 (435). At 64 rows 3 or 4 slots gave 310 / 309 against 302; at 128 rows a third
+# slot does not fit beside dq_tma's tiles (kernels/bwd_sm90.TILES).
 SM90_WS_BACKWARD = {
-    64: (64, 128, 4, 2),
+    64: (128, 128, 4, 2),
     128: (64, 128, 4, 2),
     256: (64, 64, 4, 2),
 }
-SM90_WS_BACKWARD_DEFAULT_D = (64, 128)   # head dims whose default backward on Hopper is the Gluon kernel
 
 
 def sm90_bwd_eligible(p: Problem) -> bool:
@@ -301,8 +308,7 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         raise ValueError("attention: the sm90 backward needs a Hopper GPU, float16 / bfloat16 q, k, v and dO that "
                          f"TMA can copy, D in {sorted(SM90_WS_BACKWARD)}, no softcap and no deterministic mode; "
                          f"got {p} on arch {target.arch}")
-    if kernel == "sm90" or (kernel is None and target.sm90 and sm90_bwd_eligible(p)
-                            and p.D in SM90_WS_BACKWARD_DEFAULT_D):
+    if kernel == "sm90" or (kernel is None and target.sm90 and sm90_bwd_eligible(p)):
         plan = _backward_sm90_ws(p)
     else:
         plan = backward_tl(p, target)

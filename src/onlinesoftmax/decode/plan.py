@@ -64,9 +64,15 @@ class Tiles:
 # Dense caches run the balanced schedule (a fixed grid cutting the line of all sequences' key tiles, cut on the
 # device: tools/probe_decode_varlen.py at dbcd81a + decode-varlen, one program per SM): lengths drawn from 1 to 32K
 # at 0.94-0.99x the GB/s of a uniform batch of the same keys (B 8 / 32 / 64, H 32/32 and 32/8) against 0.77-0.84x
-# for the per-sequence splits, and within 1.4 % of them at full lengths. Paged caches keep the per-sequence
-# splits: the balanced paged kernel ran 0.85-0.89x at drawn lengths but 0.88x the default at full ones.
+# for the per-sequence splits, and within 1.4 % of them at full lengths.
+# Paged caches of 8 or more sequences run the balanced schedule too, with 3 programs of 4 warps per SM over 3 stages
+# (tools/probe_decode2.py at b4fb837, page 16): lengths drawn from 1 to S at 1.30-1.73x the per-sequence splits'
+# GB/s (B 8 / 32 / 64, H 32/32 and 32/8; 0.99-1.00x a uniform batch of the same keys), 0.94-1.03x them at full
+# lengths (page 256: 0.96-0.99x). One sequence keeps the per-sequence splits (nothing to balance: 0.65x at 128K).
 SM90 = Tiles(block_n=64, num_stages=4, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
+SM90_PAGED_BALANCED = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=4, ahead=2,
+                            balanced=True, balanced_per_sm=3)
+PAGED_BALANCED_MIN_B = 8    # fewer paged sequences split per sequence (measured at 1 and from 8)
 SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8, balanced=True,
                    balanced_per_sm=1)
 BALANCED_MAX_B = 256        # the balanced merge sums over all B lengths per row: larger batches split per sequence
@@ -135,11 +141,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tiles_for(target: Target, paged: bool = True) -> Tiles:
+def tiles_for(target: Target, paged: bool = True, B: int = 1, balanced: bool | None = None) -> Tiles:
+    """The tiles of ``target`` for a dense or paged cache of B sequences (``balanced``: the knob, None by default;
+    paged caches asked for per-sequence splits keep those splits' tiles)."""
     if target.interpret:
         return INTERPRETED
     if target.sm90:
-        return SM90 if paged else SM90_DENSE
+        if not paged:
+            return SM90_DENSE
+        if balanced is not False and PAGED_BALANCED_MIN_B <= B <= BALANCED_MAX_B:
+            return SM90_PAGED_BALANCED
+        return SM90
     return PORTABLE
 
 
@@ -199,7 +211,7 @@ def num_chunks(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, blo
 
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
-    tiles = tiles_for(target, bool(p.page))
+    tiles = tiles_for(target, bool(p.page), p.B, knobs.balanced)
     rows = p.group * p.Sq
     block_m = knobs.block_m or max(16, min(pow2(rows), tiles.max_rows))
     if block_m < 16 or block_m & (block_m - 1):
