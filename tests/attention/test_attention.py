@@ -594,7 +594,8 @@ def test_sm90_forward_knobs():
 def test_sm90_persistent_launch_follows_the_problem():
     """The persistent forward's bound launch (what a default call and a knob call with the same plan replay) carries
     the band of its problem: causal and not get launches of their own (HAS_RIGHT, REVERSE; causal in pairs of query
-    blocks), a knob plan equal to the default shares the default's launch, and the grid is at most one program per work unit (pairs: half as many)."""
+    blocks), a knob plan equal to the default shares the default's launch, and the grid is at most one program per
+    work unit (pairs: half as many)."""
     from onlinesoftmax.attention import api
     from onlinesoftmax.attention.plan import SM90_WS_FORWARD, Problem, plan_forward
 
