@@ -14,6 +14,8 @@ Triton launch hooks installed (profilers), every call takes Triton's own path.
 
 from __future__ import annotations
 
+import collections
+
 import torch
 import triton
 from triton import knobs
@@ -179,3 +181,109 @@ class BoundKernel:
         head = (*g, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
                 compiled.packed_metadata, None, None, None)
         return run.launch, head, compiled
+
+
+# ---- host TMA descriptors -----------------------------------------------------------------------------------
+TMA_ARG_CACHE = 64      # encoded descriptors kept per compiled kernel (0: Triton's launcher encodes every call)
+
+
+def tensordesc_launcher(launch, n: int):
+    """``(C launcher, descriptor metadata)`` behind Triton 3.6's ``wrap_handle_tensordesc`` wrapper, when the
+    kernel's first ``n`` parameters, and no other, are host descriptors lowered to TMA maps; None for any other
+    launcher (another Triton, descriptors lowered to pointers, fp4 padding): the caller then keeps the wrapper."""
+    code = getattr(launch, "__code__", None)
+    if code is None or getattr(launch, "__qualname__", "") != "wrap_handle_tensordesc.<locals>.inner":
+        return None
+    from triton.backends.nvidia import driver
+
+    if getattr(driver, "_BASE_ARGS_FORMAT_LEN", None) != 13 or not callable(getattr(driver, "make_tensordesc_arg",
+                                                                                    None)):
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in launch.__closure__ or ())))
+    raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+    if not callable(raw) or indices != set(range(n)) or not isinstance(metas, list) or len(metas) != n:
+        return None
+    if any(not isinstance(m, dict) or m.get("fp4_padded", True) for m in metas):
+        return None
+    return raw, tuple(metas)
+
+
+def _descriptor(t: torch.Tensor, block: list, layout):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+class DescriptorKernel(BoundKernel):
+    """A :class:`BoundKernel` whose first ``len(boxes)`` parameters are Gluon host descriptors (``TensorDescriptor``)
+    over tensors the caller passes as they are: ``boxes[i] = (block_shape, layout)`` of descriptor i, fixed by the
+    caller's plan. The descriptor tensors must be among ``check`` (their dtype and alignment pick the compiled
+    kernel).
+
+    Triton's launcher encodes each descriptor into a TMA map (``cuTensorMapEncodeTiled``) on every launch, through a
+    Python wrapper. Here the wrapper's output for descriptor i, ``[map, *shape, *strides]``, is kept in an LRU of
+    TMA_ARG_CACHE entries per compiled kernel, keyed by (i, data pointer, shape, strides, dtype): with the kernel's
+    box, swizzle, element type and padding (fixed per i by the compiled kernel) that is everything the map
+    encodes, so a hit is the map a fresh encoding would give. The C launcher then gets the arguments expanded.
+    Where the launcher is not the wrapper this expects (:func:`tensordesc_launcher`), or TMA_ARG_CACHE is 0, each
+    call passes fresh descriptors to Triton's launcher."""
+
+    __slots__ = ("boxes",)
+
+    def __init__(self, fn: triton.JITFunction, grid: tuple, meta: dict, boxes: tuple):
+        super().__init__(fn, grid, meta)
+        self.boxes = boxes
+
+    def descriptors(self, args: tuple) -> tuple:
+        """``args`` with its first tensors wrapped in the descriptors Triton's own launch path takes."""
+        n = len(self.boxes)
+        return (*(_descriptor(t, *box) for t, box in zip(args[:n], self.boxes)), *args[n:])
+
+    def __call__(self, args: tuple, check: tuple, device: torch.device):
+        if device.type != "cuda" or self.interpret or hooks_installed():
+            return self.fn[self.grid](*self.descriptors(args), **self.meta)
+        index = current_device()
+        key = (index, not any(t.data_ptr() & 15 for t in check), *(t.dtype for t in check))
+        entry = self._compiled.get(key)
+        if entry is None:
+            compiled = self.fn[self.grid](*self.descriptors(args), **self.meta)
+            self._compiled[key] = self._bind(compiled)
+            return compiled
+        self.run(entry, args, current_stream(index))
+        return entry[2]
+
+    def run(self, entry: tuple, args: tuple, stream: int) -> None:
+        """Launch ``entry`` (:meth:`_bind`'s) on ``stream``: the C launcher with the descriptors' cached encodings,
+        or Triton's launcher with fresh descriptors."""
+        launcher, head, _, unwrapped, maps = entry
+        if unwrapped is None or TMA_ARG_CACHE <= 0:
+            launcher(*head[:3], stream, *head[3:], *self.descriptors(args), *self.tail)
+            return
+        raw, metas = unwrapped
+        n = len(metas)
+        flat = []
+        for i in range(n):
+            t = args[i]
+            key = (i, t.data_ptr(), t.shape, t.stride(), t.dtype)
+            enc = maps.get(key)
+            try:                # (KeyError: another thread's launch evicted the key or emptied the cache)
+                if enc is None:
+                    enc = maps[key] = self.encode(i, t, metas[i])
+                    while len(maps) > TMA_ARG_CACHE:
+                        maps.popitem(last=False)
+                else:
+                    maps.move_to_end(key)
+            except KeyError:
+                pass
+            flat += enc
+        raw(*head[:3], stream, *head[3:], *flat, *args[n:], *self.tail)
+
+    def encode(self, i: int, t: torch.Tensor, meta: dict) -> list:
+        """Triton's own expansion of descriptor i over ``t``: ``[TMA map, *shape, *strides]``."""
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        return make_tensordesc_arg(_descriptor(t, *self.boxes[i]), meta)
+
+    def _bind(self, compiled):
+        launcher, head, compiled = super()._bind(compiled)
+        return launcher, head, compiled, tensordesc_launcher(launcher, len(self.boxes)), collections.OrderedDict()

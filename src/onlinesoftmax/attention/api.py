@@ -13,7 +13,8 @@ import math
 import torch
 
 from .._checks import check_float_tensor
-from ..backend import resolve_backend
+from .._triton.host import cached
+from ..backend import functorch_active, resolve_backend
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_dispatch, plan_attention
 
@@ -94,13 +95,13 @@ def _tma_ok(*ts) -> bool:
     return True
 
 
-def _problem(q, k, causal, window, v=None) -> Problem:
+def _problem(q, k, causal, window, v=None, softcap=False) -> Problem:
     left, right = window
     if causal:            # causal ANDs j <= i + off into the window's right bound
         right = 0
     B, H, Sq, D = q.shape
     return Problem(B, H, k.shape[1], Sq, k.shape[2], D, _dtype_name(q.dtype), bool(causal), (left, right),
-                   tma=v is not None and q.is_cuda and _tma_ok(q, k, v),
+                   softcap, tma=v is not None and q.is_cuda and _tma_ok(q, k, v),
                    deterministic=torch.are_deterministic_algorithms_enabled())
 
 
@@ -227,11 +228,30 @@ def _fwd_launch(problem: Problem, plan: ForwardPlan, strides: tuple):
             del meta["VARLEN"]
             meta.update(PAIRS=plan.pairs, O_DIRECT=plan.o_direct)
             units = persistent_units(grid[0], grid[1], plan.pairs)
-            return _bound(fwd_sm90.attention_fwd_sm90_persistent_kernel, (min(plan.programs, units),), meta)
+            _, _, launch = _kernels()
+            return launch.DescriptorKernel(fwd_sm90.attention_fwd_sm90_persistent_kernel,
+                                           (min(plan.programs, units),), meta, _persistent_boxes(p, plan))
         return _bound(fwd_sm90.attention_fwd_sm90_kernel, grid, meta)
     return _bound(fwd.attention_fwd_kernel, grid,
                   dict(common, BLOCK_M=plan.block_m, BLOCK_D=p.block_d, F32=plan.dot_f32,
                        num_warps=plan.num_warps, num_stages=plan.num_stages))
+
+
+def _persistent_boxes(p: Problem, plan: ForwardPlan) -> tuple:
+    """(block shape, shared layout) of the persistent kernel's descriptors over q, k, v, o: 4-D boxes of one
+    (batch, head)'s rows, a consumer warpgroup's query rows of q and o, block_n keys of k and v."""
+    from triton.experimental.gluon import language as gl
+
+    from .kernels.fwd_sm90 import WARPGROUP_ROWS
+
+    dt = gl.float16 if p.dtype == "float16" else gl.bfloat16
+
+    def box(rows):
+        block = [1, 1, rows, p.D]
+        return block, gl.NVMMASharedLayout.get_default_for(block, dt)
+
+    q_box, kv_box = box(WARPGROUP_ROWS), box(plan.block_n)
+    return q_box, kv_box, kv_box, q_box
 
 
 def _device_allocator(size: int, alignment: int, stream):
@@ -328,25 +348,13 @@ def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, 
 
 def _forward_persistent(q, k, v, o, lse, p: Problem, plan: ForwardPlan, scale: float, softcap: float):
     """The sm90 kernel on a persistent grid: host TMA descriptors over q, o [B, H, Sq, D] and k, v [B, Hkv, Sk, D]
-    (4-D boxes of one (batch, head)'s rows: zeros past S, stores clipped there)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from .kernels.fwd_sm90 import WARPGROUP_ROWS
-
-    dt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-
-    def desc(t, rows):
-        block = [1, 1, rows, p.D]
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                gl.NVMMASharedLayout.get_default_for(block, dt))
-
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(o), *_lse_strides(p, lse))
-    bk = _caches()[0](p, plan, strides)
+    (4-D boxes of one (batch, head)'s rows: zeros past S, stores clipped there), made by the bound launch from the
+    tensors (``_persistent_boxes``)."""
+    so, sl = _strides(o), _lse_strides(p, lse)
+    bk = _caches()[0](p, plan, (*_strides(q), *_strides(k), *_strides(v), *so, *sl))
     left, right = p.window
     n_m = -(-p.Sq // plan.block_m)
-    bk((desc(q, WARPGROUP_ROWS), desc(k, plan.block_n), desc(v, plan.block_n), desc(o, WARPGROUP_ROWS), o,
-        *_strides(o)[:3], lse, *_lse_strides(p, lse), p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
+    bk((q, k, v, o, o, *so[:3], lse, *sl, p.H, p.group, p.Sq, p.Sk, max(left, 0), max(right, 0),
         *_scalars(scale, softcap), n_m, persistent_units(n_m, p.B * p.H, plan.pairs)), (q, k, v, o), q.device)
     return o, lse
 
@@ -411,18 +419,32 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
 
 # ---- custom ops -------------------------------------------------------------------------------------------------
 def _op_problem(q, k, v, causal, left, right, softcap) -> Problem:
-    p = _problem(q, k, causal, (left, right), v)
-    return dataclasses.replace(p, softcap=softcap > 0)
+    return _problem(q, k, causal, (left, right), v, softcap > 0)
 
 
-@torch.library.custom_op("onlinesoftmax::attention_fwd", mutates_args=())
-def _attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, left: int,
-                      right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _triton_plan(p: Problem, device: torch.device) -> AttentionPlan:
+    """``plan_attention(p, target_of(device), "triton")``: a pure function of (problem, target), cached per
+    function (tools and tests that swap ``api.plan_attention`` get plans of their own)."""
+    return _plans(plan_attention, p, target_of(device))
+
+
+def _plan_uncached(fn, p: Problem, target) -> AttentionPlan:
+    return fn(p, target, "triton")
+
+
+_plans = cached(_plan_uncached)
+
+
+def _attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, left: int,
+                        right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     problem = _op_problem(q, k, v, causal, left, right, softcap)
-    plan = plan_attention(problem, target_of(q.device), "triton").forward
+    plan = _triton_plan(problem, q.device).forward
     if q.numel() == 0:
         return torch.empty_like(q), torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
     return _forward_triton(q, k, v, problem, plan, scale, softcap)
+
+
+_attention_fwd_op = torch.library.custom_op("onlinesoftmax::attention_fwd", _attention_fwd_impl, mutates_args=())
 
 
 @_attention_fwd_op.register_fake
@@ -435,7 +457,7 @@ def _attention_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: torch.Tens
                       v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int,
                       right: int, softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     problem = _op_problem(q, k, v, causal, left, right, softcap)
-    plan = plan_attention(problem, target_of(q.device), "triton").backward
+    plan = _triton_plan(problem, q.device).backward
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     return _backward_triton(do, dlse, q, k, v, o, lse, problem, plan, scale, softcap)
@@ -464,6 +486,37 @@ def _backward(ctx, do, dlse):
 torch.library.register_autograd("onlinesoftmax::attention_fwd", _backward, setup_context=_setup)
 
 
+# ---- eager calls: the op's body directly, or an autograd.Function around it where a gradient is needed (the
+# custom op's dispatch and registered autograd cost 10-30 µs of host time per call); the backward is the op's ------
+class _EagerAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, left, right, softcap):
+        o, lse = _attention_fwd_impl(q, k, v, causal, scale, left, right, softcap)
+        _setup(ctx, (q, k, v, causal, scale, left, right, softcap), (o, lse))
+        return o, lse
+
+    backward = staticmethod(_backward)
+
+
+def _raw_apply(fn):
+    """``fn.apply`` without its Python wrapper (default-argument binding, torch.func unwrapping: neither applies
+    to eager calls, which torch.func transforms never reach); ``fn.apply`` where torch does not expose it."""
+    apply = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+    return apply.__get__(None, fn) if apply is not None else fn.apply
+
+
+_eager_attention = _raw_apply(_EagerAttention)
+
+
+def _attention_fwd(q, k, v, causal, scale, left, right, softcap):
+    """(o, lse): the custom op under torch.compile and torch.func, else the eager paths."""
+    if functorch_active() or torch.compiler.is_compiling():
+        return torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right, softcap)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _eager_attention(q, k, v, causal, scale, left, right, softcap)
+    return _attention_fwd_impl(q, k, v, causal, scale, left, right, softcap)
+
+
 def _varlen_problem(q, k, v, cu_q, max_q, max_k, causal, left, right, softcap) -> Problem:
     right = 0 if causal else right
     return Problem(cu_q.shape[0] - 1, q.shape[1], k.shape[1], max_q, max_k, q.shape[2], _dtype_name(q.dtype),
@@ -477,7 +530,7 @@ def _attention_varlen_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              scale: float, left: int, right: int,
                              softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
     problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
-    plan = plan_attention(problem, target_of(q.device), "triton").forward
+    plan = _triton_plan(problem, q.device).forward
     return _forward_triton(q, k, v, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
 
 
@@ -493,7 +546,7 @@ def _attention_varlen_bwd_op(do: torch.Tensor, dlse: torch.Tensor | None, q: tor
                              scale: float, left: int, right: int,
                              softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     problem = _varlen_problem(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, left, right, softcap)
-    plan = plan_attention(problem, target_of(q.device), "triton").backward
+    plan = _triton_plan(problem, q.device).backward
     return _backward_triton(do, dlse, q, k, v, o, lse, problem, plan, scale, softcap, (cu_seqlens_q, cu_seqlens_k))
 
 
@@ -546,7 +599,7 @@ def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, bac
     """The plan ``attention(q, k, v, ...)`` would run: backend, problem, forward and backward launch configurations
     (for the target of q's device). ``knobs`` shows what an override would give."""
     win, backend, _ = _prepare(q, k, v, causal, scale, window, softcap, backend, "onlinesoftmax.explain")
-    p = dataclasses.replace(_problem(q, k, causal, win, v), softcap=softcap is not None)
+    p = _problem(q, k, causal, win, v, softcap is not None)
     return plan_attention(p, target_of(q.device), backend, knobs)
 
 
@@ -599,8 +652,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
         o, lse = attention_with_kvcache(q, k, v, seqlens, causal=causal, scale=scale, window=window,
                                         softcap=softcap, return_lse=True, backend="triton")
     else:
-        o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right,
-                                                       float(softcap) if softcap else 0.0)
+        o, lse = _attention_fwd(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
 
 
@@ -611,9 +663,13 @@ def _decode_call(q, k, v) -> bool:
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                       or v.requires_grad)):
         return False
-    return decode_dispatch(Problem(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
-                                   str(q.dtype).replace("torch.", ""),
-                                   False, (-1, -1), False))
+    return _decode_shape(q.shape, k.shape, q.dtype)
+
+
+@cached
+def _decode_shape(q_shape, k_shape, dtype) -> bool:
+    B, H, Sq, D = q_shape
+    return decode_dispatch(Problem(B, H, k_shape[1], Sq, k_shape[2], D, _dtype_name(dtype), False, (-1, -1), False))
 
 
 _VOP = "onlinesoftmax.attention_varlen"
