@@ -184,7 +184,8 @@ class BoundKernel:
 
 
 # ---- host TMA descriptors -----------------------------------------------------------------------------------
-TMA_ARG_CACHE = 64      # encoded descriptors kept per compiled kernel (0: Triton's launcher encodes every call)
+TMA_ARG_CACHE = 1024    # encoded descriptors kept per compiled kernel (a model step's layers × 4 descriptors; about
+                        # 0.4 KB each); 0: Triton's launcher encodes every call
 
 
 def tensordesc_launcher(launch, n: int):

@@ -89,9 +89,12 @@ def _check_kernel(q, op: str) -> None:
 def _tma_ok(*ts) -> bool:
     """TMA can copy [rows, D] tiles of each tensor: unit last stride, 16-byte aligned data and other strides."""
     for t in ts:
-        size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+        st, per16 = t.stride(), 16 // t.element_size()      # elements per 16 bytes
+        if st[-1] != 1 or t.data_ptr() & 15:
             return False
+        for s in st[:-1]:
+            if s % per16:
+                return False
     return True
 
 
