@@ -57,9 +57,11 @@ print(json.dumps(out))
 
 CASES = [
     # the plan's bf16 chunking at V = 128256 (4 register sub-tiles as words, 64 registers), with KEEP_E, and with
-    # every unweighted option; fp32 at V = 262144 (chunks divide the row: EVEN); the masked chunking (V = 50256);
-    # a weighted loss with smoothing and softcap (the compiler's register count)
+    # every unweighted option; V = 32000's whole row in one program (8 warps, 4 register sub-tiles of 2048 under 64
+    # registers), plain and with every unweighted option; fp32 at V = 262144 (chunks divide the row: EVEN); the
+    # masked chunking (V = 50256); a weighted loss with smoothing and softcap (the compiler's register count)
     dict(V=128256, itemsize=2, knobs={}, flags={}),
+    dict(V=32000, itemsize=2, knobs={}, flags={}),
     dict(V=128256, itemsize=2, knobs=dict(keep_e=True), flags={}),
     dict(V=32000, itemsize=2, knobs={}, flags=dict(HAS_SMOOTH=True, HAS_Z=True, HAS_SOFTCAP=True, HAS_G=True)),
     dict(V=262144, itemsize=4, knobs={}, flags={}),

@@ -253,17 +253,18 @@ def test_plans_by_target():
         CEKnobs(bogus=1)
 
 
-@pytest.mark.parametrize("V, chunks, even", [(32000, 2, False), (128256, 8, False), (151936, 10, False),
-                                             (262144, 16, True)])
-def test_smem_plans_on_h200(V, chunks, even):
+@pytest.mark.parametrize("V, chunk, chunks, warps, even", [(32000, 32768, 1, 8, False), (128256, 16384, 8, 4, False),
+                                                           (151936, 16384, 10, 4, False), (262144, 16384, 16, 4, True)])
+def test_smem_plans_on_h200(V, chunk, chunks, warps, even):
     """Path "smem" (the default here): 16384-class chunks of 4 warps, 4 register sub-tiles of 1024 bf16 under a
-    64-register bound; every chunk covers its register sub-tiles."""
+    64-register bound; rows up to 32768 whole in one program of 8 warps (4 sub-tiles of 2048); every chunk covers
+    its register sub-tiles."""
     prob = CEProblem(8192, V, 2, True, smem_rows=True)
     assert plan_cross_entropy(prob, H200).path == "smem"
     p = plan_cross_entropy(prob, H200, CEKnobs(path="smem"))
     assert (p.path, p.chunk, p.chunks, p.num_warps, p.reg, p.maxnreg, p.keep_e) == \
-        ("smem", 16384, chunks, 4, 4, 64, False), p
-    assert (V % p.chunk == 0) == even and (even or V % p.chunk >= p.reg * 1024)
+        ("smem", chunk, chunks, warps, 4, 64, False), p
+    assert (V % p.chunk == 0) == even and (even or V % p.chunk >= p.reg * 256 * warps)
     p = plan_cross_entropy(prob, H200, CEKnobs(path="smem", chunk=32768, num_warps=8, reg=2, keep_e=True))
     assert (p.chunk, p.chunks, p.reg, p.keep_e) == (32768, -(-V // 32768), 2, True)
     # fp32 V = 48: 4 register sub-tiles of 1024 do not fit; the masked configuration's whole row, one sub-tile
