@@ -6,7 +6,10 @@ flash backwards:
   the TMA reduce instead of 32 two-wide fp32 atomics per thread and tile; D = 128: no dQ tiles of their own
   (32 KB), so a third ring slot fits (210 KB);
 * ``lpt_heads``: programs launched longest first (every head's key block 0, then block 1, ...) within groups of
-  that many heads, so the short programs of a causal band run last.
+  that many heads, so the short programs of a causal band run last;
+* ``dq_rows`` (D = 64, 128 query rows per step): the warpgroups split dQ by rows, each forming 64 rows over all 128
+  keys from the shared dSᵀ ring: 32 KB of fp32 dQ reduced per tile, not 64 (with ``dq_slot``: no dQ tiles of their
+  own, 194 KB).
 
     PYTHONPATH=src python tools/probe_attnbwd4.py --out DIR          # on the GPU machine, < 150 s
     PYTHONPATH=src python tools/probe_attnbwd4.py --compile-only     # here, no GPU: every launch's sm_90a
@@ -51,8 +54,10 @@ VARIANTS = {
     "slot s3": ({"dq_slot": True, "num_stages": 3}, (128,)),
     "slot s3 lpt16": ({"dq_slot": True, "num_stages": 3, "lpt_heads": 16}, (128,)),
     "slot lpt16": ({"dq_tma": True, "dq_slot": True, "lpt_heads": 16}, (256,)),
+    "rows": ({"dq_rows": True}, (64,)),
+    "rows slot": ({"dq_rows": True, "dq_slot": True}, (64,)),
 }
-BREAKDOWN = ("default", "slot", "slot s3")     # also timed launch by launch
+BREAKDOWN = ("default", "slot", "slot s3", "rows")     # also timed launch by launch
 
 # (B, H, Hkv, S, D, causal)
 SHAPES = [(16, 32, 32, 1024, 128, True), (16, 32, 32, 1024, 128, False),
@@ -333,7 +338,7 @@ def device_run(out_dir):
     jobs = [("forward", D) for D in dims] + [(n, D) for n in VARIANTS for D in dims if runs(n, D)]
     bad = set()             # (name, D) pairs not to run
     ctx = mp.get_context("spawn")
-    with ctx.Pool(min(len(jobs), max(2, (os.cpu_count() or 8) - 1))) as pool:
+    with ctx.Pool(min(len(jobs), max(2, os.cpu_count() or 8))) as pool:
         it = pool.imap_unordered(_warm, jobs)
         deadline = time.time() + WARM_DEADLINE_S
         for _ in jobs:

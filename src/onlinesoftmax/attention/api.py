@@ -296,7 +296,7 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
                       dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
                            STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
                            STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, DQ_SLOT=plan.dq_slot,
-                           LPT_HEADS=plan.lpt_heads, num_warps=4))
+                           LPT_HEADS=plan.lpt_heads, DQ_ROWS=plan.dq_rows, num_warps=4))
     else:
         dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
                       dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DQ_ATOMIC=plan.dq_atomic,

@@ -98,6 +98,8 @@ class BackwardPlan:
                               # of dQ tiles, room for a third slot; D = 256: dQ by TMA reduce at all)
     lpt_heads: int = 0        # > 0: programs launched longest first within groups of this many (batch, kv head)s
                               # (a causal band's key block 0 has the most query rows); 0: head by head
+    dq_rows: bool = False     # D = 64: the warpgroups split dQ by query rows over all the program's keys (dSᵀ
+                              # shared through a ring): half the fp32 bytes reduced, half dQ's registers
 
 
 @dataclass(frozen=True)
@@ -318,11 +320,14 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     else:
         plan = backward_tl(p, target)
     plan = dataclasses.replace(plan, **over)
-    if (plan.dq_slot or plan.lpt_heads) and plan.kernel != "sm90":
-        raise ValueError(f"attention: dq_slot / lpt_heads are options of the sm90 backward; got {plan}")
-    if plan.dq_slot and not (plan.dq_tma and p.D in (128, 256)):
-        raise ValueError(f"attention: dq_slot reduces dQ by TMA (dq_tma) through the Q / dO slot, at D = 128 / 256; "
-                         f"got D = {p.D}, {plan}")
+    if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
+        raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
+    if plan.dq_rows and p.D != 64:
+        raise ValueError(f"attention: dq_rows splits dQ by rows at D = 64 (D = 128 / 256 split it by columns); got "
+                         f"D = {p.D}")
+    if plan.dq_slot and not (plan.dq_tma and (p.D in (128, 256) or plan.dq_rows)):
+        raise ValueError(f"attention: dq_slot reduces dQ by TMA (dq_tma) through the Q / dO slot, dQ split in two "
+                         f"(D = 128 / 256, or dq_rows at D = 64); got D = {p.D}, {plan}")
     if plan.kernel == "sm90" and p.D == 256 and plan.dq_tma and not plan.dq_slot:
         raise ValueError("attention: the sm90 backward at D = 256 has no room for dQ tiles of their own: dq_tma "
                          "needs dq_slot")

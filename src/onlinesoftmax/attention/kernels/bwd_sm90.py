@@ -26,7 +26,11 @@ Knobs (the plan's, off unless asked for): STAGE_ROWS, the producer also stages e
 shared memory (the consumers read them where used, after the matmuls; no global load on their path); DQ_TMA, each
 warpgroup writes its fp32 dQ partial [BLOCK_M, 64] to shared memory and one thread adds it with a TMA reduce
 (``cp.reduce.async.bulk.tensor .add``; rows past Sq clipped by the descriptor), waited one tile later, instead of
-32 two-wide atomics per thread.
+32 two-wide atomics per thread; DQ_SLOT, that partial written where the tile's Q (warpgroup 0) or dO (warpgroup 1)
+was once both warpgroups' matmuls have read the slot, the slot refilled one tile later (no dQ tiles of their own:
+D = 128 has room for a third slot, D = 256 for the TMA reduce at all); DQ_ROWS (D = 64, 128 rows per step), the
+warpgroups split dQ by rows, each forming BLOCK_M/2 rows over all 2·BLOCK_N keys from the shared dSᵀ ring (half
+the fp32 bytes reduced per tile, half the dQ registers); LPT_HEADS, the programs run longest first (``_lpt_order``).
 At the end ``dK ← scale·dK``; dK and dV are stored once (a GQA group's heads are summed here: no atomics).
 SPLIT_D (D = 256, ``_consumer_split_d``): dK and dV of 64 keys × 256 would take 256 registers a thread in one
 warpgroup, so the program holds 64 keys, each warpgroup forms S and dP for 32 of them (not transposed: wgmma's M
@@ -112,12 +116,13 @@ def _producer(q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, em
 def _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0, col0,
                   BLOCK_M: gl.constexpr, COLS: gl.constexpr, WG: gl.constexpr):
     """DQ_SLOT: once both warpgroups' matmuls of the tile have read slot s (``drained``), the fp32 dQ partial
-    [BLOCK_M, D/2] of warpgroup 0 goes where the slot's Q tile was, warpgroup 1's where its dO tile was (the same
-    bytes: BLOCK_M·D bf16), and one TMA reduce adds it to the buffer; the slot returns to the producer one tile
-    later (``_release_drained``), once the reduce has read it."""
+    [BLOCK_M, COLS] (half the tile's dQ: rows m0.., columns col0..) of warpgroup 0 goes where the slot's Q tile
+    was, warpgroup 1's where its dO tile was (the same bytes), and one TMA reduce adds it to the buffer; the slot
+    returns to the producer one tile later (``_release_drained``), once the reduce has read it."""
     mbarrier.arrive(drained.index(s), count=1)
     mbarrier.wait(drained.index(s), phase)
-    gl.static_assert(COLS * 4 == q_smem.shape[2] * 2, "dQ's fp32 half tile takes a 16-bit Q / dO slot's bytes")
+    gl.static_assert(BLOCK_M * COLS * 4 == q_smem.shape[1] * q_smem.shape[2] * 2,
+                     "dQ's fp32 half tile takes a 16-bit Q / dO slot's bytes")
     dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
     if WG == 0:
         buf = q_smem.index(s)._reinterpret(gl.float32, [BLOCK_M, COLS], dq_layout)
@@ -143,10 +148,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
               Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
               WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SPLIT_DQ: gl.constexpr,
-              STAGE_ROWS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SLOT: gl.constexpr):
-    """Consumer warpgroup WG: keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's block."""
+              STAGE_ROWS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SLOT: gl.constexpr, DQ_BY_ROWS: gl.constexpr):
+    """Consumer warpgroup WG: keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's block. SPLIT_DQ: dQ over all
+    2·BLOCK_N keys from the shared dSᵀ ring, for half the head dim, or (DQ_BY_ROWS) for half the tile's rows."""
     dtype: gl.constexpr = k_smem.dtype
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
+    DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_BY_ROWS else BLOCK_M
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ and not DQ_BY_ROWS else HEAD_DIM
     k_w = k_smem.slice(WG * BLOCK_N, BLOCK_N)
     v_w = v_smem.slice(WG * BLOCK_N, BLOCK_N)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -161,15 +168,16 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
     offs_v = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [4], [0]))
     # dQ's atomics straight from the accumulator's layout: 2 consecutive fp32 per thread (v2), 8 rows of 32 bytes
     # (whole sectors) per warp instruction
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_rows = gl.arange(0, DQ_M, layout=gl.SliceLayout(1, dq_layout))
     dq_offs = dq_rows[:, None] * HEAD_DIM + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))[None, :]
-    dq_col0 = WG * DQ_COLS if SPLIT_DQ else 0
-    dq_offs += dq_col0
+    dq_col0: gl.constexpr = WG * DQ_COLS if SPLIT_DQ and not DQ_BY_ROWS else 0
+    dq_row0: gl.constexpr = WG * DQ_M if DQ_BY_ROWS else 0
+    dq_offs += dq_row0 * HEAD_DIM + dq_col0
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-    zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    zero_dq = gl.zeros([DQ_M, DQ_COLS], gl.float32, layout=dq_layout)
     mbarrier.wait(kv_bar, 0)
     for it in range(n_tiles):
         s = it % STAGES
@@ -228,8 +236,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
             mbarrier.arrive(ds_ready.index(b), count=1)      # (its bar.sync: the warpgroup's stores are done)
             dk = warpgroup_mma(ds_own, q_smem.index(s), dk, is_async=True)
             mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
-            dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1), zero_dq,
-                               use_acc=False, is_async=True)
+            if DQ_BY_ROWS:
+                dq = warpgroup_mma(ds_all.slice(dq_row0, DQ_M, dim=1).permute((1, 0)), k_smem, zero_dq,
+                                   use_acc=False, is_async=True)
+            else:
+                dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(dq_col0, DQ_COLS, dim=1), zero_dq,
+                                   use_acc=False, is_async=True)
         else:
             ds_own = ds_smem.index(0).slice(WG * BLOCK_N, BLOCK_N)
             ds_own.store(dsT)
@@ -243,14 +255,15 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
         if SPLIT_DQ:
             mbarrier.arrive(ds_empty.index(it % 2), count=1)
         if DQ_SLOT:
-            _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0, dq_col0, BLOCK_M, DQ_COLS, WG)
+            _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0 + dq_row0, dq_col0, DQ_M, DQ_COLS,
+                          WG)
         elif DQ_TMA:
             # the tile's dQ partial through shared memory, added by one TMA reduce (rows past Sq clipped by the
             # descriptor); the previous tile's reduce has long finished reading dq_smem
             tma.store_wait(0)
             dq_smem.store(dq)
             fence_async_shared()
-            _tma_reduce_add(dq_desc, [g, m0, dq_col0], dq_smem.reshape(dq_desc.block_shape))
+            _tma_reduce_add(dq_desc, [g, m0 + dq_row0, dq_col0], dq_smem.reshape(dq_desc.block_shape))
         else:
             # no mask: rows past Sq have dS = 0 (P = 0, dO = 0), so their dQ rows are exact zeros, added into the
             # next rows of the buffer or into its BLOCK_M rows of padding (a masked atomic is a branch each)
@@ -383,18 +396,21 @@ def attention_bwd_sm90_kernel(
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
         STAGE_ROWS: gl.constexpr = False, DQ_TMA: gl.constexpr = False, DQ_SLOT: gl.constexpr = False,
-        LPT_HEADS: gl.constexpr = 0):
+        LPT_HEADS: gl.constexpr = 0, DQ_ROWS: gl.constexpr = False):
     """Grid (cdiv(Sk, 2·BLOCK_N), B·Hkv), num_warps = 4: two consumer warpgroups of BLOCK_N keys (the first is
     the default partition) and the producer warp. Strides as ``bwd.attention_bwd_dkdv_kernel`` less the unit
     head-dim ones; DQACC: fp32 rows of HEAD_DIM laid out as the lse, zeroed. STAGE_ROWS / DQ_TMA: the plan's
-    ``stage_rows`` / ``dq_tma``; DQ_SLOT / LPT_HEADS: ``dq_slot`` / ``lpt_heads``."""
+    ``stage_rows`` / ``dq_tma``; DQ_SLOT / LPT_HEADS / DQ_ROWS: ``dq_slot`` / ``lpt_heads`` / ``dq_rows``."""
     KEYS: gl.constexpr = 2 * BLOCK_N
-    SPLIT_DQ: gl.constexpr = HEAD_DIM == 128
+    gl.static_assert(not DQ_ROWS or HEAD_DIM == 64, "DQ_ROWS: D = 64 (D = 128 splits dQ by columns)")
+    SPLIT_DQ: gl.constexpr = HEAD_DIM == 128 or DQ_ROWS
     SPLIT_D: gl.constexpr = HEAD_DIM == 256
     gl.static_assert(not (SPLIT_D and DQ_TMA) or DQ_SLOT, "D = 256: dQ's TMA reduce goes through the drained slot")
-    gl.static_assert(not DQ_SLOT or (DQ_TMA and (SPLIT_DQ or SPLIT_D)), "DQ_SLOT: DQ_TMA with dQ split by columns")
+    gl.static_assert(not DQ_SLOT or (DQ_TMA and (SPLIT_DQ or SPLIT_D) and STAGES >= 2),
+                     "DQ_SLOT: DQ_TMA with dQ split in two, and a second slot to fill while one drains")
     gl.static_assert(STAGE_ROWS or not SPLIT_D, "D = 256 reads lse / Δ staged by the producer")
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ or SPLIT_D else HEAD_DIM
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if HEAD_DIM >= 128 else HEAD_DIM      # a warpgroup's dQ partial
+    DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_ROWS else BLOCK_M
     if LPT_HEADS > 0:
         pid_n, bhk = _lpt_order(HAS_LEFT and not HAS_RIGHT, LPT_HEADS)
     else:
@@ -442,15 +458,15 @@ def attention_bwd_sm90_kernel(
         if DQ_TMA:
             # dQ's fp32 rows as [group head, row, dim] from the group's first head; a box of one consumer's columns
             # (DQ_SLOT: written where the tile's Q / dO were, no tiles of its own)
-            dq3_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, DQ_COLS], gl.float32)
-            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+            dq3_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, DQ_M, DQ_COLS], gl.float32)
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DQ_M, DQ_COLS], gl.float32)
             dq_desc = tma.make_tensor_descriptor(DQACC + row_base * HEAD_DIM, [GROUP, Sq, HEAD_DIM],
-                                                 [slh * HEAD_DIM, HEAD_DIM, 1], [1, BLOCK_M, DQ_COLS], dq3_layout)
+                                                 [slh * HEAD_DIM, HEAD_DIM, 1], [1, DQ_M, DQ_COLS], dq3_layout)
             if DQ_SLOT:
                 dq_smem0 = rows_smem
                 dq_smem1 = rows_smem
             else:
-                dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
+                dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_M, DQ_COLS], dq_layout)
                 dq_smem0 = dq_smem.index(0)
                 dq_smem1 = dq_smem.index(1)
         else:
@@ -503,12 +519,12 @@ def attention_bwd_sm90_kernel(
                              q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, LSE, DELTA, DQACC,
                              dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo,
                              full_hi, n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                             HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA, DQ_SLOT)),
+                             HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA, DQ_SLOT, DQ_ROWS)),
                 (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem.index(0), ds_smem, rows_smem, dq_smem1, kv_bar,
                              q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, LSE, DELTA, DQACC,
                              dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo,
                              full_hi, n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                             HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA, DQ_SLOT)),
+                             HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA, DQ_SLOT, DQ_ROWS)),
                 (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA,
                              row_base, slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
