@@ -797,9 +797,9 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
                      (base, {"dq_slot": True, "dq_tma": False})):
         with pytest.raises(ValueError, match="dq_slot"):
             plan_backward(p, H200, Knobs(backward=knobs))
-    for p in (base, wide):
+    for p, knobs in ((base, {}), (wide, {}), (d64, {"block_m": 64})):
         with pytest.raises(ValueError, match="dq_rows"):
-            plan_backward(p, H200, Knobs(backward={"dq_rows": True}))
+            plan_backward(p, H200, Knobs(backward={"dq_rows": True, **knobs}))
     for knobs in ({"dq_slot": True}, {"lpt_heads": 16}, {"dq_rows": True}):
         with pytest.raises(ValueError, match="lpt_heads"):
             plan_backward(base, H200, Knobs(backward={"kernel": "triton", **knobs}))

@@ -322,9 +322,9 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     plan = dataclasses.replace(plan, **over)
     if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
         raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
-    if plan.dq_rows and p.D != 64:
-        raise ValueError(f"attention: dq_rows splits dQ by rows at D = 64 (D = 128 / 256 split it by columns); got "
-                         f"D = {p.D}")
+    if plan.dq_rows and (p.D != 64 or plan.block_m != 128):
+        raise ValueError(f"attention: dq_rows splits dQ's 128 query rows per step in two at D = 64 (D = 128 / 256 "
+                         f"split it by columns); got D = {p.D}, block_m = {plan.block_m}")
     if plan.dq_slot and not (plan.dq_tma and (p.D in (128, 256) or plan.dq_rows)):
         raise ValueError(f"attention: dq_slot reduces dQ by TMA (dq_tma) through the Q / dO slot, dQ split in two "
                          f"(D = 128 / 256, or dq_rows at D = 64); got D = {p.D}, {plan}")
