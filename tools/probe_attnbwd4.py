@@ -4,7 +4,8 @@ flash backwards:
 * ``dq_slot``: dQ's fp32 partial tile written into the tile's Q / dO ring slot once both warpgroups' matmuls have
   read it and added by one TMA reduce per warpgroup; the slot goes back to the producer one tile later. D = 256:
   the TMA reduce instead of 32 two-wide fp32 atomics per thread and tile; D = 128: no dQ tiles of their own
-  (32 KB), so a third ring slot fits (210 KB);
+  (32 KB), so a third ring slot fits (210 KB); and at D = 256 ``s1 tma``, one ring slot and dQ tiles of their own
+  (FlashAttention-3's D = 256 layout) for comparison;
 * ``lpt_heads``: programs launched longest first (every head's key block 0, then block 1, ...) within groups of
   that many heads, so the short programs of a causal band run last;
 * ``dq_rows`` (D = 64, 128 query rows per step): the warpgroups split dQ by rows, each forming 64 rows over all 128
@@ -56,6 +57,7 @@ VARIANTS = {
     "slot s3": ({"dq_slot": True, "num_stages": 3}, (128,)),
     "slot s3 lpt16": ({"dq_slot": True, "num_stages": 3, "lpt_heads": 16}, (128,)),
     "slot lpt16": ({"dq_tma": True, "dq_slot": True, "lpt_heads": 16}, (256,)),
+    "s1 tma": ({"dq_tma": True, "num_stages": 1}, (256,)),
     "rows": ({"dq_rows": True}, (64,)),
     "rows slot": ({"dq_rows": True, "dq_slot": True}, (64,)),
 }

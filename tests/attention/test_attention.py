@@ -790,10 +790,13 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
     assert (slot.kernel, slot.dq_tma, slot.dq_slot, slot.num_stages, slot.lpt_heads) == ("sm90", True, True, 3, 16)
     wide = dataclasses.replace(base, D=256)
     assert plan_backward(wide, H200, Knobs(backward={"dq_tma": True, "dq_slot": True})).dq_slot
+    assert plan_backward(wide, H200, Knobs(backward={"dq_tma": True, "num_stages": 1})).dq_tma
     d64 = dataclasses.replace(base, D=64)
     rows = plan_backward(d64, H200, Knobs(backward={"dq_rows": True, "dq_slot": True}))
     assert (rows.block_m, rows.dq_tma, rows.dq_rows, rows.dq_slot) == (128, True, True, True)
-    for p, knobs in ((wide, {"dq_tma": True}), (wide, {"dq_slot": True}), (d64, {"dq_slot": True}),
+    with pytest.raises(ValueError, match="num_stages = 1"):
+        plan_backward(wide, H200, Knobs(backward={"dq_tma": True}))
+    for p, knobs in ((wide, {"dq_slot": True}), (d64, {"dq_slot": True}),
                      (base, {"dq_slot": True, "dq_tma": False})):
         with pytest.raises(ValueError, match="dq_slot"):
             plan_backward(p, H200, Knobs(backward=knobs))
@@ -957,6 +960,7 @@ SM90_BWD_VARIANTS = [  # (D, knobs, options): 64 query rows at D = 64 and 3 slot
     (128, {"dq_slot": True, "num_stages": 3}, dict(window=(300, 20))),
     (256, {"dq_tma": True, "dq_slot": True}, dict(causal=True)),
     (256, {"dq_tma": True, "dq_slot": True, "lpt_heads": 3}, dict(window=(200, 30))),
+    (256, {"dq_tma": True, "num_stages": 1}, dict(causal=True)),
     (64, {"lpt_heads": 3}, dict(window=(300, -1))),
     (64, {"dq_rows": True}, dict(causal=True)),
     (64, {"dq_rows": True, "dq_slot": True}, dict(window=(300, 20))),

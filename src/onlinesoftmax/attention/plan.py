@@ -328,9 +328,9 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     if plan.dq_slot and not (plan.dq_tma and (p.D in (128, 256) or plan.dq_rows)):
         raise ValueError(f"attention: dq_slot reduces dQ by TMA (dq_tma) through the Q / dO slot, dQ split in two "
                          f"(D = 128 / 256, or dq_rows at D = 64); got D = {p.D}, {plan}")
-    if plan.kernel == "sm90" and p.D == 256 and plan.dq_tma and not plan.dq_slot:
-        raise ValueError("attention: the sm90 backward at D = 256 has no room for dQ tiles of their own: dq_tma "
-                         "needs dq_slot")
+    if plan.kernel == "sm90" and p.D == 256 and plan.dq_tma and not (plan.dq_slot or plan.num_stages == 1):
+        raise ValueError("attention: the sm90 backward at D = 256 has room for dQ tiles of their own beside one ring "
+                         "slot only: dq_tma needs dq_slot or num_stages = 1")
     return plan
 
 

@@ -280,11 +280,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
 
 
 @gluon.jit
-def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready, do_ready, empty,
-                      pd_ready, pd_empty, drained, dq_desc, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk,
-                      off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
+def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem, kv_bar, q_ready,
+                      do_ready, empty, pd_ready, pd_empty, drained, dq_desc, DQACC, dk_ptr, dv_ptr, row_base, slh,
+                      sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
                       WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DQ_SLOT: gl.constexpr):
+                      STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DQ_TMA: gl.constexpr,
+                      DQ_SLOT: gl.constexpr):
     """SPLIT_D (D = 256) consumer warpgroup WG: scores for keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's
     2·BLOCK_N, accumulators for head-dim columns [WG·D/2, +D/2) of all of them.
 
@@ -295,8 +296,9 @@ def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_sme
        between the warpgroups, ``pd_ready`` / ``pd_empty``); once both halves are in:
     3. dV[:, cols] += Pᵀ dO[:, cols], dK[:, cols] += dSᵀ Q[:, cols], dQ[:, cols] = dS K[:, cols] (wgmma reads dSᵀ
        transposed), each [2·BLOCK_N or BLOCK_M, D/2]: dK, dV 64 fp32 registers each, dQ 64, added with fp32
-       atomics (a dQ partial tile of its own does not fit beside the ring at D = 256), or with DQ_SLOT through the
-       drained Q / dO slot by a TMA reduce (``_dq_into_slot``)."""
+       atomics (a dQ partial tile of its own does not fit beside a two-slot ring at D = 256), or with DQ_SLOT
+       through the drained Q / dO slot by a TMA reduce (``_dq_into_slot``), or with DQ_TMA alone (one slot: room
+       for the tiles, FlashAttention-3's D = 256 layout) through dq_smem."""
     dtype: gl.constexpr = k_smem.dtype
     COLS: gl.constexpr = HEAD_DIM // 2
     k_w = k_smem.slice(WG * BLOCK_N, BLOCK_N)
@@ -354,13 +356,19 @@ def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_sme
         mbarrier.arrive(pd_empty.index(b), count=1)
         if DQ_SLOT:
             _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0, WG * COLS, BLOCK_M, COLS, WG)
+        elif DQ_TMA:
+            mbarrier.arrive(empty.index(s), count=1)
+            tma.store_wait(0)
+            dq_smem.store(dq)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [g, m0, WG * COLS], dq_smem.reshape(dq_desc.block_shape))
         else:
             mbarrier.arrive(empty.index(s), count=1)
             # rows past Sq have dS = 0: exact zeros added into the next rows or the buffer's padding (the offsets
             # formed here, not held across the loop: 64 more registers beside dK, dV and dQ's 192)
             gl.atomic_add(DQACC + rows * HEAD_DIM + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq,
                           sem="relaxed")
-    if DQ_SLOT:
+    if DQ_TMA:
         tma.store_wait(0)
 
     keys = n0 + gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
@@ -405,7 +413,8 @@ def attention_bwd_sm90_kernel(
     gl.static_assert(not DQ_ROWS or HEAD_DIM == 64, "DQ_ROWS: D = 64 (D = 128 splits dQ by columns)")
     SPLIT_DQ: gl.constexpr = HEAD_DIM == 128 or DQ_ROWS
     SPLIT_D: gl.constexpr = HEAD_DIM == 256
-    gl.static_assert(not (SPLIT_D and DQ_TMA) or DQ_SLOT, "D = 256: dQ's TMA reduce goes through the drained slot")
+    gl.static_assert(not (SPLIT_D and DQ_TMA) or DQ_SLOT or STAGES == 1,
+                     "D = 256: dQ's TMA reduce goes through the drained slot, or through tiles of its own beside one")
     gl.static_assert(not DQ_SLOT or (DQ_TMA and (SPLIT_DQ or SPLIT_D) and STAGES >= 2),
                      "DQ_SLOT: DQ_TMA with dQ split in two, and a second slot to fill while one drains")
     gl.static_assert(STAGE_ROWS or not SPLIT_D, "D = 256 reads lse / Δ staged by the producer")
@@ -500,16 +509,16 @@ def attention_bwd_sm90_kernel(
         # the partitions' arguments are spelled out: constexprs inside a tuple built here would become tensors
         if SPLIT_D:
             gl.warp_specialize([
-                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready,
-                                     do_ready, empty, ds_ready, ds_empty, drained, dq_desc, DQACC, dk_ptr, dv_ptr,
-                                     row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m,
-                                     n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT,
-                                     HAS_RIGHT, DQ_SLOT)),
-                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready,
-                                     do_ready, empty, ds_ready, ds_empty, drained, dq_desc, DQACC, dk_ptr, dv_ptr,
-                                     row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m,
-                                     n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT,
-                                     HAS_RIGHT, DQ_SLOT)),
+                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem0,
+                                     kv_bar, q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, DQACC,
+                                     dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo,
+                                     full_hi, n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                     HAS_LEFT, HAS_RIGHT, DQ_TMA, DQ_SLOT)),
+                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem1,
+                                     kv_bar, q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, DQACC,
+                                     dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo,
+                                     full_hi, n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                     HAS_LEFT, HAS_RIGHT, DQ_TMA, DQ_SLOT)),
                 (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA,
                              row_base, slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
