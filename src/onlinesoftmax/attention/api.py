@@ -649,11 +649,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     if backend == "torch":
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
     elif _decode_call(q, k, v):
-        from ..decode.api import attention_with_kvcache
+        from ..decode.api import attention_full_cache
 
-        seqlens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
-        o, lse = attention_with_kvcache(q, k, v, seqlens, causal=causal, scale=scale, window=window,
-                                        softcap=softcap, return_lse=True, backend="triton")
+        o, lse = attention_full_cache(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0,
+                                      return_lse)
     else:
         o, lse = _attention_fwd(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
@@ -661,8 +660,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
 
 def _decode_call(q, k, v) -> bool:
     """Eager calls that need no gradient, with few query rows over many keys (plan.decode_dispatch), run the split-KV
-    decode kernels (``onlinesoftmax.attention_with_kvcache`` over the whole of k and v). Under torch.compile or
-    autograd the attention op runs as before."""
+    decode kernels (``onlinesoftmax.attention_with_kvcache`` over the whole of k and v, without its argument checks,
+    which ``_prepare`` made). Under torch.compile or autograd the attention op runs as before."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                       or v.requires_grad)):
         return False
