@@ -14,7 +14,7 @@ import torch
 
 from .._checks import check_float_tensor
 from .._triton.host import cached
-from ..backend import functorch_active, resolve_backend
+from ..backend import functorch_active, raw_apply, resolve_backend
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_dispatch, plan_attention
 
@@ -501,14 +501,7 @@ class _EagerAttention(torch.autograd.Function):
     backward = staticmethod(_backward)
 
 
-def _raw_apply(fn):
-    """``fn.apply`` without its Python wrapper (default-argument binding, torch.func unwrapping: neither applies
-    to eager calls, which torch.func transforms never reach); ``fn.apply`` where torch does not expose it."""
-    apply = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
-    return apply.__get__(None, fn) if apply is not None else fn.apply
-
-
-_eager_attention = _raw_apply(_EagerAttention)
+_eager_attention = raw_apply(_EagerAttention)
 
 
 def _attention_fwd(q, k, v, causal, scale, left, right, softcap):
