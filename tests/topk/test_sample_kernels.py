@@ -347,3 +347,16 @@ def test_sample_knobs_are_checked():
     p = sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(draw="kernel", mass="fixed"))
     assert (p.draw, p.mass) == ("kernel", "fixed")
     assert (sample_plan(8, 1000, 4, H200, top_k=5).draw, sample_plan(8, 1000, 4, H200).mass) == ("torch", "fp32")
+
+
+@pytest.mark.parametrize("B", [1, 3, 4])
+def test_one_buffer_outputs(kernel_device, B):
+    """``one_buffer``: ids and logprobs are views of one allocation (logp 16-byte aligned), the same values."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    x = _logits(B, 40, device=kernel_device)
+    u = torch.rand(B, device=kernel_device)
+    a = sample(x, top_k=5, uniform=u, backend="triton", knobs=SampleKnobs(one_buffer=True))
+    b = sample(x, top_k=5, uniform=u, backend="triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[1].dtype == torch.float32
+    assert a[0].untyped_storage().data_ptr() == a[1].untyped_storage().data_ptr() and a[1].data_ptr() % 16 == 0

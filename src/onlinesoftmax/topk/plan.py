@@ -225,11 +225,14 @@ class SampleKnobs:
     a log-probability one ulp apart, or another id where u·W falls on a boundary); ``fixed`` adds int64 p·2^61,
     exact, so every layout gives the same bits (``fuse`` is bit-equal to the unfused step 1 with it).
 
-    ``draw``: see :func:`sample_draw_of`."""
+    ``draw``: see :func:`sample_draw_of`. ``one_buffer``: ids and log-probabilities as views of one allocation
+    (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
+    1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
 
     fuse: bool | None = None
     mass: str | None = None
     draw: str | None = None
+    one_buffer: bool | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -238,14 +241,14 @@ MASSES = ("fp32", "fixed")
 MASS = "fp32"                   # default of ``mass`` (to be measured with ``fuse``: tools/probe_sample.py)
 DRAWS = ("torch", "kernel")
 DRAW = "torch"                  # default of ``draw`` (to be measured: tools/probe_sample.py)
+ONE_BUFFER = False              # default of ``one_buffer`` (to be measured: tools/probe_sample.py)
 
 
 def sample_draw_of(knobs: SampleKnobs) -> str:
     """Where the uniforms come from: ``torch`` (``torch.rand`` with the generator, a launch of its own) or
     ``kernel`` (Philox in the sampling kernel, seed and offset read from the generator on the host; eager calls on
     CUDA only: a call being captured into a CUDA graph still draws with ``torch.rand``, whose offset the graph
-    advances on every replay). Also the outputs: ``kernel`` allocates ids and log-probabilities as views of one
-    buffer."""
+    advances on every replay). """
     draw = DRAW if knobs.draw is None else knobs.draw
     if draw not in DRAWS:
         raise ValueError(f"SampleKnobs: draw must be one of {DRAWS}, got {draw!r}")
@@ -265,6 +268,7 @@ class SamplePlan:
     fuse: bool = False          # step 1 in the last merge's epilogue (row_chunks == 0 only)
     mass: str = MASS            # step 1's sums of p: "fp32", or "fixed" (int64 p·2^61: the same bits in any layout)
     draw: str = DRAW            # the uniforms: "torch" (torch.rand) or "kernel" (Philox in step 1, eager calls)
+    one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -280,9 +284,11 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     if mass not in MASSES:
         raise ValueError(f"SampleKnobs: mass must be one of {MASSES}, got {mass!r}")
     draw = sample_draw_of(knobs)
+    one = ONE_BUFFER if knobs.one_buffer is None else knobs.one_buffer
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
     if greedy or top_k is not None or K == V:
-        return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw)
-    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw)
+        return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
+                          one_buffer=one)
+    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one)

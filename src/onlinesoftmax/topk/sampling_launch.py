@@ -8,8 +8,8 @@ pass every pointer as an int (``data_ptr()``) straight to the compiled kernels' 
 then neither calls ``data_ptr`` nor queries the driver for the pointer's attributes. Per call: the output
 allocations, the launches, and nothing else (no plan hashing, no workspace look-up, no tensor for a Python
 parameter, no view of scratch). With ``SampleKnobs(draw="kernel")`` an eager call also skips ``torch.rand`` (the
-kernels draw u by Philox from the generator's seed and offset: four ints) and allocates its two outputs as views
-of one buffer.
+kernels draw u by Philox from the generator's seed and offset: four ints); with ``one_buffer`` it allocates its
+two outputs as views of one buffer.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class SampleCall:
     def __init__(self, plan: SamplePlan, B: int, V: int, stride_b: int, stride_v: int, t_mode: int,
                  device: torch.device, dtype: torch.dtype, philox: bool = False):
         self.plan, self.B, self.V, self.strides, self.device = plan, B, V, (stride_b, stride_v), device
-        self.one = plan.draw == "kernel"            # ids and logp as views of one buffer
+        self.one = plan.one_buffer                  # ids and logp as views of one buffer
         K, cfg, C = plan.k, plan.topk, plan.row_chunks
         head = (stride_b, stride_v, V)
         top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode)
