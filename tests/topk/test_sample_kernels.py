@@ -286,6 +286,37 @@ def test_kernel_draw_is_philox_of_the_generator_words(kernel_device, kw, fuse):
     check_draws(x, u, backend="triton", knobs=knobs, **kw)
 
 
+class _CudaGenerator:
+    """Stands in for a CUDA ``torch.Generator`` (none on a CPU host): ``torch.Generator(device="cuda")`` has the
+    device ``cuda``, no index."""
+
+    def __init__(self, seed: int, offset: int, device: str = "cuda"):
+        self.seed, self.offset, self.device = seed, offset, torch.device(device)
+
+    def initial_seed(self) -> int:
+        return self.seed
+
+    def get_offset(self) -> int:
+        return self.offset
+
+    def set_offset(self, offset: int) -> None:
+        self.offset = offset
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
+def test_kernel_draw_takes_any_cuda_generator(device):
+    """The kernel draw's words come from a CUDA generator of any index, as torch's kernels take it (they check the
+    device type only): the H200 bug compared whole devices, sent ``torch.Generator(device="cuda")`` (device
+    ``cuda`` != the logits' ``cuda:0``) to a one-element ``torch.rand`` that the kernels read as every row's u (rows
+    past 0 past its end: ids skewed low, χ² z 5e5). A CPU generator gets None (the caller's ``torch.rand`` raises)."""
+    from onlinesoftmax.topk.sampling import _philox_state, philox_words
+
+    g = _CudaGenerator(1234, 28, device)
+    assert _philox_state(g, torch.device("cuda", 0)) == philox_words(1234, 28) and g.offset == 32
+    assert philox_words(1234, 28) == (1234, 0, 7, 0)
+    assert _philox_state(torch.Generator().manual_seed(3), torch.device("cuda", 0)) is None
+
+
 def test_fixed_mass_sums_do_not_depend_on_the_layout():
     """Why ``fuse`` with fp32 masses differs from the unfused step 1 (a one-ulp logprob, or an id at a boundary):
     the same kept p summed in the orders of two layouts (one warp over 64 slots, 2 per thread; 8 warps over 128

@@ -148,11 +148,13 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
         if not isinstance(t, torch.Tensor) and t == 0:
             u = None
-        elif (which == "triton" and B > 0 and dev.type == "cuda" and sample_draw_of(knobs) == "kernel"
-              and not torch._C._cuda_isCurrentStreamCapturing()):
-            u = _philox_state(generator, dev)
         else:
-            u = torch.rand(B, device=dev, generator=generator)
+            u = None
+            if (which == "triton" and B > 0 and dev.type == "cuda" and sample_draw_of(knobs) == "kernel"
+                    and not torch._C._cuda_isCurrentStreamCapturing()):
+                u = _philox_state(generator, dev)
+            if u is None:
+                u = torch.rand(B, device=dev, generator=generator)
     else:
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
     if which == "triton" and B > 0:
@@ -192,13 +194,18 @@ def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend
                        knobs=knobs or NO_SAMPLE_KNOBS)
 
 
-def _philox_state(generator, dev: torch.device):
+def _philox_state(generator, dev: torch.device) -> tuple | None:
     """The kernels' Philox key and counter words from ``generator`` (None: the device's default CUDA generator),
-    whose offset then advances by 4 (one counter per row: row r draws from subsequence r at that offset); a
-    generator of another device gets ``torch.rand``'s error."""
+    whose offset then advances by 4 (one counter per row: row r draws from subsequence r at that offset); None for
+    a generator that is not a CUDA one (the caller's ``torch.rand`` then raises torch's error).
+
+    Only the device *type* is compared, as torch's own kernels do: ``torch.Generator(device="cuda")`` has the device
+    ``cuda`` (no index), which is not equal to the logits' ``cuda:0``, and torch draws with it on any CUDA device.
+    (Comparing whole devices once sent such a generator to a one-element ``torch.rand``, whose tensor the kernels
+    then read as every row's u: rows past 0 read past its end, ids skewed on the H200.)"""
     gen = generator if generator is not None else torch.cuda.default_generators[dev.index]
-    if gen.device != dev:
-        return torch.rand(1, device=dev, generator=gen)
+    if gen.device.type != dev.type:
+        return None
     offset = gen.get_offset()
     gen.set_offset(offset + 4)
     return philox_words(gen.initial_seed(), offset)
