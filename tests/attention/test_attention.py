@@ -628,10 +628,62 @@ def test_sm90_persistent_options_need_the_persistent_grid():
 
     p = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
     for opt in ("pairs", "o_direct"):
-        plan = plan_forward(p, H200, Knobs(forward={"kernel": "sm90", "programs": -1, opt: True}))
+        plan = plan_forward(p, H200, Knobs(forward={"kernel": "sm90", "programs": -1, "num_stages": 2, opt: True}))
         assert getattr(plan, opt) and plan.programs == H200.sm_count
         with pytest.raises(ValueError, match="persistent"):
             plan_forward(p, H200, Knobs(forward={"kernel": "sm90", opt: True}))
+
+
+def test_sm90_persistent_grid_fits_its_shared_memory():
+    """The persistent forward's tiles (q, O's staging buffer unless o_direct, the ring) fit in 227 KB or the plan
+    raises: D = 256 runs there only with o_direct (q 64 KB + two slots of k, v 128 KB; O's 64 KB more would not
+    fit), D = 128 banded takes its per-tile third slot only with o_direct; the defaults fit."""
+    from onlinesoftmax.attention.plan import SM90_SHARED, SM90_WS_FORWARD, Problem, plan_forward, sm90_persistent_shared
+
+    wide = Problem(2, 16, 16, 4096, 4096, 256, "bfloat16", True, (-1, 0), tma=True)
+    pers = {"kernel": "sm90", "programs": -1}
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_forward(wide, H200, Knobs(forward=pers))
+    for extra in ({}, {"fold": True}, {"pairs": True}, {"fold": True, "pairs": True}):
+        plan = plan_forward(wide, H200, Knobs(forward=dict(pers, o_direct=True, **extra)))
+        assert (plan.block_n, plan.num_stages, plan.programs, plan.o_direct) == (64, 2, H200.sm_count, True)
+        assert sm90_persistent_shared(256, plan) == 196608          # the kernel compiles to 196984 with its barriers
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_forward(wide, H200, Knobs(forward=dict(pers, o_direct=True, num_stages=3)))
+    d128 = dataclasses.replace(wide, D=128)
+    with pytest.raises(ValueError, match="shared memory"):                      # three slots beside O's buffer
+        plan_forward(d128, H200, Knobs(forward=pers))
+    assert plan_forward(d128, H200, Knobs(forward=dict(pers, o_direct=True))).num_stages == 3
+    for D in SM90_WS_FORWARD:
+        for causal in (False, True):
+            p = dataclasses.replace(wide, D=D, causal=causal, window=(-1, 0) if causal else (-1, -1))
+            plan = plan_forward(p, H200)
+            assert not plan.programs or sm90_persistent_shared(D, plan) < SM90_SHARED, (D, causal, plan)
+    assert plan_forward(wide, H200).programs == 0                               # D = 256's default: per tile
+
+
+def test_sm90_persistent_launch_at_d256():
+    """D = 256 on the persistent grid (o_direct; fold, pairs by knob): 64-key boxes of k and v, O from registers,
+    causal in pairs of query blocks; one program per SM, at most one per work unit."""
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import Problem, plan_forward
+
+    strides = (1,) * 18
+    for causal, B, S in ((False, 2, 4096), (True, 2, 4096), (True, 4, 2048)):
+        p = Problem(B, 16, 16, S, S, 256, "bfloat16", causal, (-1, 0) if causal else (-1, -1), tma=True)
+        plan = plan_forward(p, H200, Knobs(forward=dict(kernel="sm90", programs=-1, o_direct=True, fold=True,
+                                                        pairs=causal)))
+        bk = api._caches()[0](p, plan, strides)
+        assert bk.fn.__name__ == "attention_fwd_sm90_persistent_kernel"
+        assert (bk.meta["HEAD_DIM"], bk.meta["BLOCK_N"], bk.meta["STAGES"]) == (256, 64, 2), bk.meta
+        assert (bk.meta["O_DIRECT"], bk.meta["FOLD"], bk.meta["PAIRS"], bk.meta["REVERSE"]) == (
+            True, True, causal, causal), bk.meta
+        assert bk.grid == (H200.sm_count,)
+        n_m = S // 128
+        assert api.persistent_units(n_m, B * 16, causal) == (n_m // 2 if causal else n_m) * B * 16
+    small = Problem(1, 1, 1, 300, 300, 256, "bfloat16", True, (-1, 0), tma=True)      # 3 query blocks
+    plan = plan_forward(small, H200, Knobs(forward=dict(kernel="sm90", programs=-1, o_direct=True, pairs=True)))
+    assert api._caches()[0](small, plan, strides).grid == (2,)
 
 
 def test_tma_eligibility_of_tensors():
@@ -657,7 +709,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_kernel as fn
 out = []
 for D, BN, ST, flags in ((128, 128, 2, {}), (128, 128, 3, dict(HAS_RIGHT=True, REVERSE=True, SOFTCAP=True)),
-                         (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True)), (64, 128, 4, dict(FOLD=True)),
+                         (256, 64, 2, dict(VARLEN=True, HAS_LEFT=True)), (256, 64, 2, dict(FOLD=True)),
+                         (256, 64, 2, dict(FOLD=True, HAS_RIGHT=True, REVERSE=True)), (64, 128, 4, dict(FOLD=True)),
                          (64, 256, 2, dict(FOLD=True, OVERLAP=False, HAS_RIGHT=True))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=BN, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
                  REVERSE=False, VARLEN=False, OVERLAP=True, FOLD=False)
@@ -675,15 +728,18 @@ from onlinesoftmax.attention.kernels.fwd_sm90 import attention_fwd_sm90_persiste
 for D, ST, flags in ((64, 4, dict(HAS_RIGHT=True, REVERSE=True)), (128, 2, dict(HAS_LEFT=True, SOFTCAP=True)),
                      (64, 5, dict(HAS_RIGHT=True, REVERSE=True, PAIRS=True, O_DIRECT=True)),
                      (64, 4, dict(HAS_RIGHT=True, REVERSE=True, PAIRS=True)),        # the causal defaults
-                     (128, 2, dict(HAS_RIGHT=True, REVERSE=True, PAIRS=True))):
-    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=128, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
+                     (128, 2, dict(HAS_RIGHT=True, REVERSE=True, PAIRS=True)),
+                     (256, 2, dict(O_DIRECT=True)),                        # D = 256 by knob: O from registers
+                     (256, 2, dict(O_DIRECT=True, HAS_RIGHT=True, REVERSE=True, PAIRS=True))):
+    BN = 64 if D == 256 else 128
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=BN, STAGES=ST, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False,
                  REVERSE=False, OVERLAP=True, FOLD=True, PAIRS=False, O_DIRECT=False)
     const.update(flags)
     def desc(rows):
         lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gl.bfloat16)
         return f"tensordesc<bf16[1, 1, {rows}, {D}],{lay!r}>"
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in pfn.params}
-    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(128), v_desc=desc(128), O="*bf16", LSE="*fp32",
+    sig.update(q_desc=desc(64), o_desc=desc(64), k_desc=desc(BN), v_desc=desc(BN), O="*bf16", LSE="*fp32",
                qk_scale="fp32", cap_in="fp32", cap_out="fp32")
     k = compile(GluonASTSource(pfn, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     (_, stack, _), sass = cubin_report(k)
@@ -711,10 +767,11 @@ def test_sm90_forward_compiles_without_spills():
     assert res.returncode == 0, res.stderr[-2000:]
     for r in json.loads(res.stdout.strip().splitlines()[-1]):
         print(r)
-        # causal D = 128 on the persistent grid keeps a few scalars on the stack (8 bytes, 32 with pairs: the
-        # accumulators stay in registers; it measured faster than without pairs, tools/probe_fwd2.py)
-        banded128 = r["D"] == 128 and r.get("persistent") and r.get("banded")
-        assert r["stack"] <= (32 if banded128 else 0) and r["hgmma"] > 0 and r["shared"] <= 232448, r
+        # causal D = 128 / 256 on the persistent grid keeps a few scalars on the stack (D = 128: 8 bytes, 32 with
+        # pairs; D = 256 with pairs: 16): the accumulators stay in registers; at D = 128 it measured faster than
+        # without pairs, tools/probe_fwd2.py
+        banded = r["D"] in (128, 256) and r.get("persistent") and r.get("banded")
+        assert r["stack"] <= (32 if banded else 0) and r["hgmma"] > 0 and r["shared"] <= 232448, r
         assert "240" in r["setmaxnreg"], r
 
 

@@ -69,7 +69,8 @@ class ForwardPlan:
                             # one head (under a causal mask their key ranges sum to n_m + 1 key tiles: the
                             # round-robin over programs is balanced; head-major, longest first, without)
     o_direct: bool = False  # persistent grid: O stored from registers, no staging buffer (at D = 128 its 32 KB
-                            # make room for a third ring slot: 224 KB)
+                            # make room for a third ring slot: 224 KB; at D = 256 the grid needs it, q 64 KB and
+                            # two ring slots 128 KB leave no room for O's 64 KB)
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,17 @@ SM90_WS_PERSISTENT_BANDED_SK = 8192  # causal / windowed D = 128 past this many 
                                      # TFLOP/s, persistent with pairs 581, cuDNN 594)
 
 
+SM90_SHARED = 232448               # bytes of shared memory one Hopper program may take (227 KB)
+SM90_BARRIERS = 1024               # room left beside the tiles for the ring's and the queries' mbarriers
+
+
+def sm90_persistent_shared(D: int, plan: ForwardPlan) -> int:
+    """Bytes of the persistent kernel's 16-bit tiles: q (block_m × D), O's staging buffer as much unless
+    o_direct, the ring's k and v tiles (2 × slots × block_n × D)."""
+    rows = plan.block_m * (1 if plan.o_direct else 2)
+    return 2 * D * (rows + 2 * plan.num_stages * plan.block_n)
+
+
 def sm90_ws_eligible(p: Problem) -> bool:
     """The Gluon kernel can run: 16-bit inputs that TMA can copy, a head dim it has a table row for."""
     return p.tma and p.dtype in ("float16", "bfloat16") and p.D in SM90_WS_FORWARD
@@ -235,6 +247,10 @@ def plan_forward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> ForwardP
     if (plan.pairs or plan.o_direct) and not plan.programs:
         raise ValueError("attention: pairs / o_direct are options of the persistent forward grid (programs != 0); "
                          f"got {plan}")
+    if plan.programs and sm90_persistent_shared(p.D, plan) > SM90_SHARED - SM90_BARRIERS:
+        raise ValueError(f"attention: the persistent forward's tiles take {sm90_persistent_shared(p.D, plan)} bytes "
+                         f"of shared memory at D = {p.D}, more than {SM90_SHARED - SM90_BARRIERS}: fewer ring slots "
+                         f"(num_stages) or o_direct (O from registers, no staging buffer); got {plan}")
     return plan
 
 
