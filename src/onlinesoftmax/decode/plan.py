@@ -66,8 +66,8 @@ class Tiles:
 # at 0.94-0.99x the GB/s of a uniform batch of the same keys (B 8 / 32 / 64, H 32/32 and 32/8) against 0.77-0.84x
 # for the per-sequence splits, and within 1.4 % of them at full lengths.
 # Paged caches of 8 or more sequences run the balanced schedule too, with 3 programs of 4 warps per SM over 3 stages
-# (tools/probe_decode2.py at b4fb837, page 16): lengths drawn from 1 to S at 1.30-1.73x the per-sequence splits'
-# GB/s (B 8 / 32 / 64, H 32/32 and 32/8; 0.99-1.00x a uniform batch of the same keys), 0.94-1.03x them at full
+# (tools/probe_decode2.py at b4fb837, page 16): lengths drawn from 1 to S at 1.03-1.73x the per-sequence splits'
+# GB/s (B 8 / 32 / 64, H 32/32 and 32/8; 0.95-1.00x a uniform batch of the same keys), 0.96-1.01x them at full
 # lengths (page 256: 0.96-0.99x). One sequence keeps the per-sequence splits (nothing to balance: 0.65x at 128K).
 SM90 = Tiles(block_n=64, num_stages=4, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
 SM90_PAGED_BALANCED = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=4, ahead=2,

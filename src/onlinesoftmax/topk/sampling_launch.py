@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 
 from .._triton.launch import BoundKernel, cached, current_device, current_stream, hooks_installed, pow2, stream_scratch
-from ..backend import interpret_mode
 from ..target import target_of
+from .launch import Slot, final_meta, raw_launches, workspaces
 from .launch import _launches as topk_launches
-from .launch import final_meta, workspaces
 from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
 
@@ -193,26 +192,15 @@ class SampleCall:
                                                               _SLOTS[16:])):
             full = [*head[:3], None, *head[3:], *a, *tail]
             lanes.append((launch, full, tuple((i, _SLOTS.index(v)) for i, v in enumerate(full)
-                                              if isinstance(v, _Slot))))
+                                              if isinstance(v, Slot))))
         self.ws = views                                  # held: the pointers in the lanes stay valid
         self.lanes = tuple(lanes)
 
 
-class _Slot:
-    """A per-call argument's place in a bound lane (compared by identity)."""
-
-    __slots__ = ()
-
-
 # x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p, then the Philox key and counter
 # words (s0, s1, c0, c1): the order of a call's values
-_SLOTS = tuple(_Slot() for _ in range(20))
+_SLOTS = tuple(Slot() for _ in range(20))
 _NO_RNG = (0, 0, 0, 0)
-
-
-def raw_launches(device: torch.device) -> bool:
-    """Whether calls on ``device`` may go straight to the compiled kernels' C launchers (CUDA, no interpreter)."""
-    return device.type == "cuda" and not interpret_mode()
 
 
 def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: SampleKnobs, stream,
