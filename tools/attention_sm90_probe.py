@@ -16,6 +16,7 @@ import time
 import traceback
 
 import torch
+from probe_util import rel
 from triton.testing import do_bench
 
 from onlinesoftmax.attention import api
@@ -79,16 +80,6 @@ def ref_varlen(q, k, v, cu_q, cu_k, scale, causal, window, softcap):
     return torch.cat(os_), torch.cat(ls, 1)
 
 
-def err(a, b):
-    a, b = a.float(), b.float()
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
-        return float("inf")
-    if not fin.any():
-        return 0.0
-    return ((a[fin] - b[fin]).abs().max() / b[fin].abs().max().clamp_min(1e-6)).item()
-
-
 CASES = [  # name, B, H, Hkv, Sq, Sk, D, causal, window, softcap, dtype, layout
     ("nc 300", 2, 4, 4, 300, 300, 128, False, (-1, -1), None, torch.bfloat16, "bhsd"),
     ("causal gqa4 257", 2, 8, 2, 257, 257, 128, True, (-1, -1), None, torch.bfloat16, "bhsd"),
@@ -128,7 +119,7 @@ def check_all(variants):
             ro, rl = ref_dense(q, k, v, scale, causal, window, softcap)
             poison()
             oo, ol = run(q, k, v, p, old, scale, softcap)
-            row = {"case": name, "plan": plan.kernel, "old_o": err(oo, ro), "old_lse": err(ol, rl)}
+            row = {"case": name, "plan": plan.kernel, "old_o": rel(oo, ro), "old_lse": rel(ol, rl)}
             base = ForwardPlan("sm90", 128, 128 if D <= 128 else 64, 4, 2)
             for vname, kn in variants.items():
                 vp = dataclasses.replace(base, **kn)
@@ -136,7 +127,7 @@ def check_all(variants):
                     poison()
                     o, lse = run(q, k, v, p, vp, scale, softcap)
                     torch.cuda.synchronize()
-                    row[vname] = (err(o, ro), err(lse, rl))
+                    row[vname] = (rel(o, ro), rel(lse, rl))
                 except Exception as e:  # noqa: BLE001
                     row[vname] = repr(e)[:120]
             rows.append(row)
@@ -159,14 +150,14 @@ def check_all(variants):
             ro, rl = ref_varlen(q, k, v, cu_q, cu_k, D ** -0.5, causal, (-1, -1), None)
             poison()
             oo, ol = run(q, k, v, p, old, D ** -0.5, None, (cu_q, cu_k))
-            row = {"case": f"varlen causal={causal}", "plan": plan.kernel, "old_o": err(oo, ro),
-                   "old_lse": err(ol, rl)}
+            row = {"case": f"varlen causal={causal}", "plan": plan.kernel, "old_o": rel(oo, ro),
+                   "old_lse": rel(ol, rl)}
             for vname, kn in variants.items():
                 vp = dataclasses.replace(ForwardPlan("sm90", 128, 128, 4, 2), **kn)
                 poison()
                 o, lse = run(q, k, v, p, vp, D ** -0.5, None, (cu_q, cu_k))
                 torch.cuda.synchronize()
-                row[vname] = (err(o, ro), err(lse, rl))
+                row[vname] = (rel(o, ro), rel(lse, rl))
             rows.append(row)
     except Exception as e:  # noqa: BLE001
         rows.append({"case": "varlen", "error": repr(e)[:300]})
@@ -218,7 +209,7 @@ def time_all(variants, quick, budget=1e9):
                     o = o[0] if isinstance(o, tuple) else o
                     if ref is None:
                         ref = o.float()
-                    e = err(o, ref)
+                    e = rel(o, ref)
                     ms = do_bench(fn, warmup=25, rep=100 if quick else 200, return_mode="median")
                     row[name] = round(flops / ms / 1e9, 1)
                     if e > 2e-2:

@@ -26,7 +26,8 @@ import math
 import os
 import sys
 import time
-import traceback
+
+from probe_util import err_line, poisoned, rel_norm
 
 T0 = time.time()
 BUDGET_S = 135          # stop timing past this (the whole run must end within 150 s)
@@ -159,28 +160,6 @@ def varlen_case(name, H, Hkv, D, kw, seed):
     return got, want
 
 
-def err_head(e: BaseException) -> str:
-    lines = [ln for ln in traceback.format_exception_only(type(e), e)[-1].splitlines() if ln.strip()]
-    return " | ".join(lines[:3])[:300]
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
-def poisoned(fn, shapes):
-    """fn() after NaN-filled blocks of the outputs' sizes went back to the caching allocator (its torch.empty
-    outputs reuse them); raises if any output has a NaN / inf."""
-    import torch
-    junk = [torch.full(s, float("nan"), device="cuda", dtype=dt) for s, dt in shapes]
-    del junk
-    out = fn()
-    for n, t in zip(("dq", "dk", "dv"), out):
-        if not torch.isfinite(t).all():
-            raise RuntimeError(f"{n} has NaN / inf (unwritten or wrong)")
-    return out
-
-
 # ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
 def compile_only():
     os.environ.pop("TRITON_INTERPRET", None)
@@ -215,7 +194,7 @@ def compile_only():
             try:
                 backward(name, q, k, v, do, o, lse, causal)
             except Exception as e:
-                print(f"{name:18} D={D} causal={causal!s:5}: {err_head(e)}", flush=True)
+                print(f"{name:18} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
                 continue
             for fn, args, meta in recorded:
                 sig, const, attrs = {}, {}, {}
@@ -254,7 +233,7 @@ def compile_only():
                     regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
                     out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB"
                 except Exception as e:
-                    out = f"FAILED {err_head(e)}"
+                    out = f"FAILED {err_line(e)}"
                 print(f"{name:18} D={D:3} causal={causal!s:5} {fn.__name__:28} {out}", flush=True)
 
 
@@ -278,14 +257,14 @@ def _warm(name):
                     backward(name, q, k, v, do, o, lse, causal, window)
                 torch.cuda.synchronize()
             except Exception as e:
-                errors.append(f"D={D} {(Sq, Sk, causal, window)}: {err_head(e)}")
+                errors.append(f"D={D} {(Sq, Sk, causal, window)}: {err_line(e)}")
         if name != "forward":
             for ci, (H, Hkv, kw) in enumerate(VARLEN_CASES):
                 try:
                     varlen_case(name, H, Hkv, D, kw, ci)
                     torch.cuda.synchronize()
                 except Exception as e:
-                    errors.append(f"varlen D={D} {kw}: {err_head(e)}")
+                    errors.append(f"varlen D={D} {kw}: {err_line(e)}")
     return name, time.time() - t0, errors
 
 
@@ -311,7 +290,7 @@ def device_run(out_dir):
             try:
                 name, secs, errors = it.next(timeout=max(1.0, deadline - time.time()))
             except Exception as e:
-                print(f"warm-up incomplete: {err_head(e)}", flush=True)
+                print(f"warm-up incomplete: {err_line(e)}", flush=True)
                 break
             report["warm"][name] = dict(s=round(secs, 1), errors=errors)
             if errors and name != "forward":
@@ -334,15 +313,15 @@ def device_run(out_dir):
     def record(key, name, fn):
         try:
             got, want = fn()
-            errs = [rel(x, y) for x, y in zip(got, want)]
+            errs = [rel_norm(x, y) for x, y in zip(got, want)]
             report["check"][key] = errs
             if max(errs) > 2e-2:
                 bad.add(name)
                 print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
         except Exception as e:
             bad.add(name)
-            report["check"][key] = err_head(e)
-            print(f"FAILED {key}: {err_head(e)}", flush=True)
+            report["check"][key] = err_line(e)
+            print(f"FAILED {key}: {err_line(e)}", flush=True)
 
     for D in (64, 256):
         for ci, (B, H, Hkv, Sq, Sk, causal, window) in enumerate(CHECKS):
@@ -385,7 +364,7 @@ def device_run(out_dir):
                 f()
                 row["ms"][pname] = do_bench(f, rep=100, return_mode="median")
             except Exception as e:
-                row["err"][pname] = err_head(e)
+                row["err"][pname] = err_line(e)
             og = qg = kg = vg = f = None
         for name in VARIANTS:
             if name in bad or not runs(name, D) or time.time() - T0 > BUDGET_S:
@@ -398,7 +377,7 @@ def device_run(out_dir):
                 if base is None:
                     base = g
                 else:
-                    e = max(rel(x, y) for x, y in zip(g, base))
+                    e = max(rel_norm(x, y) for x, y in zip(g, base))
                     row["err"][name] = e
                     if e > 1e-2:
                         raise RuntimeError(f"differs from the default by {e:.2e}")
@@ -406,8 +385,8 @@ def device_run(out_dir):
                 row["ms"][name] = do_bench(lambda: backward(name, q, k, v, do, o, lse, causal), rep=100,
                                            return_mode="median")
             except Exception as e:
-                row["err"][name] = err_head(e)
-                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_head(e)}", flush=True)
+                row["err"][name] = err_line(e)
+                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_line(e)}", flush=True)
         row["tflops"] = {n: fl / ms / 1e9 for n, ms in row["ms"].items()}
         report["rows"].append(row)
         print(f"[{time.time() - T0:5.1f} s] {row['shape']} causal={causal}: "

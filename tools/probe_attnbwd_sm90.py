@@ -25,7 +25,8 @@ import math
 import os
 import sys
 import time
-import traceback
+
+from probe_util import err_line, poisoned, rel_norm
 
 T0 = time.time()
 BUDGET_S = 135          # stop timing past this (the whole run must end within 150 s)
@@ -125,11 +126,6 @@ def varlen_case(knobs, H, Hkv, D, kw, seed):
     return got, want
 
 
-def err_head(e: BaseException) -> str:
-    lines = [ln for ln in traceback.format_exception_only(type(e), e)[-1].splitlines() if ln.strip()]
-    return " | ".join(lines[:3])[:300]
-
-
 # ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
 def compile_only():
     os.environ.pop("TRITON_INTERPRET", None)
@@ -162,7 +158,7 @@ def compile_only():
             try:
                 backward(knobs, q, k, v, do, o, lse, causal)
             except Exception as e:
-                print(f"{name:8} D={D} causal={causal!s:5}: {err_head(e)}", flush=True)
+                print(f"{name:8} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
                 continue
             for fn, args, meta in recorded:
                 sig, const, attrs = {}, {}, {}
@@ -204,7 +200,7 @@ def compile_only():
                                                  c.asm["ptx"])))
                     out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB {' '.join(atom)}"
                 except Exception as e:
-                    out = f"FAILED {err_head(e)}"
+                    out = f"FAILED {err_line(e)}"
                 print(f"{name:13} H{H}/{Hkv} D={D:3} causal={causal!s:5} {fn.__name__:30} {out}", flush=True)
 
 
@@ -227,14 +223,14 @@ def _warm(job):
                 backward(knobs, q, k, v, do, o, lse, causal)
             torch.cuda.synchronize()
         except Exception as e:
-            errors.append(f"D={D} causal={causal}: {err_head(e)}")
+            errors.append(f"D={D} causal={causal}: {err_line(e)}")
     if name != "forward":
         for ci, (H, Hkv, D, kw) in enumerate(VARLEN_CASES):
             try:
                 varlen_case(knobs, H, Hkv, D, kw, ci)
                 torch.cuda.synchronize()
             except Exception as e:
-                errors.append(f"varlen D={D} {kw}: {err_head(e)}")
+                errors.append(f"varlen D={D} {kw}: {err_line(e)}")
     return name, time.time() - t0, errors
 
 
@@ -259,23 +255,6 @@ def ref_backward(q, k, v, do, causal, window=None):
     s = s.masked_fill(~keep, -math.inf)
     o = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(g, 1)
     return o.to(q.dtype), torch.autograd.grad(o, (qf, kf, vf), do.float())
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
-def poisoned(fn, shapes):
-    """fn() after NaN-filled blocks of the outputs' sizes went back to the caching allocator (its torch.empty
-    outputs reuse them); raises if any output has a NaN / inf."""
-    import torch
-    junk = [torch.full(s, float("nan"), device="cuda", dtype=dt) for s, dt in shapes]
-    del junk
-    out = fn()
-    for name, t in zip(("dq", "dk", "dv"), out):
-        if not torch.isfinite(t).all():
-            raise RuntimeError(f"{name} has NaN / inf (unwritten or wrong)")
-    return out
 
 
 def device_run(out_dir):
@@ -303,7 +282,7 @@ def device_run(out_dir):
             try:
                 name, secs, errors = it.next(timeout=max(1.0, deadline - time.time()))
             except Exception as e:
-                print(f"warm-up incomplete: {err_head(e)}", flush=True)
+                print(f"warm-up incomplete: {err_line(e)}", flush=True)
                 break
             report["warm"][name] = dict(s=round(secs, 1), errors=errors)
             if errors and name != "forward":
@@ -327,15 +306,15 @@ def device_run(out_dir):
     def record(key, name, fn):
         try:
             got, want = fn()
-            errs = [rel(x, y) for x, y in zip(got, want)]
+            errs = [rel_norm(x, y) for x, y in zip(got, want)]
             report["check"][key] = errs
             if max(errs) > 2e-2:
                 bad.add(name)
                 print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
         except Exception as e:
             bad.add(name)
-            report["check"][key] = err_head(e)
-            print(f"FAILED {key}: {err_head(e)}", flush=True)
+            report["check"][key] = err_line(e)
+            print(f"FAILED {key}: {err_line(e)}", flush=True)
 
     for B, H, Hkv, S, D, causal in groups():
         q, k, v, do = inputs(B, H, Hkv, S, D, "cuda", seed=1 + D + causal + Hkv)
@@ -377,7 +356,7 @@ def device_run(out_dir):
                 f()
                 row["ms"][pname] = do_bench(f, rep=100, return_mode="median")
             except Exception as e:
-                row["err"][pname] = err_head(e)
+                row["err"][pname] = err_line(e)
             og = qg = kg = vg = f = None
         for name, knobs in VARIANTS.items():
             if name in bad or time.time() - T0 > BUDGET_S:
@@ -388,7 +367,7 @@ def device_run(out_dir):
                 if base is None:
                     base = g
                 else:
-                    e = max(rel(x, y) for x, y in zip(g, base))
+                    e = max(rel_norm(x, y) for x, y in zip(g, base))
                     row["err"][name] = e
                     if e > 1e-2:
                         raise RuntimeError(f"differs from the default by {e:.2e}")
@@ -412,8 +391,8 @@ def device_run(out_dir):
                          do_bench(lambda c=c: c[0](c[1], c[2], c[3]), rep=40, return_mode="median"))
                         for c in calls]
             except Exception as e:
-                row["err"][name] = err_head(e)
-                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_head(e)}", flush=True)
+                row["err"][name] = err_line(e)
+                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_line(e)}", flush=True)
         row["tflops"] = {n: fl / ms / 1e9 for n, ms in row["ms"].items()}
         report["rows"].append(row)
         print(f"[{time.time() - T0:5.1f} s] {row['shape']} causal={causal}: "

@@ -24,6 +24,8 @@ import os
 import time
 import traceback
 
+from probe_util import err_head, rel
+
 T0 = time.time()
 D128, D64 = (128,), (64,)
 PERS = {"kernel": "sm90", "programs": -1, "fold": True}
@@ -55,22 +57,6 @@ CASES = [  # name, B, H, Hkv, Sq, Sk, causal, window, softcap, dtype, layout
     ("sq1", 2, 4, 4, 1, 5, False, (-1, -1), None, "bfloat16", "bhsd"),
 ]
 PUZZLE = (8, 16, 16, 2048, 64)
-
-
-def err_head(e: BaseException) -> str:
-    return " | ".join(repr(e).splitlines()[:3])[:240]
-
-
-def rel(a, b) -> float:
-    """max |a − b| / max |b| over b's finite entries; inf when the finite patterns differ or a has NaN."""
-    import torch
-    a, b = a.float(), b.float()
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
-        return float("inf")
-    if not fin.any():
-        return 0.0
-    return ((a[fin] - b[fin]).abs().max() / b[fin].abs().max().clamp_min(1e-6)).item()
 
 
 def poison():

@@ -19,6 +19,8 @@ import os
 import time
 import traceback
 
+from probe_util import err_head, rel
+
 T0 = time.time()
 D128, D64 = (128,), (64,)
 VARIANTS = {  # name: (forward knobs, head dims)
@@ -45,22 +47,6 @@ CASES = [  # name, B, H, Hkv, Sq, Sk, causal, window, softcap, dtype, layout
     ("bshd causal", 2, 8, 8, 384, 384, True, (-1, -1), None, "bfloat16", "bshd"),
     ("sq1", 2, 4, 4, 1, 5, False, (-1, -1), None, "bfloat16", "bhsd"),
 ]
-
-
-def err_head(e: BaseException) -> str:
-    return " | ".join(repr(e).splitlines()[:3])[:240]
-
-
-def rel(a, b) -> float:
-    """max |a − b| / max |b| over b's finite entries; inf when the finite patterns differ or a has NaN."""
-    import torch
-    a, b = a.float(), b.float()
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
-        return float("inf")
-    if not fin.any():
-        return 0.0
-    return ((a[fin] - b[fin]).abs().max() / b[fin].abs().max().clamp_min(1e-6)).item()
 
 
 def poison():

@@ -27,26 +27,14 @@ import statistics
 import time
 import traceback
 
+from probe_util import err_head, rel
+
 T0 = time.time()
 BF16 = "bfloat16"
 CHECK_TOL = (2e-2, 5e-3)     # ‖o − ref‖∞ / ‖ref‖∞ (bf16 / fp16 inputs), max |lse − ref|
 BENCH = [(16, 32, 1024, 128, True), (8, 16, 2048, 64, True), (8, 16, 2048, 64, False)]
 HOST = [((1, 2, 256, 64), False), ((1, 2, 256, 128), True)]
 BUDGET_S = 125               # no bench row starts past this (the whole probe: <= 150 s)
-
-
-def err_head(e: BaseException) -> str:
-    return " | ".join(repr(e).splitlines()[:3])[:240]
-
-
-def rel(a, b) -> float:
-    """max |a − b| / max |b| over b's finite entries; inf when the finite patterns differ (NaN: unwritten)."""
-    a, b = a.float(), b.float()
-    import torch
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
-        return float("inf")
-    return ((a[fin] - b[fin]).abs().max() / b[fin].abs().max().clamp_min(1e-6)).item() if fin.any() else 0.0
 
 
 def poison(q):

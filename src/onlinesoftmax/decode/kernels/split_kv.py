@@ -96,6 +96,17 @@ def _rows(Q, b, hkv, rb, L, Sq, stride_qb, stride_qh, stride_qs, stride_qd, D, G
 
 
 @triton.jit
+def _kv_bases(K, V, b, hkv, stride_kb, stride_kh, stride_vb, stride_vh, PAGED: tl.constexpr):
+    """K and V of kv head hkv (and, dense, of sequence b: a paged cache finds b's pages through the block table)."""
+    k_base = K + hkv.to(tl.int64) * stride_kh
+    v_base = V + hkv.to(tl.int64) * stride_vh
+    if not PAGED:
+        k_base += b.to(tl.int64) * stride_kb
+        v_base += b.to(tl.int64) * stride_vb
+    return k_base, v_base
+
+
+@triton.jit
 def _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb, stride_ks, stride_kd,
             stride_vb, stride_vs, stride_vd, scale, softcap, left, right,
             PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
@@ -212,11 +223,7 @@ def split_kv_kernel(
         start = lo + split * chunk
         end = tl.minimum(start + chunk, hi)
 
-    k_base = K + hkv.to(tl.int64) * stride_kh
-    v_base = V + hkv.to(tl.int64) * stride_vh
-    if not PAGED:
-        k_base += b.to(tl.int64) * stride_kb
-        v_base += b.to(tl.int64) * stride_vb
+    k_base, v_base = _kv_bases(K, V, b, hkv, stride_kb, stride_kh, stride_vb, stride_vh, PAGED)
 
     # 3. stream the split's key tiles through the running (m, d, o)
     m, dsum, acc = _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb, stride_ks,
@@ -323,11 +330,7 @@ def balanced_kv_kernel(
         end = tl.minimum(lo + tl.minimum(t1 - excl, n_b) * BLOCK_N, hi)
         q, h, i, qpos, row_ok = _rows(Q, b, hkv, rb, L, Sq, stride_qb, stride_qh, stride_qs, stride_qd, D, G,
                                       BLOCK_M, BLOCK_D, FAST)
-        k_base = K + hkv.to(tl.int64) * stride_kh
-        v_base = V + hkv.to(tl.int64) * stride_vh
-        if not PAGED:
-            k_base += b.to(tl.int64) * stride_kb
-            v_base += b.to(tl.int64) * stride_vb
+        k_base, v_base = _kv_bases(K, V, b, hkv, stride_kb, stride_kh, stride_vb, stride_vh, PAGED)
         # 3. stream them through the running (m, d, o)
         m, dsum, acc = _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb, stride_ks,
                                stride_kd, stride_vb, stride_vs, stride_vd, scale, softcap, left, right, PAGED, PAGE,
