@@ -31,6 +31,14 @@ def triton_available() -> bool:
 functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
+def raw_apply(fn: type[torch.autograd.Function]):
+    """``fn.apply`` without its Python wrapper (default-argument binding, torch.func unwrapping: neither applies
+    to eager calls, which torch.func transforms never reach): 2-3 µs less host time per call. ``fn.apply`` where
+    torch's autograd.Function base does not expose it."""
+    apply = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+    return apply.__get__(None, fn) if apply is not None else fn.apply
+
+
 def interpret_mode() -> bool:
     """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

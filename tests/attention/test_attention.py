@@ -832,6 +832,68 @@ def test_sm90_backward_plan():
             plan_backward(base, target, sm90)
 
 
+def test_sm90_backward_knobs_dq_slot_lpt_rows():
+    """dq_slot (dQ's TMA reduce through the drained Q / dO slot), lpt_heads and dq_rows are sm90 knobs, off by
+    default; dq_slot needs dq_tma and dQ split in two (D = 128 / 256, dq_rows at D = 64), D = 256's dq_tma needs
+    dq_slot, dq_rows is D = 64's; the bound launch carries them."""
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import Problem, plan_backward
+
+    base = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
+    for D in (64, 128, 256):
+        plan = plan_backward(dataclasses.replace(base, D=D), H200)
+        assert (plan.dq_slot, plan.lpt_heads) == (False, 0)
+    slot = plan_backward(base, H200, Knobs(backward={"dq_slot": True, "num_stages": 3, "lpt_heads": 16}))
+    assert (slot.kernel, slot.dq_tma, slot.dq_slot, slot.num_stages, slot.lpt_heads) == ("sm90", True, True, 3, 16)
+    wide = dataclasses.replace(base, D=256)
+    assert plan_backward(wide, H200, Knobs(backward={"dq_tma": True, "dq_slot": True})).dq_slot
+    assert plan_backward(wide, H200, Knobs(backward={"dq_tma": True, "num_stages": 1})).dq_tma
+    d64 = dataclasses.replace(base, D=64)
+    rows = plan_backward(d64, H200, Knobs(backward={"dq_rows": True, "dq_slot": True}))
+    assert (rows.block_m, rows.dq_tma, rows.dq_rows, rows.dq_slot) == (128, True, True, True)
+    with pytest.raises(ValueError, match="num_stages = 1"):
+        plan_backward(wide, H200, Knobs(backward={"dq_tma": True}))
+    for p, knobs in ((wide, {"dq_slot": True}), (d64, {"dq_slot": True}),
+                     (base, {"dq_slot": True, "dq_tma": False})):
+        with pytest.raises(ValueError, match="dq_slot"):
+            plan_backward(p, H200, Knobs(backward=knobs))
+    for p, knobs in ((base, {}), (wide, {}), (d64, {"block_m": 64})):
+        with pytest.raises(ValueError, match="dq_rows"):
+            plan_backward(p, H200, Knobs(backward={"dq_rows": True, **knobs}))
+    for knobs in ({"dq_slot": True}, {"lpt_heads": 16}, {"dq_rows": True}):
+        with pytest.raises(ValueError, match="lpt_heads"):
+            plan_backward(base, H200, Knobs(backward={"kernel": "triton", **knobs}))
+    strides = (1,) * 27
+    bk = api._caches()[1](base, slot, strides, False)[1]
+    assert bk.fn.__name__ == "attention_bwd_sm90_kernel" and bk.grid == (8, 16 * 32)
+    assert (bk.meta["DQ_SLOT"], bk.meta["LPT_HEADS"], bk.meta["STAGES"]) == (True, 16, 3), bk.meta
+    assert api._caches()[1](base, plan_backward(base, H200), strides, False)[1].meta["LPT_HEADS"] == 0
+    assert api._caches()[1](d64, rows, strides, False)[1].meta["DQ_ROWS"]
+
+
+def _lpt_order_host(n_kb, bh, heads, longest_last):
+    """bwd_sm90._lpt_order on the host: (key block, head) of each program in launch order."""
+    out = []
+    for flat in range(n_kb * bh):
+        group = flat // (n_kb * heads)
+        g_heads = min(bh - group * heads, heads)
+        r = flat - group * n_kb * heads
+        j = r // g_heads
+        out.append((n_kb - 1 - j if longest_last else j, group * heads + r % g_heads))
+    return out
+
+
+@pytest.mark.parametrize("n_kb,bh,heads", [(8, 512, 16), (5, 7, 3), (1, 1, 16), (3, 20, 132)])
+def test_sm90_backward_lpt_order_covers_the_grid(n_kb, bh, heads):
+    """lpt_heads' program order (kernels/bwd_sm90._lpt_order, mirrored here) visits every (key block, head) once,
+    the key blocks of a head group in order of their work (block 0 first under a causal band)."""
+    for last in (False, True):
+        order = _lpt_order_host(n_kb, bh, heads, last)
+        assert sorted(order) == [(j, h) for j in range(n_kb) for h in range(bh)]
+        first = order[: min(heads, bh)]
+        assert {j for j, _ in first} == {n_kb - 1 if last else 0}
+
+
 _SM90_BWD_PROBE = r"""
 import json, os, re, subprocess, tempfile
 import triton
@@ -847,8 +909,16 @@ for D, flags in ((128, {}), (128, dict(HAS_RIGHT=True)), (128, dict(VARLEN=True,
                  (128, dict(fast, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)), (64, dict(fast, HAS_RIGHT=True)),
                  (64, dict(fast, BLOCK_M=128, HAS_RIGHT=True)), (64, dict(fast, STAGES=4)),
                  (256, dict(STAGE_ROWS=True, BLOCK_N=32)),
-                 (256, dict(STAGE_ROWS=True, BLOCK_N=32, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True))):
-    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, VARLEN=False)
+                 (256, dict(STAGE_ROWS=True, BLOCK_N=32, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
+                 (128, dict(fast, DQ_SLOT=True, STAGES=3, LPT_HEADS=16, HAS_RIGHT=True)),
+                 (128, dict(fast, DQ_SLOT=True, STAGES=3, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
+                 (256, dict(fast, DQ_SLOT=True, BLOCK_N=32, LPT_HEADS=16, HAS_RIGHT=True)),
+                 (256, dict(fast, DQ_SLOT=True, BLOCK_N=32, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
+                 (64, dict(fast, BLOCK_M=128, DQ_ROWS=True, HAS_RIGHT=True)),
+                 (64, dict(fast, BLOCK_M=128, DQ_ROWS=True, DQ_SLOT=True, VARLEN=True, HAS_LEFT=True,
+                           HAS_RIGHT=True))):
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, VARLEN=False,
+                 DQ_SLOT=False, LPT_HEADS=0, DQ_ROWS=False)
     const.update(flags)
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
     sig.update(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", DK="*bf16", DV="*bf16", LSE="*fp32", DELTA="*fp32",
@@ -878,7 +948,9 @@ def test_sm90_backward_compiles():
     from shared memory) in the SASS, dQ by fp32 atomics two-wide or (DQ_TMA) by TMA reduce-add and no atomics,
     shared memory within 227 KB, consumers at 240 registers. D = 64 has no stack frame; D = 128 (dK, dV, Sᵀ, dPᵀ
     and dQ: 224 fp32 accumulator registers of the 240), D = 64 with 128 query rows and D = 256 spill a few scalars,
-    at most 160 bytes (the accumulators stay in registers)."""
+    at most 160 bytes (the accumulators stay in registers). DQ_SLOT (D = 128 with three slots, D = 256),
+    LPT_HEADS and DQ_ROWS (D = 64; up to 256 bytes packed) compile the same way (DQ_SLOT: TMA reduce, no
+    atomics)."""
     import json
     import os
     import subprocess
@@ -893,7 +965,8 @@ def test_sm90_backward_compiles():
         tma_dq = r["flags"].get("DQ_TMA", False)
         assert r["atom"] == ([] if tma_dq else ["atom.global.gpu.relaxed.add.v2.f32"]), r
         assert (r["reduce"] > 0) == tma_dq and "240" in r["setmaxnreg"], r
-        assert r["stack"] <= (0 if r["D"] == 64 and r["flags"].get("BLOCK_M", 64) == 64 else 160), r
+        assert r["stack"] <= (0 if r["D"] == 64 and r["flags"].get("BLOCK_M", 64) == 64 else
+                              256 if r["flags"].get("DQ_ROWS") else 160), r
 
 
 SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, window, D 64 / 128, ragged sizes
@@ -939,6 +1012,15 @@ SM90_BWD_VARIANTS = [  # (D, knobs, options): 64 query rows at D = 64 and 3 slot
     (64, {"block_m": 64}, dict(causal=True)),
     (64, {"block_m": 128, "num_stages": 3, "dq_tma": False}, dict(window=(300, 20))),
     (256, {}, {}), (256, {}, dict(causal=True)), (256, {}, dict(window=(200, 30))),
+    # dQ's TMA reduce through the drained Q / dO slot (a third slot at D = 128), programs longest first
+    (128, {"dq_slot": True, "num_stages": 3, "lpt_heads": 3}, dict(causal=True)),
+    (128, {"dq_slot": True, "num_stages": 3}, dict(window=(300, 20))),
+    (256, {"dq_tma": True, "dq_slot": True}, dict(causal=True)),
+    (256, {"dq_tma": True, "dq_slot": True, "lpt_heads": 3}, dict(window=(200, 30))),
+    (256, {"dq_tma": True, "num_stages": 1}, dict(causal=True)),
+    (64, {"lpt_heads": 3}, dict(window=(300, -1))),
+    (64, {"dq_rows": True}, dict(causal=True)),
+    (64, {"dq_rows": True, "dq_slot": True}, dict(window=(300, 20))),
 ]
 
 

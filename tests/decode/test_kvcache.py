@@ -156,7 +156,8 @@ def test_kernel_balanced(case, kernel_device):
 
     B, H, Hkv, Sq, D, lens, s_max, page, knobs, kw = case
     rows = H * Sq * (4096 + B)
-    for t in stream_scratch("decode", kernel_device, ((rows * D, torch.float32), (rows, torch.float32)), zeroed=0):
+    layout = ((rows * D, torch.float32), (rows, torch.float32), (B * H * Sq, torch.float32))    # o, lse, lse sink
+    for t in stream_scratch("decode", kernel_device, layout, zeroed=0):
         t.fill_(float("nan"))
     _check(B, H, Hkv, Sq, D, lens, s_max, torch.float32, kernel_device, "triton", page=page, knobs=Knobs.of(**knobs),
            **kw)

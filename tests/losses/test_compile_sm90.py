@@ -33,8 +33,7 @@ for case in json.loads(sys.argv[2]):
     f = dict(HAS_WEIGHT=False, HAS_SMOOTH=False, HAS_Z=False, HAS_SOFTCAP=False, NEED_GRAD=True, HAS_G=False,
              FAST=1)
     f.update(flags)
-    words = bool(plan.reg) and itemsize == 2
-    bound = K._bound_smem(plan, 8192, tuple(f.items()), (16,) * 5, itemsize, words, V % plan.chunk == 0)
+    bound = K._rows_launch(plan, 8192, V, tuple(f.items()), (16,) * 5, itemsize, itemsize == 2).launches[0]
     fn, meta = bound.fn, dict(bound.meta)
     opts = {k: meta.pop(k) for k in ("num_warps", "maxnreg") if k in meta}
     ptr = "*bf16" if itemsize == 2 else "*fp32"

@@ -94,6 +94,41 @@ def test_triton_vs_fp64(path, kw):
     assert _rel(g, gr) < 2e-5
 
 
+@pytest.mark.parametrize("kw", OPTIONS, ids=lambda k: ",".join(k) or "default")
+def test_every_target_ignored(kw):
+    """The coefficient kernel's 1 / 0 with every target ignored: NaN for "mean" (as torch), 0 otherwise, and zero
+    gradients, with every option."""
+    V = 300
+    x, _ = _inputs(3, V)
+    kw = _opts(kw, V)
+    t = torch.full((3,), kw.get("ignore_index", -100))
+    loss, g = _run(x, t, backend="triton", **kw)
+    torch.testing.assert_close(loss, oss.cross_entropy(x, t, backend="torch", **kw), equal_nan=True)
+    assert torch.equal(g, torch.zeros_like(g))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_coef_and_loss_kernels_past_one_block(reduction, weighted):
+    """The coefficient and loss kernels alone over more targets / rows / classes than one block of theirs."""
+    from onlinesoftmax.losses import kernels as K
+    from onlinesoftmax.losses.cross_entropy import _reduction_coefs
+
+    N, V = 2 * K.COEF_BLOCK + 77, K.COEF_BLOCK + 5
+    t = torch.randint(0, V, (N,))
+    t[::4] = -100
+    w = torch.rand(V) + 0.1 if weighted else None
+    coef = torch.full((3,), float("nan"))
+    K.ce_coefs(t, w, -100, reduction, V, coef)
+    torch.testing.assert_close(coef, _reduction_coefs(t, w, -100, reduction, V).float(), rtol=1e-6, atol=0)
+    rows, lse = torch.rand(N), torch.randn(N) * 4
+    out = torch.full((), float("nan"))
+    K.ce_total_loss(rows, lse, coef, 1e-2, reduction, out)
+    s, s_z = (coef[0], coef[1]) if reduction == "mean" else (1.0, 1.0)
+    want = rows.double().sum() * s + 1e-2 * (lse.double() ** 2).sum() * s_z
+    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("V", [1, 3, 1000])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_small_vocab_bf16(V, path):
@@ -308,22 +343,25 @@ def test_explain():
 
 
 def test_bound_kernels_keyed_by_integer_specialisation():
-    """One plan serves rows of several lengths and strides (two passes of the same tiles): a bound kernel replays
-    the variant Triton compiled at its first call, so each specialisation of the run-time integers (== 1, % 16)
-    gets its own (on the H200 a kernel compiled for rows of 128256 replayed for rows of 50257 faulted)."""
+    """One plan serves rows of several strides (two passes of the same tiles): a bound kernel replays the variant
+    Triton compiled at its first call, so each specialisation of the run-time integers (== 1, % 16) gets its own (on
+    the H200 a kernel compiled for rows of 128256 replayed for rows of 50257 faulted)."""
     from onlinesoftmax._triton.host import int_spec
     from onlinesoftmax.losses import kernels as K
 
     knobs = CEKnobs(path="row", one_block=False, block=64)
-    before = K._bound_row.cache_info().misses
-    for V in (128, 130, 144):           # 16-divisible, not, 16-divisible: two variants
-        x, t = _inputs(4, V, ignore_every=0)
-        loss, g = _run(x, t, backend="triton", knobs=knobs)
-        lr, gr = _ref(x, t)
-        assert _rel(loss, lr) < 2e-6 and _rel(g, gr) < 2e-5
-    assert K._bound_row.cache_info().misses == before + 2
+    before = K._rows_launch.cache_info().misses
+    for stride in (128, 130, 144):      # row strides 16-divisible, not, 16-divisible: two variants for V = 128
+        x, t = _inputs(4, stride, ignore_every=0)
+        xl = x.clone().requires_grad_()
+        t %= 128
+        loss = oss.cross_entropy(xl[:, :128], t, backend="triton", knobs=knobs)
+        loss.backward()
+        lr, gr = _ref(x[:, :128], t)
+        assert _rel(loss, lr) < 2e-6 and _rel(xl.grad[:, :128], gr / 1.5) < 2e-5
+        assert not xl.grad[:, 128:].any()
+    assert K._rows_launch.cache_info().misses == before + 2
     assert int_spec(1, 16, 50257, -100, 0) == (1, 16, 0, 0, 16)
-
 
 
 def test_smem_path_is_the_hopper_default_for_16_bit_rows_with_a_gradient():
@@ -339,3 +377,54 @@ def test_smem_path_is_the_hopper_default_for_16_bit_rows_with_a_gradient():
     assert plan_cross_entropy(CEProblem(8192, 128256, 2, True, smem_rows=False), H200).path != "smem"
     assert plan_cross_entropy(CEProblem(8192, 128256, 2, True, smem_rows=True), A100).path != "smem"
     assert plan_cross_entropy(CEProblem(64, 128256, 2, True, smem_rows=True), INTERPRETER).path != "smem"
+
+
+def test_bound_call_cache_hits_misses_and_no_stale_state():
+    """The eager call's plan and launches (``_bound_run``) are bound once per (rows, classes, dtype, row stride,
+    alignment, device, options, knobs): a repeat hits and gives the same bits; every option change misses and is
+    right; the workspace shared by the calls (coefficients, loss rows, lse) leaves nothing stale across shapes and
+    options, and "none" returns a fresh tensor."""
+    from onlinesoftmax.losses.cross_entropy import _bound_run
+
+    knobs = CEKnobs(path="row")
+    x, t = _inputs(9, 40)
+    info = _bound_run.cache_info()
+    a, ga = _run(x, t, backend="triton", knobs=knobs)
+    b, gb = _run(x, t, backend="triton", knobs=knobs)
+    assert torch.equal(a, b) and torch.equal(ga, gb)
+    assert (_bound_run.cache_info().misses, _bound_run.cache_info().hits) == (info.misses + 1, info.hits + 1)
+    cases = [dict(reduction="sum"), dict(reduction="none"), dict(ignore_index=3), dict(label_smoothing=0.1),
+             dict(weight="rand"), dict(z_loss=1e-2, softcap=4.0)]
+    for shape in ((9, 40), (3, 70), (12, 40)):          # scratch grown, reused by a smaller call, grown again
+        x, t = _inputs(*shape)
+        for kw in cases:
+            kw = _opts(kw, shape[1])
+            tk = torch.where(t == -100, kw.get("ignore_index", -100), t)
+            before = _bound_run.cache_info().misses
+            loss, g = _run(x, tk, backend="triton", knobs=knobs, **kw)
+            assert _bound_run.cache_info().misses == before + 1
+            lr, gr = _ref(x, tk, **kw)
+            assert _rel(loss, lr) < 2e-6 and _rel(g, gr) < 2e-5, kw
+    first = oss.cross_entropy(x, t, reduction="none", backend="triton", knobs=knobs)
+    kept = first.clone()
+    second = oss.cross_entropy(x * 2, t, reduction="none", backend="triton", knobs=knobs)
+    assert torch.equal(first, kept) and not torch.equal(first, second)
+    with torch.no_grad():                                # no gradient: its own entry (no dx written)
+        before = _bound_run.cache_info().misses
+        torch.testing.assert_close(oss.cross_entropy(x, t, backend="triton", knobs=knobs), a.new_tensor(
+            ref.cross_entropy(x.double(), t).item()), rtol=2e-6, atol=0)
+        assert _bound_run.cache_info().misses == before + 1
+
+
+def test_eager_call_matches_the_custom_op_bitwise():
+    """The eager path (the bound call under an autograd.Function) and the custom op (torch.compile's) run the same
+    kernels: the same loss and gradient bits."""
+    x, t = _inputs(7, 300)
+    for kw in (dict(), dict(reduction="sum", label_smoothing=0.1), dict(reduction="none", z_loss=1e-3)):
+        loss, g = _run(x, t, backend="triton", **kw)
+        xl = x.clone().requires_grad_()
+        op = torch.ops.onlinesoftmax.cross_entropy(xl, t, None, kw.get("ignore_index", -100),
+                                                   kw.get("reduction", "mean"), kw.get("label_smoothing", 0.0),
+                                                   kw.get("z_loss", 0.0), None, True, "", 0, -1, 0, 0, -1, -1, -1)[0]
+        (op.sum() * 1.5).backward()
+        assert torch.equal(loss, op.detach()) and torch.equal(g, xl.grad), kw

@@ -245,3 +245,149 @@ def test_explain_sample_names_the_launches():
     assert explain_sample(x, top_k=5000, target=H200).path == "torch"          # past the fused kernels: sort
     assert explain_sample(torch.randn(3, 12), backend="torch").path == "torch"
     assert explain_sample(torch.randn(3, 12), target=H200).row_chunks == 0      # K = V: the candidates hold the row
+
+
+def _philox_u(seed: int, offset: int, row: int) -> float:
+    """Philox-4x32-10 (Random123's constants; key = the seed's words, counter = (offset / 4, row, 0)), the first
+    word's top 24 bits · 2^-24: the u the kernels draw for ``row``."""
+    c, (k0, k1) = [(offset >> 2) & 0xFFFFFFFF, offset >> 34, row, 0], (seed & 0xFFFFFFFF, seed >> 32)
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k0) & 0xFFFFFFFF, p1 & 0xFFFFFFFF, ((p0 >> 32) ^ c[3] ^ k1) & 0xFFFFFFFF,
+             p0 & 0xFFFFFFFF]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return (c[0] >> 8) / 2**24
+
+
+def test_philox_reference_known_answer():
+    """The Python Philox of these tests against Random123's known answer (key 0, counter 0: 6627e8d5 ...)."""
+    assert _philox_u(0, 0, 0) == (0x6627e8d5 >> 8) / 2**24
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=5), dict(top_p=0.9), dict(top_k=5, min_p=0.1)], ids=str)
+@pytest.mark.parametrize("fuse", [False, True])
+def test_kernel_draw_is_philox_of_the_generator_words(kernel_device, kw, fuse):
+    """``draw="kernel"``: u of row r is Philox at (seed, offset / 4, r), the same in step 1, the fused merge and the
+    row kernel (top_p alone, V = 300: step 2); the ids and logprobs equal those of ``uniform=`` that u."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+    from onlinesoftmax.topk.sampling import philox_words
+    from onlinesoftmax.topk.sampling_launch import sample_2d
+
+    if fuse and "top_k" not in kw:
+        pytest.skip("the fused merge needs an int top_k")
+    B, V, seed, offset = 5, 300, 0xF234567890ABCDEF, 4 * (2**32 + 3)      # both words of each past 2^31
+    x = _logits(B, V, device=kernel_device)
+    knobs = SampleKnobs(draw="kernel", fuse=fuse, mass="fixed")
+    k, p, q = kw.get("top_k"), kw.get("top_p"), kw.get("min_p")
+    ids, logp = sample_2d(x, 1.0, k, p, q, philox_words(seed, offset), knobs)
+    u = torch.tensor([_philox_u(seed, offset, r) for r in range(B)], device=kernel_device)
+    ref = sample_2d(x, 1.0, k, p, q, u, knobs)
+    assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1])
+    check_draws(x, u, backend="triton", knobs=knobs, **kw)
+
+
+class _CudaGenerator:
+    """Stands in for a CUDA ``torch.Generator`` (none on a CPU host): ``torch.Generator(device="cuda")`` has the
+    device ``cuda``, no index."""
+
+    def __init__(self, seed: int, offset: int, device: str = "cuda"):
+        self.seed, self.offset, self.device = seed, offset, torch.device(device)
+
+    def initial_seed(self) -> int:
+        return self.seed
+
+    def get_offset(self) -> int:
+        return self.offset
+
+    def set_offset(self, offset: int) -> None:
+        self.offset = offset
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
+def test_kernel_draw_takes_any_cuda_generator(device):
+    """The kernel draw's words come from a CUDA generator of any index, as torch's kernels take it (they check the
+    device type only): the H200 bug compared whole devices, sent ``torch.Generator(device="cuda")`` (device
+    ``cuda`` != the logits' ``cuda:0``) to a one-element ``torch.rand`` that the kernels read as every row's u (rows
+    past 0 past its end: ids skewed low, χ² z 5e5). A CPU generator gets None (the caller's ``torch.rand`` raises)."""
+    from onlinesoftmax.topk.sampling import _philox_state, philox_words
+
+    g = _CudaGenerator(1234, 28, device)
+    assert _philox_state(g, torch.device("cuda", 0)) == philox_words(1234, 28) and g.offset == 32
+    assert philox_words(1234, 28) == (1234, 0, 7, 0)
+    assert _philox_state(torch.Generator().manual_seed(3), torch.device("cuda", 0)) is None
+
+
+def test_fixed_mass_sums_do_not_depend_on_the_layout():
+    """Why ``fuse`` with fp32 masses differs from the unfused step 1 (a one-ulp logprob, or an id at a boundary):
+    the same kept p summed in the orders of two layouts (one warp over 64 slots, 2 per thread; 8 warps over 128
+    slots, the upper half 0) give different fp32 sums for peaked rows; their int64 fixed-point sums (``mass``
+    "fixed") are equal in any order."""
+    rng = np.random.default_rng(0)
+
+    def tree(v, per_thread):           # in-thread sums in order, then a butterfly across the 32 lanes, then warps
+        v = v.reshape(-1, 32, per_thread) if v.size >= 32 * per_thread else v.reshape(1, -1, per_thread)
+        s = v[..., 0].copy()
+        for i in range(1, per_thread):
+            s = s + v[..., i]
+        while s.shape[-1] > 1:
+            h = s.shape[-1] // 2
+            s = s[..., :h] + s[..., h:]
+        out = s[0, 0]
+        for w in range(1, s.shape[0]):
+            out = out + s[w, 0]
+        return out
+
+    differ = 0
+    for _ in range(50):
+        x = rng.standard_normal(128256).astype(np.float32)
+        x[rng.integers(0, x.size, 20)] += rng.uniform(8, 12, 20).astype(np.float32)
+        top = np.sort(x)[::-1][:50].astype(np.float64)
+        p = (np.exp(top - top[0]) / np.exp(x.astype(np.float64) - top[0]).sum()).astype(np.float32)
+        a = tree(np.concatenate([p, np.zeros(14, np.float32)]), 2)
+        b = tree(np.concatenate([p, np.zeros(78, np.float32)]).reshape(8, 16).T.reshape(-1), 4)
+        differ += a != b
+        fa = (p.astype(np.float64) * 2.0**61).astype(np.int64)
+        assert fa.sum() == fa[::-1].sum() == fa.reshape(5, 10).sum(0).sum()
+    assert differ > 0
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=40), dict(top_k=40, top_p=0.95, min_p=0.05),
+                                dict(temperature=0.7, top_k=8, top_p=0.6)], ids=str)
+def test_fixed_mass_fused_and_unfused_bit_equal(kernel_device, kw):
+    """``mass="fixed"``: the fused merge and step 1's own launch give the same bits, and the reference's draws."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    x = _logits(6, 300, device=kernel_device)
+    x[:, :3] += 8.0                                                 # peaked rows too
+    u = torch.rand(6, device=kernel_device)
+    fixed = SampleKnobs(mass="fixed")
+    check_draws(x, u, backend="triton", knobs=fixed, **kw)
+    a = sample(x, uniform=u, backend="triton", knobs=SampleKnobs(mass="fixed", fuse=True), **kw)
+    b = sample(x, uniform=u, backend="triton", knobs=fixed, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_sample_knobs_are_checked():
+    from onlinesoftmax.target import H200
+    from onlinesoftmax.topk.plan import SampleKnobs, sample_plan
+
+    with pytest.raises(ValueError, match="mass"):
+        sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(mass="fp64"))
+    with pytest.raises(ValueError, match="draw"):
+        sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(draw="host"))
+    p = sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(draw="kernel", mass="fixed"))
+    assert (p.draw, p.mass) == ("kernel", "fixed")
+    assert (sample_plan(8, 1000, 4, H200, top_k=5).draw, sample_plan(8, 1000, 4, H200).mass) == ("torch", "fp32")
+
+
+@pytest.mark.parametrize("B", [1, 3, 4])
+def test_one_buffer_outputs(kernel_device, B):
+    """``one_buffer``: ids and logprobs are views of one allocation (logp 16-byte aligned), the same values."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    x = _logits(B, 40, device=kernel_device)
+    u = torch.rand(B, device=kernel_device)
+    a = sample(x, top_k=5, uniform=u, backend="triton", knobs=SampleKnobs(one_buffer=True))
+    b = sample(x, top_k=5, uniform=u, backend="triton")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[1].dtype == torch.float32
+    assert a[0].untyped_storage().data_ptr() == a[1].untyped_storage().data_ptr() and a[1].data_ptr() % 16 == 0

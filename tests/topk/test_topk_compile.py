@@ -98,15 +98,16 @@ for B, V, K in itertools.product((1, 3), (1, 3, 300), (1, 3, 64)):
         continue
     vals, inds, lse, u = M((B * K,), f32), M((B * K,), i64), M((B,), f32), M((B,), f32)
     ids, logp, flag = M((B,), i64), M((B,), f32), M((B,), i32)
-    for per_row in (False, True):       # scalars (stride -1) and per-row tensors (stride 1)
-        s = 1 if per_row else -1
+    for per_row, fixed, philox in ((False, False, False), (True, False, False), (True, True, True)):
+        s = 1 if per_row else -1            # scalars (stride -1) and per-row tensors (stride 1)
         params = (vals, 0.8, s, inds, 5, s, vals, 0.9, s, vals, 0.1, s)
-        launches = [(_sample_kernel, (vals, inds, lse, u, ids, logp, flag, *params, K, V),
-                     dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1)),
-                    (_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, K,
+        rng = (-5, 7, -2**31, 1)
+        launches = [(_sample_kernel, (vals, inds, lse, u, ids, logp, flag, *params, *rng, K, V),
+                     dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1, FIXED=fixed, PHILOX=philox)),
+                    (_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, *rng, K,
                                           M((B,), i32), M((B,), i32), M((64 * B,), i32), M((64 * B,), f32),
                                           M((3 * B,), i32), M((4 * B,), f32), 2, 1024),
-                     dict(BLOCK=1024, CP=2, num_warps=4))]
+                     dict(BLOCK=1024, CP=2, num_warps=4, PHILOX=philox))]
         for fn, args, meta in launches:
             try:
                 CR.compile_launch(fn, args, meta, 90)
@@ -135,11 +136,15 @@ from onlinesoftmax.topk.sampling_launch import SampleCall
 
 M = CR._meta
 failed, n, seen, worst = [], 0, set(), {}
-for (B, V, K), fuse, t_mode, per_row in itertools.product(
+for (B, V, K), (fuse, mass, philox), t_mode, per_row in itertools.product(
         ((1, 3, 1), (3, 300, 3), (1, 128256, 50), (8, 128256, 50), (256, 128256, 50), (64, 262144, 50),
-         (2, 151936, 256), (1, 128256, 1)), (False, True), (0, 1), (False, True)):
-    plan = sample_plan(B, V, 4, H200, top_k=K, knobs=SampleKnobs(fuse=fuse))
-    call = SampleCall(plan, B, V, V, 1, t_mode, torch.device("meta"), torch.bfloat16 if per_row else torch.float32)
+         (2, 151936, 256), (1, 128256, 1)), ((False, "fp32", False), (True, "fp32", False), (True, "fixed", True),
+                                             (False, "fixed", True)), (0, 1), (False, True)):
+    if philox and (t_mode, per_row) != (1, False):
+        continue
+    plan = sample_plan(B, V, 4, H200, top_k=K, knobs=SampleKnobs(fuse=fuse, mass=mass))
+    call = SampleCall(plan, B, V, V, 1, t_mode, torch.device("meta"), torch.bfloat16 if per_row else torch.float32,
+                      philox)
     x = M((B, V), call.dtypes[0])
     ws, ws2 = M((1 << 24,), torch.int32), M((1 << 20,), torch.int32)
     views = (ws, ws2) + ((None,) * 4 if fuse else (M((B * K,), torch.float32), M((B * K,), torch.int64),
@@ -148,7 +153,8 @@ for (B, V, K), fuse, t_mode, per_row in itertools.product(
     s = 1 if per_row else -1
     f, i = (M((B,), torch.float32), M((B,), torch.int64)) if per_row else (logp, ids)
     prm = [f, 0.8, s, i, K, s, f, 0.9, s, f, 0.1, s]
-    for kern, a in zip(call.kernels, call._arglists(x, views, ids, logp, u, prm)):
+    rng = (-5, 7, -2**31, 1) if philox else (0, 0, 0, 0)
+    for kern, a in zip(call.kernels, call._arglists(x, views, ids, logp, u, prm, rng)):
         key = CR._key(kern.fn, kern.meta, a)
         if key in seen:
             continue
@@ -161,7 +167,8 @@ for (B, V, K), fuse, t_mode, per_row in itertools.product(
             if r["stack"] and B <= 8 and K <= 50:     # (the merges spill a little at B >= 64 or K = 256 already)
                 failed.append(f"{kern.fn.__name__} B={B} V={V} K={K}: spills ({r['stack']} bytes of stack)")
         except Exception as e:
-            failed.append(f"{kern.fn.__name__} B={B} V={V} K={K} fuse={fuse}: {type(e).__name__}: {str(e)[-300:]}")
+            failed.append(f"{kern.fn.__name__} B={B} V={V} K={K} fuse={fuse} {mass} philox={philox}: "
+                          f"{type(e).__name__}: {str(e)[-300:]}")
 print(json.dumps(dict(compiled=n, failed=failed, fused=worst)))
 """
 

@@ -14,10 +14,10 @@ def cached(fn):
 
 
 def int_spec(*ints) -> tuple:
-    """Triton's specialisation of run-time integers (== 1, divisible by 16): one compiled variant per value of it.
-    A key part wherever a bound kernel is cached for arguments that vary between its calls, since a bound kernel
-    replays the variant compiled at its first call."""
-    return tuple(1 if v == 1 else 16 if v % 16 == 0 else 0 for v in ints)
+    """Triton's specialisation of run-time integers (== 1, divisible by 16; 64-bit past int32: + 64): one compiled
+    variant per value of it. A key part wherever a bound kernel is cached for arguments that vary between its calls,
+    since a bound kernel replays the variant compiled at its first call."""
+    return tuple(1 if v == 1 else (16 if v % 16 == 0 else 0) + (0 if -2**31 <= v < 2**31 else 64) for v in ints)
 
 
 def pow2(n: int) -> int:

@@ -14,7 +14,7 @@ import torch
 
 from .._checks import check_float_tensor
 from .._triton.host import cached
-from ..backend import functorch_active, resolve_backend
+from ..backend import functorch_active, raw_apply, resolve_backend
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_dispatch, plan_attention
 
@@ -295,7 +295,8 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
         dkdv = _bound(bwd_sm90.attention_bwd_sm90_kernel, (-(-p.Sk // keys), p.B * p.Hkv),
                       dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
                            STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
-                           STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, num_warps=4))
+                           STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, DQ_SLOT=plan.dq_slot,
+                           LPT_HEADS=plan.lpt_heads, DQ_ROWS=plan.dq_rows, num_warps=4))
     else:
         dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
                       dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DQ_ATOMIC=plan.dq_atomic,
@@ -501,14 +502,7 @@ class _EagerAttention(torch.autograd.Function):
     backward = staticmethod(_backward)
 
 
-def _raw_apply(fn):
-    """``fn.apply`` without its Python wrapper (default-argument binding, torch.func unwrapping: neither applies
-    to eager calls, which torch.func transforms never reach); ``fn.apply`` where torch does not expose it."""
-    apply = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
-    return apply.__get__(None, fn) if apply is not None else fn.apply
-
-
-_eager_attention = _raw_apply(_EagerAttention)
+_eager_attention = raw_apply(_EagerAttention)
 
 
 def _attention_fwd(q, k, v, causal, scale, left, right, softcap):
@@ -649,11 +643,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     if backend == "torch":
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
     elif _decode_call(q, k, v):
-        from ..decode.api import attention_with_kvcache
+        from ..decode.api import attention_full_cache
 
-        seqlens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
-        o, lse = attention_with_kvcache(q, k, v, seqlens, causal=causal, scale=scale, window=window,
-                                        softcap=softcap, return_lse=True, backend="triton")
+        o, lse = attention_full_cache(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0,
+                                      return_lse)
     else:
         o, lse = _attention_fwd(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
@@ -661,8 +654,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
 
 def _decode_call(q, k, v) -> bool:
     """Eager calls that need no gradient, with few query rows over many keys (plan.decode_dispatch), run the split-KV
-    decode kernels (``onlinesoftmax.attention_with_kvcache`` over the whole of k and v). Under torch.compile or
-    autograd the attention op runs as before."""
+    decode kernels (``onlinesoftmax.attention_with_kvcache`` over the whole of k and v, without its argument checks,
+    which ``_prepare`` made). Under torch.compile or autograd the attention op runs as before."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                       or v.requires_grad)):
         return False

@@ -94,6 +94,13 @@ class BackwardPlan:
                               # (the consumers wait on no global load)
     dq_tma: bool = False      # dQ's partial tile through shared memory, added by a TMA reduce (one bulk op per
                               # tile and warpgroup, not 32 fp32 atomics per thread)
+    dq_slot: bool = False     # dq_tma's partial tiles written into the tile's Q / dO slot once both warpgroups'
+                              # matmuls have read it, the slot refilled after the reduce read it (D = 128: no 32 KB
+                              # of dQ tiles, room for a third slot; D = 256: dQ by TMA reduce at all)
+    lpt_heads: int = 0        # > 0: programs launched longest first within groups of this many (batch, kv head)s
+                              # (a causal band's key block 0 has the most query rows); 0: head by head
+    dq_rows: bool = False     # D = 64: the warpgroups split dQ by query rows over all the program's keys (dSᵀ
+                              # shared through a ring): half the fp32 bytes reduced, half dQ's registers
 
 
 @dataclass(frozen=True)
@@ -328,7 +335,19 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         plan = _backward_sm90_ws(p)
     else:
         plan = backward_tl(p, target)
-    return dataclasses.replace(plan, **over)
+    plan = dataclasses.replace(plan, **over)
+    if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
+        raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
+    if plan.dq_rows and (p.D != 64 or plan.block_m != 128):
+        raise ValueError(f"attention: dq_rows splits dQ's 128 query rows per step in two at D = 64 (D = 128 / 256 "
+                         f"split it by columns); got D = {p.D}, block_m = {plan.block_m}")
+    if plan.dq_slot and not (plan.dq_tma and (p.D in (128, 256) or plan.dq_rows)):
+        raise ValueError(f"attention: dq_slot reduces dQ by TMA (dq_tma) through the Q / dO slot, dQ split in two "
+                         f"(D = 128 / 256, or dq_rows at D = 64); got D = {p.D}, {plan}")
+    if plan.kernel == "sm90" and p.D == 256 and plan.dq_tma and not (plan.dq_slot or plan.num_stages == 1):
+        raise ValueError("attention: the sm90 backward at D = 256 has room for dQ tiles of their own beside one ring "
+                         "slot only: dq_tma needs dq_slot or num_stages = 1")
+    return plan
 
 
 def plan_attention(p: Problem, target: Target, backend: str, knobs: Knobs = Knobs()) -> AttentionPlan:

@@ -310,6 +310,16 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return (o, lse) if return_lse else o
 
 
+def attention_full_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, left: int,
+                         right: int, softcap: float, need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``oss.attention``'s decode dispatch: (o, lse or None) of q over all S keys of every sequence of the dense
+    ``k``, ``v`` [B, Hkv, S, D] by the split-KV kernels (``attention_with_kvcache`` with cache_seqlens = S), the
+    arguments checked by the caller (eager, no gradient, a kernel dtype)."""
+    kernels = _kernels()
+    lens = kernels.uniform_lengths(q.shape[0], k.shape[2], q.device)
+    return kernels.attention_split_kv(q, k, v, lens, None, causal, scale, left, right, softcap, need_lse=need_lse)
+
+
 def kvcache_problem(q, k_cache, block_table) -> Problem:
     B, H, Sq, D = q.shape
     page = k_cache.shape[2] if block_table is not None else 0

@@ -1,9 +1,10 @@
 """``cross_entropy``: argument checks, backend choice, the torch path, the ``onlinesoftmax::cross_entropy`` op
 (Triton kernels of ``kernels.py``, imported lazily) with its fake and autograd, the public function.
 
-Layers, bottom up: torch path (F.cross_entropy, torch's autograd) | custom op ``cross_entropy`` returning
-(loss, dlogits) with dlogits written by the forward kernel -> ``cross_entropy_scale_`` (the backward: dlogits *=
-dloss in place, nothing moved when dloss == 1) -> autograd registration -> public function.
+Layers, bottom up: torch path (F.cross_entropy, torch's autograd) | the bound call (``kernels.CERun``, cached per
+problem, options and plan by ``_run_for``) -> custom op ``cross_entropy`` returning (loss, dlogits) with dlogits
+written by the forward kernel -> ``cross_entropy_scale_`` (the backward: dlogits *= dloss in place, nothing moved
+when dloss == 1) -> autograd registration -> eager autograd.Function -> public function.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_float_tensor
-from ..backend import functorch_active, resolve_backend
+from .._triton.host import cached
+from ..backend import functorch_active, raw_apply, resolve_backend
 from ..target import target_of
 from .plan import CEKnobs, CEPlan, CEProblem, plan_cross_entropy
 
@@ -91,7 +93,8 @@ def torch_cross_entropy(x2, t, weight, ignore_index, reduction, label_smoothing,
 
 # ---- the Triton op --------------------------------------------------------------------------------------
 def _reduction_coefs(t, weight, ignore_index, reduction, V):
-    """[s, s_z, W] (fp32, on t's device): the scales of the CE and z-loss terms of the gradient and Σ_j w_j."""
+    """[s, s_z, W] (fp32, on t's device) by torch ops: the scales of the CE and z-loss terms of the gradient and
+    Σ_j w_j (the Triton path's ``ce_coef_kernel`` in torch, for the linear cross-entropy's torch path)."""
     valid = t != ignore_index
     n_valid = valid.sum().float()
     if weight is not None:
@@ -132,30 +135,43 @@ def _plan_for(x2: torch.Tensor, need_grad: bool, knobs: CEKnobs | None) -> CEPla
                               knobs)
 
 
+@cached
+def _bound_run(N: int, V: int, dtype: torch.dtype, stride_x: int, smem: bool, device: torch.device,
+               has_weight: bool, ignore_index: int, reduction: str, eps: float, z_loss: float, softcap: float | None,
+               need_grad: bool, knobs: CEKnobs | None):
+    plan = plan_cross_entropy(CEProblem(N, V, dtype.itemsize, need_grad, smem), target_of(device), knobs)
+    return _kernels().CERun(plan, N, V, dtype, stride_x, has_weight, reduction, ignore_index, eps, z_loss, softcap,
+                            need_grad)
+
+
+def _run_for(x2: torch.Tensor, has_weight: bool, ignore_index: int, reduction: str, eps: float, z_loss: float,
+             softcap: float | None, need_grad: bool, knobs: CEKnobs | None):
+    """The bound call (``kernels.CERun``) for these [N, V] logits (N > 0) and options: planned and bound on the
+    first call with this key, looked up after that."""
+    N, V = x2.shape
+    return _bound_run(N, V, x2.dtype, x2.stride(0), smem_rows(x2), x2.device, has_weight, ignore_index, reduction,
+                      eps, z_loss, softcap, need_grad, knobs)
+
+
+def _empty_loss(x2: torch.Tensor, reduction: str, need_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """No rows: loss [0] ("none"), NaN ("mean", as torch) or 0 ("sum"); an empty dx."""
+    loss = torch.zeros(0, device=x2.device) if reduction == "none" else \
+        torch.full((), math.nan if reduction == "mean" else 0.0, device=x2.device)
+    return loss, (x2.new_empty(x2.shape) if need_grad else x2.new_empty(0))
+
+
 def _ce_impl(x2: torch.Tensor, t: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, reduction: str,
              label_smoothing: float, z_loss: float, softcap: float | None, need_grad: bool, kpath: str,
              kblock: int, kone: int, kwarps: int, kchunk: int, kreg: int, kkeep: int,
              kmaxnreg: int) -> tuple[torch.Tensor, torch.Tensor]:
-    N, V = x2.shape
-    dx = torch.empty_like(x2) if need_grad else x2.new_empty(0)
-    plan = _plan_for(x2, need_grad, _knobs_of(kpath, kblock, kone, kwarps, kchunk, kreg, kkeep, kmaxnreg))
-    if N == 0:
-        loss = torch.zeros(0, device=x2.device) if reduction == "none" else \
-            torch.full((), math.nan if reduction == "mean" else 0.0, device=x2.device)
-        return loss, dx
-    w = weight.float().contiguous() if weight is not None else None
-    coef = _reduction_coefs(t, w, ignore_index, reduction, V)
-    loss_rows = torch.empty(N, dtype=torch.float32, device=x2.device)
-    lse = torch.empty(N, dtype=torch.float32, device=x2.device)
-    _kernels().ce_rows(plan, x2, t, w, coef, loss_rows, lse, dx if need_grad else None, None, ignore_index,
-                       float(label_smoothing), float(z_loss), softcap)
-    if reduction == "none":
-        loss = loss_rows + z_loss * lse * lse if z_loss else loss_rows
-    elif reduction == "sum":
-        loss = loss_rows.sum() + (z_loss * (lse * lse).sum() if z_loss else 0.0)
-    else:
-        loss = loss_rows.sum() * coef[0] + (z_loss * (lse * lse).sum() * coef[1] if z_loss else 0.0)
-    return loss, dx
+    knobs = _knobs_of(kpath, kblock, kone, kwarps, kchunk, kreg, kkeep, kmaxnreg)
+    if x2.shape[0] == 0:
+        _plan_for(x2, need_grad, knobs)           # knob errors are raised without rows too
+        return _empty_loss(x2, reduction, need_grad)
+    run = _run_for(x2, weight is not None, ignore_index, reduction, label_smoothing, z_loss, softcap, need_grad,
+                   knobs)
+    loss, dx = run(x2, t, weight.float().contiguous() if weight is not None else None)
+    return loss, (dx if dx is not None else x2.new_empty(0))
 
 
 _ce_op = torch.library.custom_op("onlinesoftmax::cross_entropy", _ce_impl, mutates_args=())
@@ -165,7 +181,7 @@ _ce_op = torch.library.custom_op("onlinesoftmax::cross_entropy", _ce_impl, mutat
 def _(x2, t, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, need_grad, kpath, kblock, kone,
       kwarps, kchunk, kreg, kkeep, kmaxnreg):
     loss = x2.new_empty((x2.shape[0],) if reduction == "none" else (), dtype=torch.float32)
-    return loss, (torch.empty_like(x2) if need_grad else x2.new_empty(0))
+    return loss, (x2.new_empty(x2.shape) if need_grad else x2.new_empty(0))
 
 
 @torch.library.custom_op("onlinesoftmax::cross_entropy_scale_", mutates_args=("dx",))
@@ -217,20 +233,23 @@ def _backward(ctx, dloss, _ddx):
 torch.library.register_autograd("onlinesoftmax::cross_entropy", _backward, setup_context=_setup)
 
 
-# ---- eager autograd: an autograd.Function around the kernels (the custom op's registered autograd cost ~0.8 ms of
-# host time per forward + backward on the H200, more than the kernel at 8192 × 32000) ----------------------------
+# ---- eager autograd: an autograd.Function around the bound call (the custom op's registered autograd cost ~0.8 ms
+# of host time per forward + backward on the H200, more than the kernel at 8192 × 32000) ---------------------------
 class _EagerCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, *rest):
-        loss, dx = _ce_impl(x2, *rest)
-        ctx.dx, ctx.used = dx, False          # held by ctx alone: AccumulateGrad takes it as logits.grad, no copy
+    def forward(ctx, x2, t, w, run):
+        loss, dx = run(x2, t, w)
+        ctx.dx, ctx.used, ctx.run = dx, False, run   # dx held by ctx alone: AccumulateGrad takes it, no copy
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
         dx = _hand_over(ctx)
-        _kernels().scale_rows_(dx, dloss.float())
-        return (dx,) + (None,) * 16
+        ctx.run.scale_(dx, dloss)
+        return dx, None, None, None
+
+
+_eager_ce = raw_apply(_EagerCrossEntropy)
 
 
 # ---- public --------------------------------------------------------------------------------------------
@@ -245,7 +264,7 @@ def _prepare(name, logits, target, weight, ignore_index, reduction, label_smooth
         backend = "torch"
     V = logits.shape[-1]
     x2 = logits if logits.dim() == 2 else logits.reshape(-1, V)
-    return x2, target.reshape(-1), backend
+    return x2, (target if target.dim() == 1 else target.reshape(-1)), backend
 
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None,
@@ -273,22 +292,21 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
     x2, t, backend = _prepare(name, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
                               softcap, backend, knobs)
     softcap = float(softcap) if softcap is not None else None
+    eps, z_loss = float(label_smoothing), float(z_loss)
     if backend == "torch":
-        loss = torch_cross_entropy(x2, t, weight, ignore_index, reduction, float(label_smoothing), float(z_loss),
-                                   softcap)
+        loss = torch_cross_entropy(x2, t, weight, ignore_index, reduction, eps, z_loss, softcap)
         return loss.reshape(target.shape) if reduction == "none" else loss
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     t = t.contiguous()
     need_grad = logits.requires_grad and torch.is_grad_enabled()
-    args = (x2, t, weight, ignore_index, reduction, float(label_smoothing), float(z_loss), softcap, need_grad,
-            *_knob_args(knobs or CEKnobs()))
-    if torch.compiler.is_compiling() or functorch_active():
-        loss, _ = torch.ops.onlinesoftmax.cross_entropy(*args)
-    elif need_grad:
-        loss = _EagerCrossEntropy.apply(*args)
-    else:
-        loss, _ = _ce_impl(*args)             # no autograd, no tracing: skip the dispatcher
+    if torch.compiler.is_compiling() or functorch_active() or x2.shape[0] == 0:
+        loss, _ = torch.ops.onlinesoftmax.cross_entropy(x2, t, weight, ignore_index, reduction, eps, z_loss, softcap,
+                                                        need_grad, *_knob_args(knobs or CEKnobs()))
+    else:       # eager: the bound call, no dispatcher; an autograd.Function around it where a gradient is needed
+        run = _run_for(x2, weight is not None, ignore_index, reduction, eps, z_loss, softcap, need_grad, knobs)
+        w = weight.float().contiguous() if weight is not None else None
+        loss = _eager_ce(x2, t, w, run) if need_grad else run(x2, t, w)[0]
     return loss.reshape(target.shape) if reduction == "none" else loss
 
 

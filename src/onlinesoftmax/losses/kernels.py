@@ -30,6 +30,9 @@ Kernels, readable one first:
   re-reads its chunk and writes dx. Traffic: x read twice, dx written once.
 * ``scale_rows_kernel``: the backward's dx *= dloss, one program per row, skipped (one word read) where
   dloss == 1, the usual case.
+* ``ce_coef_kernel`` (before the loss kernel: COEF from the targets) and ``ce_loss_kernel`` (after it: the
+  "mean" / "sum" scalar from the loss rows), one program each: two launches where torch ops took about twelve
+  of host time. ``CERun`` binds a call's launches once (cached per problem and options by the caller).
 
 All row offsets are 64-bit (row·stride passes 2^31 at 16K × 152K). DX may be X (the linear cross-entropy
 overwrites each logits tile with its gradient): every element is read before the same program writes it.
@@ -310,51 +313,143 @@ def scale_rows_kernel(DX, stride_dx, G, stride_g, V, BLOCK: tl.constexpr):
             tl.store(ptr, (dx * g).to(DX.dtype.element_ty), mask=mask)
 
 
+# ---- the reduction's coefficients (before the loss kernel) and the scalar loss (after it) --------------------
+
+
+@triton.jit
+def ce_coef_kernel(T, W, COEF, N, V, ignore_index, MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """COEF = [s, s_z, W], one program: "mean" s = 1 / Σ_kept w_t, s_z = 1 / (kept rows); else s = s_z = 1;
+    W = Σ_j w_j (V without weights). N targets read (8 bytes each), V weights with HAS_WEIGHT."""
+    offs = tl.arange(0, BLOCK)
+    kept = tl.zeros([BLOCK], tl.int32)
+    wt = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        t = tl.load(T + start + offs, mask=start + offs < N, other=ignore_index)
+        ok = t != ignore_index
+        kept += ok.to(tl.int32)
+        if HAS_WEIGHT:
+            tc = tl.minimum(tl.maximum(t, 0), V - 1)
+            wt += tl.load(W + tc, mask=ok, other=0.0)
+    Wsum = tl.cast(V, tl.float32)
+    if HAS_WEIGHT:
+        wv = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, V, BLOCK):
+            wv += tl.load(W + start + offs, mask=start + offs < V, other=0.0)
+        Wsum = tl.sum(wv, axis=0)
+    if MEAN:
+        n_kept = tl.sum(kept, axis=0).to(tl.float32)
+        denom = n_kept
+        if HAS_WEIGHT:
+            denom = tl.sum(wt, axis=0)
+        tl.store(COEF, tl.math.div_rn(1.0, denom))          # IEEE 1 / n, as torch's reciprocal
+        tl.store(COEF + 1, tl.math.div_rn(1.0, n_kept))
+    else:
+        tl.store(COEF, 1.0)
+        tl.store(COEF + 1, 1.0)
+    tl.store(COEF + 2, Wsum)
+
+
+@triton.jit
+def ce_loss_kernel(LOSS, LSE, COEF, OUT, N, z_loss, MEAN: tl.constexpr, HAS_Z: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT = s·Σ_rows loss + λ·s_z·Σ_rows lse² ("mean"; s = s_z = 1 for "sum"), one program (ignored rows hold 0)."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    acc_z = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        mask = start + offs < N
+        acc += tl.load(LOSS + start + offs, mask=mask, other=0.0)
+        if HAS_Z:
+            lse = tl.load(LSE + start + offs, mask=mask, other=0.0)
+            acc_z += lse * lse
+    total = tl.sum(acc, axis=0)
+    if MEAN:
+        total = total * tl.load(COEF)
+    if HAS_Z:
+        zl = z_loss * tl.sum(acc_z, axis=0)
+        if MEAN:
+            zl = zl * tl.load(COEF + 1)
+        total += zl
+    tl.store(OUT, total)
+
+
 # ---- host launchers ---------------------------------------------------------------------------------------
 
-
-def _flags(plan: CEPlan, has_weight, has_smooth, has_z, has_softcap, need_grad, has_g):
-    return dict(HAS_WEIGHT=has_weight, HAS_SMOOTH=has_smooth, HAS_Z=has_z, HAS_SOFTCAP=has_softcap,
-                NEED_GRAD=need_grad, HAS_G=has_g, FAST=int(plan.fast_exp))
+COEF_BLOCK = 1024            # targets (rows) per step of the one-program coefficient (loss) kernel
 
 
-@cached
-def _bound_row(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> BoundKernel:
-    return BoundKernel(ce_row_kernel, (n_rows,),
-                       dict(BLOCK=plan.block, ONE_BLOCK=plan.one_block, num_warps=plan.num_warps, **dict(flags)))
+def _flags(has_weight, has_smooth, has_z, has_softcap, need_grad, has_g, fast) -> tuple:
+    return (("HAS_WEIGHT", has_weight), ("HAS_SMOOTH", has_smooth), ("HAS_Z", has_z), ("HAS_SOFTCAP", has_softcap),
+            ("NEED_GRAD", need_grad), ("HAS_G", has_g), ("FAST", int(fast)))
 
 
-@cached
-def _bound_split(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> tuple[BoundKernel, BoundKernel]:
-    f = dict(flags)
-    C, chunk = plan.chunks, plan.chunk
-    stats = BoundKernel(ce_split_stats_kernel, (n_rows, C),
-                        dict(C=C, CHUNK=chunk, BLOCK=plan.block, num_warps=plan.num_warps,
-                             **{k: f[k] for k in ("HAS_WEIGHT", "HAS_SMOOTH", "HAS_SOFTCAP", "FAST")}))
-    grad = BoundKernel(ce_split_grad_kernel, (n_rows, C if f["NEED_GRAD"] else 1),
-                       dict(C=C, CP=max(2, triton.next_power_of_2(C)), CHUNK=chunk, BLOCK=plan.block,
-                            num_warps=plan.num_warps, **f))
-    return stats, grad
-
-
-@cached
-def _bound_coop(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple) -> BoundKernel:
-    return BoundKernel(ce_coop_kernel, (n_rows * plan.chunks,),
-                       dict(CHUNK=plan.chunk, CP=max(2, triton.next_power_of_2(plan.chunks)), num_warps=plan.num_warps,
-                            **dict(flags)))
-
-
-@cached
-def _bound_smem(plan: CEPlan, n_rows: int, flags: tuple, spec: tuple, itemsize: int, words: bool,
-                even: bool) -> BoundKernel:
-    f = dict(flags)
+def _smem_bound(plan: CEPlan, n_rows: int, f: dict, V: int, itemsize: int, bf16: bool) -> BoundKernel:
     del f["FAST"]                                 # the Gluon kernel's exponentials are all ex2.approx
     keep_e = plan.keep_e and not f["HAS_SOFTCAP"]  # softcap's derivative needs z_j
-    meta = dict(CHUNK=plan.chunk, VEC=16 // itemsize, WARPS=plan.num_warps, C_POW2=pow2(plan.chunks), EVEN=even,
-                REG=plan.reg, WORDS=words, KEEP_E=keep_e, num_warps=plan.num_warps, **f)
+    meta = dict(CHUNK=plan.chunk, VEC=16 // itemsize, WARPS=plan.num_warps, C_POW2=pow2(plan.chunks),
+                EVEN=V % plan.chunk == 0, REG=plan.reg, WORDS=bool(plan.reg) and bf16, KEEP_E=keep_e,
+                num_warps=plan.num_warps, **f)
     if plan.maxnreg and not f["HAS_WEIGHT"]:     # weighted smoothing / softcap spill under the bound (sm_90a)
         meta["maxnreg"] = plan.maxnreg
     return BoundKernel(ce_coop_smem_kernel, (n_rows * plan.chunks,), meta)
+
+
+class RowsLaunch:
+    """The plan's kernel(s) over ``n_rows`` rows of V classes, bound once per (plan, rows, flags, integer
+    specialisation, logit dtype). ``layout`` / ``zeroed``: the :func:`stream_scratch` views ``run`` takes as ``ws``,
+    (ARRIVE, GEN, PART_M, PART_D, PART_S): the row barrier's words (zero-initialised) and the chunks' partial states
+    (empty where the path has none)."""
+
+    __slots__ = ("path", "launches", "layout", "zeroed", "V", "chunks")
+
+    def __init__(self, plan: CEPlan, n_rows: int, V: int, flags: tuple, spec: tuple, itemsize: int, bf16: bool):
+        f = dict(flags)
+        C, f32 = plan.chunks, torch.float32
+        self.path, self.V, self.chunks = plan.path, V, C
+        words = 0 if plan.path in ("row", "split") else max(n_rows, 1024)
+        parts = 0 if plan.path == "row" else n_rows * C
+        self.layout = ((words, torch.int32), (words, torch.int32), (parts, f32), (parts, f32), (parts, f32))
+        self.zeroed = 2 if words else 0
+        if plan.path == "row":
+            self.launches = (BoundKernel(ce_row_kernel, (n_rows,), dict(BLOCK=plan.block, ONE_BLOCK=plan.one_block,
+                                                                        num_warps=plan.num_warps, **f)),)
+        elif plan.path == "split":
+            stats = BoundKernel(ce_split_stats_kernel, (n_rows, C),
+                                dict(C=C, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=plan.num_warps,
+                                     **{k: f[k] for k in ("HAS_WEIGHT", "HAS_SMOOTH", "HAS_SOFTCAP", "FAST")}))
+            grad = BoundKernel(ce_split_grad_kernel, (n_rows, C if f["NEED_GRAD"] else 1),
+                               dict(C=C, CP=max(2, triton.next_power_of_2(C)), CHUNK=plan.chunk, BLOCK=plan.block,
+                                    num_warps=plan.num_warps, **f))
+            self.launches = (stats, grad)
+        elif plan.path == "coop":
+            self.launches = (BoundKernel(ce_coop_kernel, (n_rows * C,),
+                                         dict(CHUNK=plan.chunk, CP=max(2, triton.next_power_of_2(C)),
+                                              num_warps=plan.num_warps, **f)),)
+        else:
+            self.launches = (_smem_bound(plan, n_rows, f, V, itemsize, bf16),)
+
+    def run(self, x, t, w, coef, loss, lse, dx, stride_dx, g, stride_g, ignore_index, eps, z_loss, cap, ws):
+        """Launch on x's device: ``w``, ``dx``, ``g`` are tensors (dummies where absent), the scalars floats."""
+        V, dev, check = self.V, x.device, (x, t, w, dx, g)
+        if self.path == "row":
+            self.launches[0]((x, x.stride(0), t, w, coef, loss, lse, dx, stride_dx, g, stride_g, V, ignore_index, eps,
+                              z_loss, cap), check, dev)
+            return
+        arrive, gen, pm, pd, ps = ws
+        if self.path == "split":
+            stats, grad = self.launches
+            stats((x, x.stride(0), t, w, pm, pd, ps, V, ignore_index, cap), check[:3], dev)
+            grad((x, x.stride(0), t, w, coef, pm, pd, ps, loss, lse, dx, stride_dx, g, stride_g, V, ignore_index, eps,
+                  z_loss, cap), check, dev)
+            return
+        self.launches[0]((x, x.stride(0), t, w, coef, loss, lse, dx, stride_dx, g, stride_g, pm, pd, ps, arrive, gen,
+                          V, ignore_index, eps, z_loss, cap, self.chunks), check, dev)
+
+
+@cached
+def _rows_launch(plan: CEPlan, n_rows: int, V: int, flags: tuple, spec: tuple, itemsize: int,
+                 bf16: bool) -> RowsLaunch:
+    return RowsLaunch(plan, n_rows, V, flags, spec, itemsize, bf16)
 
 
 def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, coef: torch.Tensor,
@@ -366,47 +461,53 @@ def ce_rows(plan: CEPlan, x: torch.Tensor, target: torch.Tensor, weight: torch.T
     if N == 0:
         return
     dummy = loss
-    flags = tuple(_flags(plan, weight is not None, eps > 0, z_loss > 0, softcap is not None, dx is not None,
-                         g is not None).items())
-    w_ = weight if weight is not None else dummy
-    dx_ = dx if dx is not None else dummy
-    g_ = g if g is not None else dummy
+    flags = _flags(weight is not None, eps > 0, z_loss > 0, softcap is not None, dx is not None, g is not None,
+                   plan.fast_exp)
     stride_dx = dx.stride(0) if dx is not None else 0
     stride_g = g.stride(0) if g is not None and g.dim() else 0
-    cap = float(softcap) if softcap is not None else 1.0
-    check = (x, target, w_, dx_, g_)
     # one plan serves rows of many lengths and strides: a variant compiled for a 16-divisible row stride, replayed
     # for rows of 50257, is a misaligned access
     spec = int_spec(x.stride(0), stride_dx, stride_g, V, ignore_index)
-    if plan.path == "row":
-        _bound_row(plan, N, flags, spec)((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, V,
-                                    ignore_index, float(eps), float(z_loss), cap), check, x.device)
-        return
-    if plan.path in ("coop", "smem"):
-        C = plan.chunks
-        arrive, gen, pm, pd, ps = stream_scratch("ce-coop", x.device, ((max(N, 1024), torch.int32),
-                                                 (max(N, 1024), torch.int32), (N * C, torch.float32),
-                                                 (N * C, torch.float32), (N * C, torch.float32)), zeroed=2)
-        if plan.path == "smem":
-            bound = _bound_smem(plan, N, flags, spec, x.element_size(), bool(plan.reg) and x.dtype == torch.bfloat16,
-                                V % plan.chunk == 0)
-        else:
-            bound = _bound_coop(plan, N, flags, spec)
-        bound((x, x.stride(0), target, w_, coef, loss, lse, dx_, stride_dx, g_, stride_g, pm, pd, ps, arrive, gen, V,
-               ignore_index, float(eps), float(z_loss), cap, C), check, x.device)
-        return
-    stats, grad = _bound_split(plan, N, flags, spec)
-    C = plan.chunks
-    ws = torch.empty(3, N * C, dtype=torch.float32, device=x.device)
-    pm, pd, ps = ws[0], ws[1], ws[2]
-    stats((x, x.stride(0), target, w_, pm, pd, ps, V, ignore_index, cap), check[:3], x.device)
-    grad((x, x.stride(0), target, w_, coef, pm, pd, ps, loss, lse, dx_, stride_dx, g_, stride_g, V, ignore_index,
-          float(eps), float(z_loss), cap), check, x.device)
+    rows = _rows_launch(plan, N, V, flags, spec, x.element_size(), x.dtype == torch.bfloat16)
+    rows.run(x, target, weight if weight is not None else dummy, coef, loss, lse, dx if dx is not None else dummy,
+             stride_dx, g if g is not None else dummy, stride_g, ignore_index, float(eps), float(z_loss),
+             float(softcap) if softcap is not None else 1.0, stream_scratch("ce-rows", x.device, rows.layout,
+                                                                             rows.zeroed))
+
+
+@cached
+def _bound_coef(mean: bool, has_weight: bool, spec: tuple) -> BoundKernel:
+    return BoundKernel(ce_coef_kernel, (1,), dict(MEAN=mean, HAS_WEIGHT=has_weight, BLOCK=COEF_BLOCK, num_warps=4))
+
+
+@cached
+def _bound_loss(mean: bool, has_z: bool, spec: tuple) -> BoundKernel:
+    return BoundKernel(ce_loss_kernel, (1,), dict(MEAN=mean, HAS_Z=has_z, BLOCK=COEF_BLOCK, num_warps=4))
+
+
+def ce_coefs(t: torch.Tensor, weight: torch.Tensor | None, ignore_index: int, reduction: str, V: int,
+             coef: torch.Tensor) -> None:
+    """``coef`` (fp32 [3]) = [s, s_z, W] for the [N] targets ``t``: one launch of ``ce_coef_kernel``."""
+    w = weight if weight is not None else coef
+    _bound_coef(reduction == "mean", weight is not None, int_spec(t.shape[0], V, ignore_index))(
+        (t, w, coef, t.shape[0], V, ignore_index), (t, w, coef), t.device)
+
+
+def ce_total_loss(loss_rows: torch.Tensor, lse: torch.Tensor, coef: torch.Tensor, z_loss: float, reduction: str,
+                  out: torch.Tensor) -> None:
+    """``out`` (fp32 scalar) = the "mean" / "sum" loss from the per-row losses and lse: one launch."""
+    _bound_loss(reduction == "mean", z_loss > 0, int_spec(loss_rows.shape[0]))(
+        (loss_rows, lse, coef, out, loss_rows.shape[0], float(z_loss)), (loss_rows, lse, coef, out),
+        loss_rows.device)
 
 
 @cached
 def _bound_scale(n_rows: int, block: int, spec: tuple) -> BoundKernel:
     return BoundKernel(scale_rows_kernel, (n_rows,), dict(BLOCK=block, num_warps=8))
+
+
+def _scale_block(V: int) -> int:
+    return min(4096, triton.next_power_of_2(V))
 
 
 def scale_rows_(t: torch.Tensor, g: torch.Tensor) -> None:
@@ -415,8 +516,61 @@ def scale_rows_(t: torch.Tensor, g: torch.Tensor) -> None:
         return
     t2 = t.view(-1, t.shape[-1]) if t.dim() != 2 else t
     rows, V = t2.shape
-    block = min(4096, triton.next_power_of_2(V))
     g = g.reshape(-1)
     stride_g = 0 if g.numel() == 1 else g.stride(0)
-    _bound_scale(rows, block, int_spec(t2.stride(0), stride_g, V))((t2, t2.stride(0), g, stride_g, V), (t2, g),
-                                                                    t2.device)
+    _bound_scale(rows, _scale_block(V), int_spec(t2.stride(0), stride_g, V))((t2, t2.stride(0), g, stride_g, V),
+                                                                              (t2, g), t2.device)
+
+
+class CERun:
+    """One eager cross-entropy call over [N, V] logits, bound once per (problem, options, plan): the caller caches
+    it. Per call: ``ce_coef_kernel`` writes COEF = [s, s_z, W], the plan's kernel(s) the loss rows, lse and dx, and
+    under "mean" / "sum" ``ce_loss_kernel`` the scalar loss; COEF, the loss rows and lse share one
+    :func:`stream_scratch` with the plan's workspace. Three launches and two allocations (dx, the loss), where torch
+    ops for the coefficients and the reduction took about fifteen launches of host time."""
+
+    __slots__ = ("N", "V", "rows", "coef", "total", "scale", "layout", "zeroed", "reduction", "ignore_index", "eps",
+                 "z_loss", "cap", "need_grad")
+
+    def __init__(self, plan: CEPlan, N: int, V: int, dtype: torch.dtype, stride_x: int, has_weight: bool,
+                 reduction: str, ignore_index: int, eps: float, z_loss: float, softcap: float | None,
+                 need_grad: bool):
+        self.N, self.V, self.reduction, self.need_grad = N, V, reduction, need_grad
+        self.ignore_index, self.eps, self.z_loss = ignore_index, float(eps), float(z_loss)
+        self.cap = float(softcap) if softcap is not None else 1.0
+        flags = _flags(has_weight, eps > 0, z_loss > 0, softcap is not None, need_grad, False, plan.fast_exp)
+        stride_dx = V if need_grad else 0             # dx is allocated contiguous
+        self.rows = _rows_launch(plan, N, V, flags, int_spec(stride_x, stride_dx, 0, V, ignore_index),
+                                 dtype.itemsize, dtype == torch.bfloat16)
+        self.coef = _bound_coef(reduction == "mean", has_weight, int_spec(N, V, ignore_index))
+        self.total = _bound_loss(reduction == "mean", z_loss > 0, int_spec(N)) if reduction != "none" else None
+        self.scale = _bound_scale(N, _scale_block(V), int_spec(V, 0, V)) if need_grad else None
+        f32 = torch.float32
+        self.layout = self.rows.layout + ((4, f32), (N, f32), (N, f32))
+        self.zeroed = self.rows.zeroed
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor, w: torch.Tensor | None):
+        """``(loss, dx)`` of [N, V] logits ``x`` (last stride 1), contiguous [N] int64 ``t``, fp32 contiguous [V]
+        ``w`` or None: the fp32 loss (a scalar, [N] under "none") and the contiguous [N, V] dx (None without a
+        gradient)."""
+        N, V, dev = self.N, self.V, x.device
+        arrive, gen, pm, pd, ps, coef, rows, lse = stream_scratch("ce-call", dev, self.layout, self.zeroed)
+        w_ = coef if w is None else w
+        self.coef((t, w_, coef, N, V, self.ignore_index), (t, w_, coef), dev)
+        if self.reduction == "none":
+            rows = torch.empty(N, dtype=torch.float32, device=dev)
+        dx = torch.empty((N, V), dtype=x.dtype, device=dev) if self.need_grad else None
+        self.rows.run(x, t, w_, coef, rows, lse, rows if dx is None else dx, 0 if dx is None else V, rows, 0,
+                      self.ignore_index, self.eps, self.z_loss, self.cap, (arrive, gen, pm, pd, ps))
+        if self.total is None:                      # (scratch views may be longer than N)
+            return (rows + self.z_loss * lse[:N] * lse[:N] if self.z_loss else rows), dx
+        loss = torch.empty((), dtype=torch.float32, device=dev)
+        self.total((rows, lse, coef, loss, N, self.z_loss), (rows, lse, coef, loss), dev)
+        return loss, dx
+
+    def scale_(self, dx: torch.Tensor, g: torch.Tensor) -> None:
+        """The backward: ``dx *= g`` (the loss's incoming gradient) in place; nothing moves where g == 1."""
+        if g.dim() == 0 and g.dtype == torch.float32:
+            self.scale((dx, self.V, g, 0, self.V), (dx, g), dx.device)
+        else:
+            scale_rows_(dx, g.float())

@@ -262,9 +262,22 @@ def _lce_kernels():
     return lce_kernels
 
 
-def _reduce(loss_rows, lse, coef, reduction, z_loss):
+def _coefs(t, ignore_index, reduction, V, backend):
+    """[s, s_z, W] (``kernels.py``): one launch of ``ce_coef_kernel`` on the Triton path, torch ops otherwise."""
+    if backend == "torch":
+        return _reduction_coefs(t, None, ignore_index, reduction, V)
+    coef = torch.empty(3, dtype=torch.float32, device=t.device)
+    _kernels().ce_coefs(t, None, ignore_index, reduction, V, coef)
+    return coef
+
+
+def _reduce(loss_rows, lse, coef, reduction, z_loss, backend):
     if reduction == "none":
         return loss_rows + z_loss * lse * lse if z_loss else loss_rows
+    if backend != "torch":                        # one launch of ce_loss_kernel
+        loss = torch.empty((), dtype=torch.float32, device=loss_rows.device)
+        _kernels().ce_total_loss(loss_rows, lse, coef, z_loss, reduction, loss)
+        return loss
     if reduction == "sum":
         return loss_rows.sum() + (z_loss * (lse * lse).sum() if z_loss else 0.0)
     return loss_rows.sum() * coef[0] + (z_loss * (lse * lse).sum() * coef[1] if z_loss else 0.0)
@@ -290,11 +303,11 @@ def _lce_impl(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None, t: torch
     if reduction == "none":                       # the per-token dloss enters dW's sum: gradients in backward
         need_dh = need_dW = need_db = False
     plan = _plan_for(h, W, need_dh or need_dW or need_db, kchunk, ktile, kpath, kscheme, kvchunk, kfp32)
-    coef = _reduction_coefs(t, None, ignore_index, reduction, V)
+    coef = _coefs(t, ignore_index, reduction, V, backend)
     loop = _vocab_loop if plan.scheme == "vocab" else _loop
     loss_rows, lse, dh, dW, db = loop(h, W, b, t, coef, None, need_dh, need_dW, need_db, plan, backend,
                                       ignore_index, label_smoothing, z_loss, softcap)
-    loss = _reduce(loss_rows, lse, coef, reduction, z_loss)
+    loss = _reduce(loss_rows, lse, coef, reduction, z_loss, backend)
     if h.shape[0] == 0 and reduction == "mean":
         loss = torch.full((), math.nan, device=h.device)
     db = db.to(b.dtype) if db is not None and b is not None else None
@@ -321,7 +334,7 @@ def _lce_backward_impl(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,
                        kscheme: str, kvchunk: int, kfp32: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """reduction="none": the loop again, dlogits scaled per token by g."""
     plan = _plan_for(h, W, True, kchunk, ktile, kpath, kscheme, kvchunk, kfp32)
-    coef = _reduction_coefs(t, None, ignore_index, "none", W.shape[0])
+    coef = _coefs(t, ignore_index, "none", W.shape[0], backend)
     loop = _vocab_loop if plan.scheme == "vocab" else _loop
     _, _, dh, dW, db = loop(h, W, b, t, coef, g.reshape(-1).float().contiguous(), need_dh, need_dW, need_db, plan,
                             backend, ignore_index, label_smoothing, z_loss, softcap)

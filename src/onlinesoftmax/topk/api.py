@@ -28,6 +28,7 @@ from .plan import Plan, topk_plan
 __all__ = ["TopK", "explain", "softmax_topk"]
 
 TORCH_PLAN = Plan("torch")
+_topk_2d = None         # launch.topk_2d, imported by the first call on the kernels (it imports Triton)
 
 
 class TopK(NamedTuple):
@@ -191,12 +192,14 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     which = resolve_backend(backend, x, "softmax_topk")
     if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64:
         # the decode call, [B, V] on the GPU: no reshapes, the cached plan (host time is the cost here)
-        from .launch import cached_plan, softmax_topk_2d
-
+        global _topk_2d
         k = _check_k(k, x.shape[1])
-        cfg = cached_plan(x.shape[0], x.shape[1], k, x.dtype, x.device)
-        if cfg.path != "sort":
-            return TopK(*softmax_topk_2d(x, k, cfg))
+        if x.shape[0]:
+            if _topk_2d is None:
+                from .launch import topk_2d as _topk_2d
+            out = _topk_2d(x, k)
+            if out is not None:
+                return TopK(*out)
     x2, lead, dim, k, squeeze = _rows(x, k, dim)
     if which == "torch" or x2.shape[0] == 0:
         values, indices, lse = _torch_2d(x2, k)

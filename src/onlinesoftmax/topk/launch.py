@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
+from .._triton.launch import BoundKernel, cached, current_device, current_stream, hooks_installed, pow2, stream_scratch
+from ..backend import interpret_mode
 from ..target import target_of
 from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_merge_kernel
 from .plan import Plan, topk_plan
@@ -132,3 +133,110 @@ def workspaces(B: int, cfg: Plan, device: torch.device) -> tuple[torch.Tensor, t
     """Stage 1's scratch and the tree's first-level scratch for ``cfg`` (cached per device and stream)."""
     ng = -(-cfg.splits // cfg.tree) if cfg.tree else 1
     return _workspace(device, workspace_words(B, cfg), workspace_words(B, cfg, ng) if cfg.tree else 0)
+
+
+CALLS_KEPT = 256        # bound problems kept (then all dropped: a server sees a handful of (B, V, k, dtype) at a time)
+_calls: dict = {}
+
+
+class TopKCall:
+    """The launches of one ``softmax_topk`` problem (B, V, k, x's strides and dtype, device, stream), bound once.
+
+    The first call (and a misaligned x, a capture, the interpreter, launch hooks) runs ``_launches`` through
+    ``BoundKernel`` with tensors; after it, on CUDA, each launch's C launcher gets its arguments laid out once (the
+    stream's workspace pointers as ints, the constexprs), and a call puts in x's and the outputs' ``data_ptr()``
+    by position: no argument tuple built per launch, no workspace look-up, no driver query of a tensor's pointer.
+    Per call: the three output allocations and the launches."""
+
+    __slots__ = ("B", "k", "device", "dtype", "launches", "lanes", "ws")
+
+    def __init__(self, cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, device: torch.device,
+                 dtype: torch.dtype):
+        self.B, self.k, self.device, self.dtype = B, k, device, dtype
+        self.launches = (cfg, _launches(cfg, B, V, k, stride_b, stride_v, 0))   # softmax_topk_2d's key
+        self.lanes = self.ws = None
+
+    def __call__(self, x: torch.Tensor, stream, capturing: bool) -> tuple:
+        """``(values, indices, lse)`` of x on ``stream`` (the raw current CUDA stream; the call's key)."""
+        B, k, dev = self.B, self.k, self.device
+        out = (torch.empty((B, k), device=dev, dtype=torch.float32), torch.empty((B, k), device=dev, dtype=torch.int64),
+               torch.empty((B,), device=dev, dtype=torch.float32))
+        lanes = self.lanes
+        if lanes is not None and not capturing:
+            xp = x.data_ptr()
+            if not xp & 15 and not hooks_installed():
+                vals = (xp, out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr())
+                for launch, full, subs in lanes:
+                    a = full.copy()
+                    a[3] = stream
+                    for pos, i in subs:
+                        a[pos] = vals[i]
+                    launch(*a)
+                return out
+        self._launch_bound(x, out, capturing)
+        return out
+
+    def _launch_bound(self, x: torch.Tensor, out: tuple, capturing: bool) -> None:
+        """Through ``BoundKernel`` with tensors (the capture's own workspace from ``stream_scratch``); then, on
+        CUDA and outside a capture, binds the lanes of later aligned calls."""
+        cfg, launches = self.launches
+        dev = self.device
+        ws, ws2 = workspaces(self.B, cfg, dev)
+        _run(x, launches, ws, ws2, out)
+        if capturing or not raw_launches(dev) or self.lanes is not None or x.data_ptr() & 15:
+            return
+        key = (current_device(), True, self.dtype)
+        raw = [kern.entry(key) for kern, _ in launches]
+        if any(r is None for r in raw):
+            return
+        wsp, ws2p = ws.data_ptr(), ws2.data_ptr()
+        lanes = []
+        for (launch, head, tail), (_, args) in zip(raw, launches):
+            full = [*head[:3], None, *head[3:], *args(_SLOTS[0], wsp, ws2p, _SLOTS[1:]), *tail]
+            lanes.append((launch, full, tuple((i, _SLOTS.index(v)) for i, v in enumerate(full)
+                                              if isinstance(v, Slot))))
+        self.ws = (ws, ws2)                              # held: the pointers in the lanes stay valid
+        self.lanes = tuple(lanes)
+
+
+class Slot:
+    """A per-call argument's place in a bound lane (compared by identity; also the sampler's)."""
+
+    __slots__ = ()
+
+
+_SLOTS = tuple(Slot() for _ in range(4))      # x, values, indices, lse: the order of a call's pointers
+
+
+def raw_launches(device: torch.device) -> bool:
+    """Whether calls on ``device`` may go straight to the compiled kernels' C launchers (CUDA, no interpreter)."""
+    return device.type == "cuda" and not interpret_mode()
+
+
+def topk_call(x: torch.Tensor, k: int, stream) -> TopKCall | None:
+    """The bound problem for ``x`` (``[B, V]``, B >= 1, fp32 / fp16 / bf16) on ``stream`` (a raw CUDA stream, None
+    elsewhere), cached by a tuple of ints; None where the plan is the sort path (the caller runs torch's)."""
+    B, V = x.shape
+    sb, sv = x.stride()
+    dtype, dev = x.dtype, x.device
+    key = (B, V, k, sb, sv, dtype, dev, stream)
+    call = _calls.get(key)
+    if call is None:
+        cfg = cached_plan(B, V, k, dtype, dev)
+        if cfg.path == "sort":
+            return None
+        if len(_calls) >= CALLS_KEPT:
+            _calls.clear()
+        call = _calls[key] = TopKCall(cfg, B, V, k, sb, sv, dev, dtype)
+    return call
+
+
+def topk_2d(x: torch.Tensor, k: int) -> tuple | None:
+    """``(values, indices, lse)`` of x ``[B, V]`` (B >= 1, fp32 / fp16 / bf16) by its bound problem, or None where
+    the plan is the sort path."""
+    stream, capturing = None, False
+    if x.is_cuda:
+        stream = current_stream(current_device())
+        capturing = torch._C._cuda_isCurrentStreamCapturing()
+    call = topk_call(x, k, stream)
+    return None if call is None else call(x, stream, capturing)

@@ -217,13 +217,42 @@ class SampleKnobs:
 
     ``fuse``: step 1 (the filters and the draw on the K candidates) in the last merge's epilogue, where step 1
     decides every row (``row_chunks == 0``: an int top_k, greedy, K = V): one launch and the candidates' round trip
-    through memory (B·K·12 + 8·B bytes written and read back) less."""
+    through memory (B·K·12 + 8·B bytes written and read back) less.
+
+    ``mass``: how step 1 sums the candidates' p (the top-k mass W, the running masses of top-p and of the draw):
+    ``fp32`` adds fp32 values in the order the reduction's layout gives (it differs between step 1's own launch,
+    one warp over KP slots, and the fused merge's epilogue, many warps over CAP slots: the same candidates can give
+    a log-probability one ulp apart, or another id where u·W falls on a boundary); ``fixed`` adds int64 p·2^61,
+    exact, so every layout gives the same bits (``fuse`` is bit-equal to the unfused step 1 with it).
+
+    ``draw``: see :func:`sample_draw_of`. ``one_buffer``: ids and log-probabilities as views of one allocation
+    (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
+    1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
 
     fuse: bool | None = None
+    mass: str | None = None
+    draw: str | None = None
+    one_buffer: bool | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
 FUSE = False                    # default of ``fuse`` (to be measured on the H200: tools/probe_sample.py)
+MASSES = ("fp32", "fixed")
+MASS = "fp32"                   # default of ``mass`` (to be measured with ``fuse``: tools/probe_sample.py)
+DRAWS = ("torch", "kernel")
+DRAW = "torch"                  # default of ``draw`` (to be measured: tools/probe_sample.py)
+ONE_BUFFER = False              # default of ``one_buffer`` (to be measured: tools/probe_sample.py)
+
+
+def sample_draw_of(knobs: SampleKnobs) -> str:
+    """Where the uniforms come from: ``torch`` (``torch.rand`` with the generator, a launch of its own) or
+    ``kernel`` (Philox in the sampling kernel, seed and offset read from the generator on the host; eager calls on
+    CUDA only: a call being captured into a CUDA graph still draws with ``torch.rand``, whose offset the graph
+    advances on every replay). """
+    draw = DRAW if knobs.draw is None else knobs.draw
+    if draw not in DRAWS:
+        raise ValueError(f"SampleKnobs: draw must be one of {DRAWS}, got {draw!r}")
+    return draw
 
 
 @dataclass(frozen=True)
@@ -237,6 +266,9 @@ class SamplePlan:
     chunk: int = 0              # its elements per program
     table: int = 0              # the power of two its per-chunk tables are read with
     fuse: bool = False          # step 1 in the last merge's epilogue (row_chunks == 0 only)
+    mass: str = MASS            # step 1's sums of p: "fp32", or "fixed" (int64 p·2^61: the same bits in any layout)
+    draw: str = DRAW            # the uniforms: "torch" (torch.rand) or "kernel" (Philox in step 1, eager calls)
+    one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -248,9 +280,15 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     row's temperature is 0 (a Python 0), ``top_k`` a Python int (or None: no top-k, or a per-row tensor).
     ``knobs.fuse`` where the row kernel is not needed (else ignored: step 1 must flag rows for it)."""
     K = 1 if greedy else top_k if top_k is not None else min(V, FREE_K)
+    mass = MASS if knobs.mass is None else knobs.mass
+    if mass not in MASSES:
+        raise ValueError(f"SampleKnobs: mass must be one of {MASSES}, got {mass!r}")
+    draw = sample_draw_of(knobs)
+    one = ONE_BUFFER if knobs.one_buffer is None else knobs.one_buffer
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
     if greedy or top_k is not None or K == V:
-        return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse)
-    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target))
+        return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
+                          one_buffer=one)
+    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one)

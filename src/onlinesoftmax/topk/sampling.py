@@ -14,6 +14,11 @@ for the device and can be captured in a CUDA graph (per-row tensors may change b
 The draw: ``u = torch.rand(B, generator=generator)`` (or the ``uniform`` given), and the first kept token in
 index order whose running probability exceeds ``u`` times the kept mass (inverse CDF; the same rule on both
 backends, so the same ``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids.
+With ``knobs=SampleKnobs(draw="kernel")`` an eager call on CUDA draws u in the kernels instead (Philox-4x32-10 keyed
+by the generator's seed at its offset, which advances by 4 per call, as torch's own kernels take it): no
+``torch.rand`` launch, still the same ids for the same generator state, but not the ids ``torch.rand`` would give
+for that state (another stream of the same generator); a call captured into a CUDA graph keeps ``torch.rand``
+(only a launch of torch's moves the generator's offset on every replay).
 
 On CUDA (``topk/sampling_kernels.py``): ``softmax_topk`` with the temperature folded into its one read of the
 logits gives K sorted candidates (K = ``top_k`` for an int, else 64); one small kernel applies the filters and
@@ -43,7 +48,7 @@ import torch
 from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from .api import softmax_topk
-from .plan import NO_SAMPLE_KNOBS
+from .plan import NO_SAMPLE_KNOBS, sample_draw_of
 
 __all__ = ["explain_sample", "sample"]
 
@@ -139,17 +144,28 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         if isinstance(top_p, torch.Tensor) else top_p
     qq = _per_row(min_p, B, dev, torch.float32, "min_p", _q_ok, "in [0, 1]") \
         if isinstance(min_p, torch.Tensor) else min_p
+    knobs = knobs or NO_SAMPLE_KNOBS
     if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
-        u = None if not isinstance(t, torch.Tensor) and t == 0 else torch.rand(B, device=dev, generator=generator)
+        if not isinstance(t, torch.Tensor) and t == 0:
+            u = None
+        else:
+            u = None
+            if (which == "triton" and B > 0 and dev.type == "cuda" and sample_draw_of(knobs) == "kernel"
+                    and not torch._C._cuda_isCurrentStreamCapturing()):
+                u = _philox_state(generator, dev)
+            if u is None:
+                u = torch.rand(B, device=dev, generator=generator)
     else:
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
     if which == "triton" and B > 0:
         global _sample_2d
         if _sample_2d is None:
             from .sampling_launch import sample_2d as _sample_2d
-        out = _sample_2d(x, t, kk, pp, qq, u, knobs or NO_SAMPLE_KNOBS)
+        out = _sample_2d(x, t, kk, pp, qq, u, knobs)
         if out is not None:
             return out if len(lead) == 1 else (out[0].reshape(lead), out[1].reshape(lead))
+        if type(u) is tuple:    # the sort path (top_k past the fused kernels) draws with torch
+            u = torch.rand(B, device=dev, generator=generator)
     return _sample_torch(x.float(), t, kk, pp, qq, None if u is None else u.reshape(-1, 1), lead)
 
 
@@ -176,6 +192,36 @@ def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend
     esize = 4 if logits.dtype == torch.float64 else logits.dtype.itemsize
     return sample_plan(B, V, esize, target or target_of(logits.device), greedy=greedy, top_k=k,
                        knobs=knobs or NO_SAMPLE_KNOBS)
+
+
+def _philox_state(generator, dev: torch.device) -> tuple | None:
+    """The kernels' Philox key and counter words from ``generator`` (None: the device's default CUDA generator),
+    whose offset then advances by 4 (one counter per row: row r draws from subsequence r at that offset); None for
+    a generator that is not a CUDA one (the caller's ``torch.rand`` then raises torch's error).
+
+    Only the device *type* is compared, as torch's own kernels do: ``torch.Generator(device="cuda")`` has the device
+    ``cuda`` (no index), which is not equal to the logits' ``cuda:0``, and torch draws with it on any CUDA device.
+    (Comparing whole devices once sent such a generator to a one-element ``torch.rand``, whose tensor the kernels
+    then read as every row's u: rows past 0 read past its end, ids skewed on the H200.)"""
+    gen = generator if generator is not None else torch.cuda.default_generators[dev.index]
+    if gen.device.type != dev.type:
+        return None
+    offset = gen.get_offset()
+    gen.set_offset(offset + 4)
+    return philox_words(gen.initial_seed(), offset)
+
+
+def _int32(w: int) -> int:
+    """A 32-bit word as a signed int (Triton types a Python int in [-2^31, 2^31) as int32: one compiled kernel)."""
+    return w - ((w >> 31) << 32)
+
+
+def philox_words(seed: int, offset: int) -> tuple:
+    """``(s0, s1, c0, c1)``: the Philox key (a 64-bit ``seed``) and the counter ``offset / 4`` (``offset`` a
+    generator's Philox offset, a multiple of 4), low and high 32-bit words, as the kernels take them."""
+    c = offset >> 2
+    return (_int32(seed & 0xFFFFFFFF), _int32((seed >> 32) & 0xFFFFFFFF), _int32(c & 0xFFFFFFFF),
+            _int32((c >> 32) & 0xFFFFFFFF))
 
 
 def _u_ok(u):

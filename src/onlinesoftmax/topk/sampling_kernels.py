@@ -4,8 +4,10 @@ The order of the row is (x descending, index ascending), the same at every tempe
 prefix of that order, so the kept set is the shortest of them: top-k the first k; top-p the first positions whose
 mass *before* them is below ``top_p · W`` (W the mass the top-k keeps, the first always stays); min-p every
 ``p >= min_p · p_max``. The draw is by inverse CDF: with the row's uniform ``u`` (a tensor the caller drew with its
-generator, or passed), the first kept token *in index order* whose running mass exceeds ``u · W_kept`` (never one
-of p = 0). The log-probability is ``log p − log W_kept``.
+generator, or passed; or with ``PHILOX``, drawn here: :func:`_uniform`), the first kept token *in index order*
+whose running mass exceeds ``u · W_kept`` (never one of p = 0). The log-probability is ``log p − log W_kept``.
+Step 1 sums p in fp32 (an order that follows the reduction's layout) or, with ``FIXED``, in int64 fixed point
+(p·2^61: exact, the same bits in every layout; ``SampleKnobs.mass``).
 
 1. ``_sample_kernel``, one program per row, on the K sorted candidates of ``softmax_topk(x / T, K)`` (``p`` of the
    whole row): each active filter either ends inside the candidates (decided) or provably runs past them; the
@@ -48,28 +50,81 @@ def _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_
     return t, kk, tp, mp, bad
 
 
+MASS_SCALE = tl.constexpr(2.0 ** 61)   # a kept mass (<= 1 plus rounding) stays below 2^63 in these int64 units
+MASS_UNIT = tl.constexpr(2.0 ** -61)
+
+
+@triton.jit
+def _word(v):
+    """The low 32 bits of an integer as uint32 (an int32 or int64 argument)."""
+    return (v.to(tl.int64) & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX: tl.constexpr):
+    """Row ``row``'s u in [0, 1): loaded, or (``PHILOX``) drawn: Philox-4x32-10 with key (s0, s1) (the generator's
+    seed, low and high words) at counter (c0, c1, row, 0) ((c0, c1) = the generator's offset / 4: curand's state
+    of subsequence ``row`` at that offset, as torch's kernels seed a thread); the first word's top 24 bits · 2^-24."""
+    if PHILOX:
+        seed = (_word(s1).to(tl.uint64) << 32) | _word(s0).to(tl.uint64)
+        r, _, _, _ = tl.philox(seed, _word(c0), _word(c1), _word(row), tl.zeros([], tl.uint32))
+        return (r >> 8).to(tl.int32).to(tl.float32) * (1.0 / 16777216.0)
+    else:
+        return tl.load(u_ptr + row).to(tl.float32)
+
+
+@triton.jit
+def _mass(p, FIXED: tl.constexpr):
+    """p (>= 0, or NaN) in the unit step 1 sums masses in: fp32, or (``FIXED``) int64 p·2^61, truncated (exact for
+    p >= 2^-37; NaN as 0). Integer sums do not depend on the order of the additions."""
+    if FIXED:
+        return (tl.where(p > 0.0, p, 0.0) * MASS_SCALE).to(tl.int64)
+    else:
+        return p
+
+
+@triton.jit
+def _scaled(f, w, FIXED: tl.constexpr):
+    """f · w for a mass w in :func:`_mass`'s unit (``FIXED``: in fp64, truncated to the unit)."""
+    if FIXED:
+        return (f.to(tl.float64) * w.to(tl.float64)).to(tl.int64)
+    else:
+        return f * w
+
+
+@triton.jit
+def _prob(w, FIXED: tl.constexpr):
+    """A mass in :func:`_mass`'s unit as an fp32 probability."""
+    if FIXED:
+        return w.to(tl.float32) * MASS_UNIT
+    else:
+        return w
+
+
 @triton.jit(do_not_specialize=("K", "V", "t_val", "t_stride", "k_val", "k_stride", "p_val", "p_stride",
-                               "q_val", "q_stride"))
+                               "q_val", "q_stride", "s0", "s1", "c0", "c1"))
 def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                    t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                   K, V, KP: tl.constexpr):
-    """Step 1 on row ``pid``'s K candidates (``p`` sorted descending, their indices, the row's lse of x / T)."""
+                   s0, s1, c0, c1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
+    """Step 1 on row ``pid``'s K candidates (``p`` sorted descending, their indices, the row's lse of x / T);
+    (s0, s1, c0, c1): the Philox seed and counter where ``PHILOX`` (else unused)."""
     row = tl.program_id(0)
     j = tl.arange(0, KP)
     live = j < K
     p = tl.load(val_ptr + row.to(tl.int64) * K + j, mask=live, other=0.0)
     ind = tl.load(ind_ptr + row.to(tl.int64) * K + j, mask=live, other=0)
-    _draw(p, ind, j, K, tl.load(lse_ptr + row), row, u_ptr, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride,
-          k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, True)
+    _draw(p, ind, j, K, tl.load(lse_ptr + row), row, _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX), ids_ptr,
+          logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
+          q_stride, V, True, FIXED)
 
 
 @triton.jit(do_not_specialize=("k", "S", "BS", "t_val", "t_stride", "k_val", "k_stride", "p_val", "p_stride",
-                               "q_val", "q_stride"))
+                               "q_val", "q_stride", "s0", "s1", "c0", "c1"))
 def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, ids_ptr, logp_ptr,
                          t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                         q_stride, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, SP: tl.constexpr,
-                         CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr, W: tl.constexpr,
-                         T_MODE: tl.constexpr):
+                         q_stride, s0, s1, c0, c1, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
+                         SP: tl.constexpr, CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr,
+                         W: tl.constexpr, T_MODE: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
     """Step 1 fused into the last merge of ``softmax_topk(x / T, k)`` (``fuse``): the row's k sorted candidates
     go from the merge's registers to the filters and the draw, not through memory (no values, indices or lse
     written and read back, one launch less). Only where step 1 decides every row (an int top_k, or greedy): no
@@ -79,17 +134,18 @@ def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, 
                                           False)
     j, p, ind = _ranked(buf, n, m, d, c, CAP, FAST)
     live = j < k
-    _draw(tl.where(live, p, 0.0), tl.where(live, ind, 0).to(tl.int64), j, k, (m + tl.log2(d)) * LN2, row, u_ptr,
-          ids_ptr, logp_ptr, logp_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr,
-          q_val, q_stride, V, False)
+    _draw(tl.where(live, p, 0.0), tl.where(live, ind, 0).to(tl.int64), j, k, (m + tl.log2(d)) * LN2, row,
+          _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX), ids_ptr, logp_ptr, logp_ptr, t_ptr, t_val, t_stride, k_ptr,
+          k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, False, FIXED)
 
 
 @triton.jit
-def _draw(p, ind, j, K, lse, row, u_ptr, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride,
-          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr):
+def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride,
+          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr, FIXED: tl.constexpr):
     """Step 1 on row ``row``'s candidates ``p`` (sorted descending, 0 at positions ``j >= K``), their int64
-    indices ``ind`` and the row's lse: the id and log-probability, stored where the candidates decide the row;
-    ``FLAG``: the row's flag for step 2 stored (else every row must be decided: the fused merge)."""
+    indices ``ind``, the row's lse and its uniform ``u``: the id and log-probability, stored where the candidates
+    decide the row; ``FLAG``: the row's flag for step 2 stored (else every row must be decided: the fused merge).
+    Masses in :func:`_mass`'s unit (``FIXED``)."""
     live = j < K
     t, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                      q_ptr, q_val, q_stride, row, V)
@@ -100,16 +156,18 @@ def _draw(p, ind, j, K, lse, row, u_ptr, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_v
     k_on = kk < V
     k_dec = (k_on & (kk <= K)) | all_in
     lk = tl.minimum(kk, K)
-    csum = tl.cumsum(p, 0)
-    w = tl.sum(tl.where(j < lk, p, 0.0))
-    w = tl.where(k_on | all_in, w, 1.0)
+    pm = _mass(p, FIXED)
+    csum = tl.cumsum(pm, 0)
+    w = tl.sum(tl.where(j < lk, pm, 0))
+    w = tl.where(k_on | all_in, w, _mass(tl.full([], 1.0, tl.float32), FIXED))
     w_known = k_dec | ~k_on
     # b. top-p: the positions whose mass before them is below top_p · W (the first always stays). Decided when it
     # ends inside the top-k's candidates; past the K candidates it is longer than K
     p_on = tp < 1.0
-    lp = tl.maximum(tl.sum(((csum - p < tp * w) & (j < lk)).to(tl.int32)), 1)
-    last = tl.sum(tl.where(j == lk - 1, csum, 0.0))           # mass of the first min(kk, K) candidates
-    p_dec = w_known & (k_dec | (last >= tp * w))
+    pw = _scaled(tp, w, FIXED)
+    lp = tl.maximum(tl.sum(((csum - pm < pw) & (j < lk)).to(tl.int32)), 1)
+    last = tl.sum(tl.where(j == lk - 1, csum, 0))           # mass of the first min(kk, K) candidates
+    p_dec = w_known & (k_dec | (last >= pw))
     # c. min-p: p >= min_p · p_max; decided when some candidate falls below it
     q_on = mp > 0.0
     p_max = tl.max(p)
@@ -131,14 +189,14 @@ def _draw(p, ind, j, K, lse, row, u_ptr, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_v
     packed = tl.sort(packed)
     kept = packed != 9223372036854775807
     ps = tl.where(kept, (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-    w_kept = tl.sum(ps)
-    u = tl.load(u_ptr + row).to(tl.float32)
-    pos = tl.sum(((tl.cumsum(ps, 0) <= u * w_kept) & kept).to(tl.int32))
-    pos = tl.minimum(pos, tl.max(tl.where(kept & (ps > 0.0), j, 0)))
+    psm = _mass(ps, FIXED)
+    w_kept = tl.sum(psm)
+    pos = tl.sum(((tl.cumsum(psm, 0) <= _scaled(u, w_kept, FIXED)) & kept).to(tl.int32))
+    pos = tl.minimum(pos, tl.max(tl.where(kept & (psm > 0), j, 0)))
     sel = j == pos
     pick = tl.sum(tl.where(sel, packed >> 32, 0))
     p_pick = tl.sum(tl.where(sel, ps, 0.0))
-    logp = tl.log(p_pick) - tl.log(w_kept)
+    logp = tl.log(p_pick) - tl.log(_prob(w_kept, FIXED))
     # greedy: the first candidate (the argmax, lowest index among ties), probability 1
     first = tl.sum(tl.where(j == 0, ind, 0))
     pick = tl.where(greedy, first, pick)
@@ -323,21 +381,24 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
 
 
 @triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
-                               "p_val", "p_stride", "q_val", "q_stride"))
+                               "p_val", "p_stride", "q_val", "q_stride", "s0", "s1", "c0", "c1"))
 def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                       q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr):
-    """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row."""
+                       q_stride, s0, s1, c0, c1, K, ARRIVE, GEN, HC, HM, WC, WM, C, CH, BLOCK: tl.constexpr,
+                       CP: tl.constexpr, PHILOX: tl.constexpr):
+    """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row (the
+    row's u as step 1 drew it: :func:`_uniform`)."""
     pid = tl.program_id(0)
     row = pid // C
     if tl.load(flag_ptr + row) != 0:
-        _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
+        _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr,
+                    _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX), ids_ptr, logp_ptr,
                     t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                     q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, row, pid % C, C, CH, BLOCK, CP)
 
 
 @triton.jit
-def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
+def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                 t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
                 K, ARRIVE, GEN, HC, HM, WC, WM, row, chunk, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr):
     t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
@@ -406,7 +467,7 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr,
     masses = tl.load(WM + row * C + j, mask=j < C, other=0.0, cache_modifier=".cg")
     before = tl.cumsum(masses, 0) - masses
     w_kept = tl.sum(masses)
-    target = tl.load(u_ptr + row).to(tl.float32) * w_kept
+    target = u * w_kept
     owner = tl.max(tl.where((before <= target) & (masses > 0.0) & (j < C), j, -1))
     if (owner < 0) & (chunk == 0):      # nothing kept (cannot happen: the row's largest p always stays): say so
         tl.store(ids_ptr + row, tl.full([], -1, tl.int64))

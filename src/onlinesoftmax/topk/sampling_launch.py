@@ -7,7 +7,9 @@ dummy pointers are bound once in a :class:`SampleCall`, found by one dict look-u
 pass every pointer as an int (``data_ptr()``) straight to the compiled kernels' C launchers: Triton's launcher
 then neither calls ``data_ptr`` nor queries the driver for the pointer's attributes. Per call: the output
 allocations, the launches, and nothing else (no plan hashing, no workspace look-up, no tensor for a Python
-parameter, no view of scratch).
+parameter, no view of scratch). With ``SampleKnobs(draw="kernel")`` an eager call also skips ``torch.rand`` (the
+kernels draw u by Philox from the generator's seed and offset: four ints); with ``one_buffer`` it allocates its
+two outputs as views of one buffer.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from __future__ import annotations
 import torch
 
 from .._triton.launch import BoundKernel, cached, current_device, current_stream, hooks_installed, pow2, stream_scratch
-from ..backend import interpret_mode
 from ..target import target_of
+from .launch import Slot, final_meta, raw_launches, workspaces
 from .launch import _launches as topk_launches
-from .launch import final_meta, workspaces
 from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
 
@@ -35,36 +36,40 @@ def cached_sample_plan(B: int, V: int, dtype: torch.dtype, device: torch.device,
 
 class SampleCall:
     """The launches of one ``sample`` problem (B, V, x's strides and dtype, device, stream, K, temperature mode,
-    plan), bound once: the top-k launches of ``softmax_topk(x / T, K)`` (their last merge replaced by the fused
-    sampling merge with ``plan.fuse``), step 1, step 2 where some row may need it; the workspace of the stream.
+    plan, where u comes from), bound once: the top-k launches of ``softmax_topk(x / T, K)`` (their last merge
+    replaced by the fused sampling merge with ``plan.fuse``), step 1, step 2 where some row may need it; the
+    workspace of the stream. ``philox``: the kernels draw u (a call's ``u`` is then ``(s0, s1, c0, c1)``: the
+    Philox key and counter words as signed int32), else they load it.
 
     Pointers are "ptr-like": tensors on the first call of an alignment class (Triton compiles and binds from
     them) and under the interpreter, ints (``data_ptr()``) afterwards. A parameter is ``(ptr, value, stride)``:
     stride -1 for a Python value (the pointer a dummy of the parameter's dtype, so scalar and per-row calls share
     one compiled kernel)."""
 
-    __slots__ = ("plan", "B", "V", "strides", "device", "kernels", "args", "lanes", "dtypes", "ws")
+    __slots__ = ("plan", "B", "V", "strides", "device", "kernels", "args", "lanes", "dtypes", "ws", "one")
 
     def __init__(self, plan: SamplePlan, B: int, V: int, stride_b: int, stride_v: int, t_mode: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, philox: bool = False):
         self.plan, self.B, self.V, self.strides, self.device = plan, B, V, (stride_b, stride_v), device
+        self.one = plan.one_buffer                  # ids and logp as views of one buffer
         K, cfg, C = plan.k, plan.topk, plan.row_chunks
         head = (stride_b, stride_v, V)
         top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode)
         kernels, args = [kern for kern, _ in top], [a for _, a in top]
+        draw = dict(FIXED=plan.mass == "fixed", PHILOX=philox)
         if plan.fuse:
-            kernels[-1] = BoundKernel(_sample_merge_kernel, (B,), final_meta(cfg, t_mode))
+            kernels[-1] = BoundKernel(_sample_merge_kernel, (B,), dict(final_meta(cfg, t_mode), **draw))
             S2 = -(-cfg.splits // cfg.tree) if cfg.tree else cfg.splits
 
-            def fused(x, ws, ws2, ids, logp, u, tt, prm):
-                return (x, *head, ws2 if cfg.tree else ws, K, S2, B * S2, u, ids, logp, *tt, *prm)
+            def fused(x, ws, ws2, ids, logp, u, tt, prm, rng):
+                return (x, *head, ws2 if cfg.tree else ws, K, S2, B * S2, u, ids, logp, *tt, *prm, *rng)
             args[-1] = fused
         else:
             kernels.append(BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)),
-                                                                  num_warps=1 if K <= 256 else 4)))
+                                                                  num_warps=1 if K <= 256 else 4, **draw)))
             if C:
                 kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(BLOCK=ROW_BLOCK, CP=plan.table,
-                                                                              num_warps=ROW_WARPS)))
+                                                                              num_warps=ROW_WARPS, PHILOX=philox)))
         self.kernels, self.args = tuple(kernels), tuple(args)
         # the compile keys of BoundKernel for aligned pointers: x, then the parameters' dtypes (t, top_k, top_p,
         # min_p dummies or tensors, u)
@@ -95,11 +100,19 @@ class SampleCall:
 
     def __call__(self, x: torch.Tensor, tt: tuple, kt: tuple, pt: tuple, qt: tuple, u, stream, capturing: bool):
         """``(ids, logp)``: ``tt``..``qt`` the parameters ``(tensor or None, value, stride)`` (None: a Python value,
-        stride -1), ``u`` the uniforms (None: every row greedy), on ``stream`` (the raw current CUDA stream; the
-        call's key)."""
+        stride -1), ``u`` the uniforms (None: every row greedy; a tuple of four ints: the Philox key and counter of
+        a ``philox`` call), on ``stream`` (the raw current CUDA stream; the call's key)."""
         B, dev = self.B, self.device
-        ids = torch.empty(B, device=dev, dtype=torch.int64)
-        logp = torch.empty(B, device=dev, dtype=torch.float32)
+        if self.one:        # B int64 ids, then B float32 log-probabilities (16-byte aligned: B rounded up to 2)
+            buf = torch.empty(B + B % 2 + (B + 1) // 2, device=dev, dtype=torch.int64)
+            ids = buf[:B]
+            logp = buf[B + B % 2:].view(torch.float32)[:B]
+        else:
+            ids = torch.empty(B, device=dev, dtype=torch.int64)
+            logp = torch.empty(B, device=dev, dtype=torch.float32)
+        rng = _NO_RNG
+        if type(u) is tuple:
+            u, rng = None, u
         lanes = self.lanes
         if lanes is not None and not capturing:
             idp, lpp = ids.data_ptr(), logp.data_ptr()
@@ -125,7 +138,7 @@ class SampleCall:
             if not bits & 15 and not hooks_installed():
                 vals = (xp, idp, lpp, up, lpp if t0 is None else t0, float(tt[1]), tt[2], idp if k0 is None else k0,
                         int(kt[1]), kt[2], lpp if p0 is None else p0, float(pt[1]), pt[2],
-                        lpp if q0 is None else q0, float(qt[1]), qt[2])
+                        lpp if q0 is None else q0, float(qt[1]), qt[2], *rng)
                 for launch, full, subs in lanes:
                     a = full.copy()
                     a[3] = stream
@@ -133,27 +146,28 @@ class SampleCall:
                         a[pos] = vals[i]
                     launch(*a)
                 return ids, logp
-        self._launch_bound(x, ids, logp, u, tt, kt, pt, qt, capturing)
+        self._launch_bound(x, ids, logp, u, tt, kt, pt, qt, rng, capturing)
         return ids, logp
 
-    def _arglists(self, x, views, ids, logp, u, prm) -> list:
+    def _arglists(self, x, views, ids, logp, u, prm, rng) -> list:
         """Each launch's run-time arguments: ``prm`` the parameters as the kernels take them, ``(ptr, value,
-        stride)`` four times (a Python value's pointer a dummy of its dtype: logp for float32, ids for int64)."""
+        stride)`` four times (a Python value's pointer a dummy of its dtype: logp for float32, ids for int64);
+        ``rng`` the Philox key and counter words (zeros where the kernels load u)."""
         plan = self.plan
         ws, ws2, vals, inds, lse, flag = views[:6]
         tt = tuple(prm[:3])
         lists = [a(x, ws, ws2, (vals, inds, lse), tt) for a in self.args[:len(self.args) - plan.fuse]]
         if plan.fuse:
-            lists.append(self.args[-1](x, ws, ws2, ids, logp, u, tt, prm[3:]))
+            lists.append(self.args[-1](x, ws, ws2, ids, logp, u, tt, prm[3:], rng))
             return lists
         K, V = plan.k, self.V
-        lists.append((vals, inds, lse, u, ids, logp, flag, *prm, K, V))
+        lists.append((vals, inds, lse, u, ids, logp, flag, *prm, *rng, K, V))
         if plan.row_chunks:
-            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, K, *views[6:], plan.row_chunks,
-                          plan.chunk))
+            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, *views[6:],
+                          plan.row_chunks, plan.chunk))
         return lists
 
-    def _launch_bound(self, x, ids, logp, u, tt, kt, pt, qt, capturing):
+    def _launch_bound(self, x, ids, logp, u, tt, kt, pt, qt, rng, capturing):
         """Through ``BoundKernel`` with tensors: the first call (compiles, binds), misaligned pointers, a capture
         (its own workspace), the interpreter. Then, on CUDA, binds the lanes of later aligned calls: each launch's
         C launcher with its arguments laid out once, the per-call ones (``_SLOTS``) put in by position."""
@@ -164,7 +178,7 @@ class SampleCall:
                kt[2], logp if pt[0] is None else pt[0], float(pt[1]), pt[2], logp if qt[0] is None else qt[0],
                float(qt[1]), qt[2]]
         check = (x, prm[0], prm[3], prm[6], prm[9], u)
-        for kern, a in zip(self.kernels, self._arglists(x, views, ids, logp, u, prm)):
+        for kern, a in zip(self.kernels, self._arglists(x, views, ids, logp, u, prm, rng)):
             kern(a, check, dev)
         if capturing or not raw_launches(dev) or self.lanes is not None or any(t.data_ptr() & 15 for t in check):
             return
@@ -174,36 +188,30 @@ class SampleCall:
             return
         ptrs = tuple(None if v is None else v.data_ptr() for v in views)
         lanes = []
-        for (launch, head, tail), a in zip(raw, self._arglists(_SLOTS[0], ptrs, *_SLOTS[1:4], list(_SLOTS[4:]))):
+        for (launch, head, tail), a in zip(raw, self._arglists(_SLOTS[0], ptrs, *_SLOTS[1:4], list(_SLOTS[4:16]),
+                                                              _SLOTS[16:])):
             full = [*head[:3], None, *head[3:], *a, *tail]
             lanes.append((launch, full, tuple((i, _SLOTS.index(v)) for i, v in enumerate(full)
-                                              if isinstance(v, _Slot))))
+                                              if isinstance(v, Slot))))
         self.ws = views                                  # held: the pointers in the lanes stay valid
         self.lanes = tuple(lanes)
 
 
-class _Slot:
-    """A per-call argument's place in a bound lane (compared by identity)."""
-
-    __slots__ = ()
-
-
-# x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p: the order of a call's values
-_SLOTS = tuple(_Slot() for _ in range(16))
+# x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p, then the Philox key and counter
+# words (s0, s1, c0, c1): the order of a call's values
+_SLOTS = tuple(Slot() for _ in range(20))
+_NO_RNG = (0, 0, 0, 0)
 
 
-def raw_launches(device: torch.device) -> bool:
-    """Whether calls on ``device`` may go straight to the compiled kernels' C launchers (CUDA, no interpreter)."""
-    return device.type == "cuda" and not interpret_mode()
-
-
-def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: SampleKnobs, stream) -> SampleCall | None:
+def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: SampleKnobs, stream,
+                philox: bool = False) -> SampleCall | None:
     """The bound problem for ``x`` (``[B, V]``) on ``stream`` (a raw CUDA stream, None elsewhere), cached by a tuple
-    of ints; None where the plan is not the kernels' (top_k past the fused kernels: the caller runs torch's path)."""
+    of ints; None where the plan is not the kernels' (top_k past the fused kernels: the caller runs torch's path).
+    ``philox``: the kernels draw u."""
     B, V = x.shape
     sb, sv = x.stride()
     dtype, dev = x.dtype, x.device
-    key = (B, V, sb, sv, dtype, dev, stream, greedy, top_k, t_mode, knobs)
+    key = (B, V, sb, sv, dtype, dev, stream, greedy, top_k, t_mode, knobs, philox)
     call = _calls.get(key)
     if call is None:
         plan = cached_sample_plan(B, V, dtype, dev, greedy, top_k, knobs)
@@ -211,7 +219,7 @@ def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: Sample
             return None
         if len(_calls) >= CALLS_KEPT:
             _calls.clear()
-        call = _calls[key] = SampleCall(plan, B, V, sb, sv, t_mode, dev, dtype)
+        call = _calls[key] = SampleCall(plan, B, V, sb, sv, t_mode, dev, dtype, philox)
     return call
 
 
@@ -223,10 +231,11 @@ def _param(v, off) -> tuple:
     return None, off if v is None else v, -1
 
 
-def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor | None, knobs: SampleKnobs = NO_SAMPLE_KNOBS):
+def sample_2d(x: torch.Tensor, t, kk, pp, qq, u, knobs: SampleKnobs = NO_SAMPLE_KNOBS):
     """``(ids [B], logp [B])`` for ``x`` ``[B, V]`` (B >= 1) and the rows' uniforms ``u`` (float32 ``[B]`` on x's
-    device; None for an all-greedy call) on the kernels, or None where ``softmax_topk`` would take its sort path
-    (``top_k`` above the fused kernels' range): the caller runs torch's path then."""
+    device; None for an all-greedy call; or :func:`sampling.philox_words` of a generator: the kernels draw them) on the
+    kernels, or None where ``softmax_topk`` would take its sort path (``top_k`` above the fused kernels' range):
+    the caller runs torch's path then."""
     if x.dtype == torch.float64:
         x = x.float()
     greedy = not isinstance(t, torch.Tensor) and t == 0
@@ -238,7 +247,8 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u: torch.Tensor | None, knobs: Sam
     if x.is_cuda:
         stream = current_stream(current_device())
         capturing = torch._C._cuda_isCurrentStreamCapturing()
-    call = sample_call(x, greedy, kk if isinstance(kk, int) else None, t_mode, knobs, stream)
+    call = sample_call(x, greedy, kk if isinstance(kk, int) else None, t_mode, knobs, stream, type(u) is tuple)
     if call is None:
         return None
     return call(x, tt, _param(kk, 0), _param(pp, 1.0), _param(qq, 0.0), u, stream, capturing)
+

@@ -26,7 +26,11 @@ Knobs (the plan's, off unless asked for): STAGE_ROWS, the producer also stages e
 shared memory (the consumers read them where used, after the matmuls; no global load on their path); DQ_TMA, each
 warpgroup writes its fp32 dQ partial [BLOCK_M, 64] to shared memory and one thread adds it with a TMA reduce
 (``cp.reduce.async.bulk.tensor .add``; rows past Sq clipped by the descriptor), waited one tile later, instead of
-32 two-wide atomics per thread.
+32 two-wide atomics per thread; DQ_SLOT, that partial written where the tile's Q (warpgroup 0) or dO (warpgroup 1)
+was once both warpgroups' matmuls have read the slot, the slot refilled one tile later (no dQ tiles of their own:
+D = 128 has room for a third slot, D = 256 for the TMA reduce at all); DQ_ROWS (D = 64, 128 rows per step), the
+warpgroups split dQ by rows, each forming BLOCK_M/2 rows over all 2·BLOCK_N keys from the shared dSᵀ ring (half
+the fp32 bytes reduced per tile, half the dQ registers); LPT_HEADS, the programs run longest first (``_lpt_order``).
 At the end ``dK ← scale·dK``; dK and dV are stored once (a GQA group's heads are summed here: no atomics).
 SPLIT_D (D = 256, ``_consumer_split_d``): dK and dV of 64 keys × 256 would take 256 registers a thread in one
 warpgroup, so the program holds 64 keys, each warpgroup forms S and dP for 32 of them (not transposed: wgmma's M
@@ -109,15 +113,47 @@ def _producer(q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, em
 
 
 @gluon.jit
+def _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0, col0,
+                  BLOCK_M: gl.constexpr, COLS: gl.constexpr, WG: gl.constexpr):
+    """DQ_SLOT: once both warpgroups' matmuls of the tile have read slot s (``drained``), the fp32 dQ partial
+    [BLOCK_M, COLS] (half the tile's dQ: rows m0.., columns col0..) of warpgroup 0 goes where the slot's Q tile
+    was, warpgroup 1's where its dO tile was (the same bytes), and one TMA reduce adds it to the buffer; the slot
+    returns to the producer one tile later (``_release_drained``), once the reduce has read it."""
+    mbarrier.arrive(drained.index(s), count=1)
+    mbarrier.wait(drained.index(s), phase)
+    gl.static_assert(BLOCK_M * COLS * 4 == q_smem.shape[1] * q_smem.shape[2] * 2,
+                     "dQ's fp32 half tile takes a 16-bit Q / dO slot's bytes")
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, COLS], gl.float32)
+    if WG == 0:
+        buf = q_smem.index(s)._reinterpret(gl.float32, [BLOCK_M, COLS], dq_layout)
+    else:
+        buf = do_smem.index(s)._reinterpret(gl.float32, [BLOCK_M, COLS], dq_layout)
+    buf.store(dq)
+    fence_async_shared()
+    _tma_reduce_add(dq_desc, [g, m0, col0], buf.reshape(dq_desc.block_shape))
+
+
+@gluon.jit
+def _release_drained(empty, it, STAGES: gl.constexpr):
+    """DQ_SLOT: the previous tile's slot back to the producer once its dQ reduce has read it (waited here, after
+    this tile's first matmuls are issued, not where it was issued)."""
+    if it > 0:
+        tma.store_wait(0)
+        mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)     # (its bar.sync: the issuing thread waited)
+
+
+@gluon.jit
 def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem, kv_bar, q_ready, do_ready, empty,
-              ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk,
-              off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
+              ds_ready, ds_empty, drained, dq_desc, LSE, DELTA, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0,
+              Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
               WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SPLIT_DQ: gl.constexpr,
-              STAGE_ROWS: gl.constexpr, DQ_TMA: gl.constexpr):
-    """Consumer warpgroup WG: keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's block."""
+              STAGE_ROWS: gl.constexpr, DQ_TMA: gl.constexpr, DQ_SLOT: gl.constexpr, DQ_BY_ROWS: gl.constexpr):
+    """Consumer warpgroup WG: keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's block. SPLIT_DQ: dQ over all
+    2·BLOCK_N keys from the shared dSᵀ ring, for half the head dim, or (DQ_BY_ROWS) for half the tile's rows."""
     dtype: gl.constexpr = k_smem.dtype
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
+    DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_BY_ROWS else BLOCK_M
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ and not DQ_BY_ROWS else HEAD_DIM
     k_w = k_smem.slice(WG * BLOCK_N, BLOCK_N)
     v_w = v_smem.slice(WG * BLOCK_N, BLOCK_N)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -132,15 +168,16 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
     offs_v = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [4], [0]))
     # dQ's atomics straight from the accumulator's layout: 2 consecutive fp32 per thread (v2), 8 rows of 32 bytes
     # (whole sectors) per warp instruction
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_rows = gl.arange(0, DQ_M, layout=gl.SliceLayout(1, dq_layout))
     dq_offs = dq_rows[:, None] * HEAD_DIM + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))[None, :]
-    dq_col0 = WG * DQ_COLS if SPLIT_DQ else 0
-    dq_offs += dq_col0
+    dq_col0: gl.constexpr = WG * DQ_COLS if SPLIT_DQ and not DQ_BY_ROWS else 0
+    dq_row0: gl.constexpr = WG * DQ_M if DQ_BY_ROWS else 0
+    dq_offs += dq_row0 * HEAD_DIM + dq_col0
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-    zero_dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    zero_dq = gl.zeros([DQ_M, DQ_COLS], gl.float32, layout=dq_layout)
     mbarrier.wait(kv_bar, 0)
     for it in range(n_tiles):
         s = it % STAGES
@@ -172,6 +209,8 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
             dpT = warpgroup_mma(v_w, do_smem.index(s).permute((1, 0)), dp_init, is_async=True)
             sT = warpgroup_mma_wait(1, deps=[sT])
             pT = gl.exp2(sT * qk_scale)
+        if DQ_SLOT:
+            _release_drained(empty, it, STAGES)
         if (m0 < full_lo) | (m0 + BLOCK_M > full_hi):
             pT = gl.where(_keep_t(m0 + offs_q, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), pT, 0.0)
         # 2. dV += Pᵀ dO while dSᵀ = Pᵀ ⊙ (dPᵀ − Δ) is formed; dK += dSᵀ Q. Pᵀ and dSᵀ go through shared memory:
@@ -197,8 +236,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
             mbarrier.arrive(ds_ready.index(b), count=1)      # (its bar.sync: the warpgroup's stores are done)
             dk = warpgroup_mma(ds_own, q_smem.index(s), dk, is_async=True)
             mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
-            dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1), zero_dq,
-                               use_acc=False, is_async=True)
+            if DQ_BY_ROWS:
+                dq = warpgroup_mma(ds_all.slice(dq_row0, DQ_M, dim=1).permute((1, 0)), k_smem, zero_dq,
+                                   use_acc=False, is_async=True)
+            else:
+                dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(dq_col0, DQ_COLS, dim=1), zero_dq,
+                                   use_acc=False, is_async=True)
         else:
             ds_own = ds_smem.index(0).slice(WG * BLOCK_N, BLOCK_N)
             ds_own.store(dsT)
@@ -207,16 +250,20 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
             dk = warpgroup_mma(ds_own, q_smem.index(s), dk, is_async=True)
             dq = warpgroup_mma(ds_own.permute((1, 0)), k_w, zero_dq, use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
-        mbarrier.arrive(empty.index(s), count=1)          # (its bar.sync: every warp is past the wait)
+        if not DQ_SLOT:
+            mbarrier.arrive(empty.index(s), count=1)      # (its bar.sync: every warp is past the wait)
         if SPLIT_DQ:
             mbarrier.arrive(ds_empty.index(it % 2), count=1)
-        if DQ_TMA:
+        if DQ_SLOT:
+            _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0 + dq_row0, dq_col0, DQ_M, DQ_COLS,
+                          WG)
+        elif DQ_TMA:
             # the tile's dQ partial through shared memory, added by one TMA reduce (rows past Sq clipped by the
             # descriptor); the previous tile's reduce has long finished reading dq_smem
             tma.store_wait(0)
             dq_smem.store(dq)
             fence_async_shared()
-            _tma_reduce_add(dq_desc, [g, m0, dq_col0], dq_smem.reshape(dq_desc.block_shape))
+            _tma_reduce_add(dq_desc, [g, m0 + dq_row0, dq_col0], dq_smem.reshape(dq_desc.block_shape))
         else:
             # no mask: rows past Sq have dS = 0 (P = 0, dO = 0), so their dQ rows are exact zeros, added into the
             # next rows of the buffer or into its BLOCK_M rows of padding (a masked atomic is a branch each)
@@ -233,11 +280,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_sm
 
 
 @gluon.jit
-def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready, do_ready, empty,
-                      pd_ready, pd_empty, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT,
-                      lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
+def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem, kv_bar, q_ready,
+                      do_ready, empty, pd_ready, pd_empty, drained, dq_desc, DQACC, dk_ptr, dv_ptr, row_base, slh,
+                      sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale, scale,
                       WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+                      STAGES: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, DQ_TMA: gl.constexpr,
+                      DQ_SLOT: gl.constexpr):
     """SPLIT_D (D = 256) consumer warpgroup WG: scores for keys [n0 + WG·BLOCK_N, +BLOCK_N) of the program's
     2·BLOCK_N, accumulators for head-dim columns [WG·D/2, +D/2) of all of them.
 
@@ -248,7 +296,9 @@ def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_sme
        between the warpgroups, ``pd_ready`` / ``pd_empty``); once both halves are in:
     3. dV[:, cols] += Pᵀ dO[:, cols], dK[:, cols] += dSᵀ Q[:, cols], dQ[:, cols] = dS K[:, cols] (wgmma reads dSᵀ
        transposed), each [2·BLOCK_N or BLOCK_M, D/2]: dK, dV 64 fp32 registers each, dQ 64, added with fp32
-       atomics (a dQ partial through shared memory does not fit beside the ring at D = 256)."""
+       atomics (a dQ partial tile of its own does not fit beside a two-slot ring at D = 256), or with DQ_SLOT
+       through the drained Q / dO slot by a TMA reduce (``_dq_into_slot``), or with DQ_TMA alone (one slot: room
+       for the tiles, FlashAttention-3's D = 256 layout) through dq_smem."""
     dtype: gl.constexpr = k_smem.dtype
     COLS: gl.constexpr = HEAD_DIM // 2
     k_w = k_smem.slice(WG * BLOCK_N, BLOCK_N)
@@ -280,6 +330,8 @@ def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_sme
         mbarrier.wait(do_ready.index(s), phase)
         dp = warpgroup_mma(do_smem.index(s), v_w.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         sc = warpgroup_mma_wait(1, deps=[sc])
+        if DQ_SLOT:
+            _release_drained(empty, it, STAGES)
         p = gl.exp2(sc * qk_scale - rows_smem.index(2 * s).load(row)[:, None])
         if (m0 < full_lo) | (m0 + BLOCK_M > full_hi):
             p = gl.where(_keep(m0 + offs_q, offs_n, Sk, off, LEFT, RIGHT, HAS_LEFT, HAS_RIGHT), p, 0.0)
@@ -301,11 +353,23 @@ def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_sme
         dq = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * COLS, COLS, dim=1), zero_dq, use_acc=False,
                            is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, deps=[dv, dk, dq])
-        mbarrier.arrive(empty.index(s), count=1)
         mbarrier.arrive(pd_empty.index(b), count=1)
-        # rows past Sq have dS = 0: exact zeros added into the next rows or the buffer's padding (the offsets
-        # formed here, not held across the loop: 64 more registers beside dK, dV and dQ's 192)
-        gl.atomic_add(DQACC + rows * HEAD_DIM + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq, sem="relaxed")
+        if DQ_SLOT:
+            _dq_into_slot(dq, q_smem, do_smem, drained, dq_desc, s, phase, g, m0, WG * COLS, BLOCK_M, COLS, WG)
+        elif DQ_TMA:
+            mbarrier.arrive(empty.index(s), count=1)
+            tma.store_wait(0)
+            dq_smem.store(dq)
+            fence_async_shared()
+            _tma_reduce_add(dq_desc, [g, m0, WG * COLS], dq_smem.reshape(dq_desc.block_shape))
+        else:
+            mbarrier.arrive(empty.index(s), count=1)
+            # rows past Sq have dS = 0: exact zeros added into the next rows or the buffer's padding (the offsets
+            # formed here, not held across the loop: 64 more registers beside dK, dV and dQ's 192)
+            gl.atomic_add(DQACC + rows * HEAD_DIM + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq,
+                          sem="relaxed")
+    if DQ_TMA:
+        tma.store_wait(0)
 
     keys = n0 + gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     cols = WG * COLS + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
@@ -315,25 +379,52 @@ def _consumer_split_d(k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_sme
 
 
 @gluon.jit
+def _lpt_order(LONGEST_LAST: gl.constexpr, HEADS: gl.constexpr):
+    """(key block, batch·kv head) of this program when the grid (key blocks, B·Hkv) is walked longest first: in
+    launch order (program_id(0) fastest), groups of HEADS heads, each taking its heads' key blocks one block index
+    at a time (every head's block 0, then every head's block 1, …), so the long programs of a banded problem start
+    before the short ones (the tail is short programs) while a group's Q, dO and dQ rows stay in L2. A causal
+    (right-bounded) band gives key block 0 the most query rows; a left-only window the last block (LONGEST_LAST)."""
+    n_kb = gl.num_programs(0)
+    flat = gl.program_id(1) * n_kb + gl.program_id(0)
+    group = flat // (n_kb * HEADS)
+    heads = gl.minimum(gl.num_programs(1) - group * HEADS, HEADS)
+    r = flat - group * (n_kb * HEADS)
+    pid_n = r // heads
+    if LONGEST_LAST:
+        pid_n = n_kb - 1 - pid_n
+    return pid_n, group * HEADS + r % heads
+
+
+@gluon.jit
 def attention_bwd_sm90_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV, DQACC, CU_Q, CU_K,
         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, slb, slh,
         Hkv, GROUP, Sq, Sk, LEFT, RIGHT, scale, qk_scale,
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
-        STAGE_ROWS: gl.constexpr = False, DQ_TMA: gl.constexpr = False):
+        STAGE_ROWS: gl.constexpr = False, DQ_TMA: gl.constexpr = False, DQ_SLOT: gl.constexpr = False,
+        LPT_HEADS: gl.constexpr = 0, DQ_ROWS: gl.constexpr = False):
     """Grid (cdiv(Sk, 2·BLOCK_N), B·Hkv), num_warps = 4: two consumer warpgroups of BLOCK_N keys (the first is
     the default partition) and the producer warp. Strides as ``bwd.attention_bwd_dkdv_kernel`` less the unit
     head-dim ones; DQACC: fp32 rows of HEAD_DIM laid out as the lse, zeroed. STAGE_ROWS / DQ_TMA: the plan's
-    ``stage_rows`` / ``dq_tma``."""
+    ``stage_rows`` / ``dq_tma``; DQ_SLOT / LPT_HEADS / DQ_ROWS: ``dq_slot`` / ``lpt_heads`` / ``dq_rows``."""
     KEYS: gl.constexpr = 2 * BLOCK_N
-    SPLIT_DQ: gl.constexpr = HEAD_DIM == 128
+    gl.static_assert(not DQ_ROWS or HEAD_DIM == 64, "DQ_ROWS: D = 64 (D = 128 splits dQ by columns)")
+    SPLIT_DQ: gl.constexpr = HEAD_DIM == 128 or DQ_ROWS
     SPLIT_D: gl.constexpr = HEAD_DIM == 256
-    gl.static_assert(not (SPLIT_D and DQ_TMA), "D = 256: dQ by atomics (its partial tile does not fit)")
+    gl.static_assert(not (SPLIT_D and DQ_TMA) or DQ_SLOT or STAGES == 1,
+                     "D = 256: dQ's TMA reduce goes through the drained slot, or through tiles of its own beside one")
+    gl.static_assert(not DQ_SLOT or (DQ_TMA and (SPLIT_DQ or SPLIT_D) and STAGES >= 2),
+                     "DQ_SLOT: DQ_TMA with dQ split in two, and a second slot to fill while one drains")
     gl.static_assert(STAGE_ROWS or not SPLIT_D, "D = 256 reads lse / Δ staged by the producer")
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_DQ else HEAD_DIM
-    pid_n = gl.program_id(0)
-    bhk = gl.program_id(1)
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if HEAD_DIM >= 128 else HEAD_DIM      # a warpgroup's dQ partial
+    DQ_M: gl.constexpr = BLOCK_M // 2 if DQ_ROWS else BLOCK_M
+    if LPT_HEADS > 0:
+        pid_n, bhk = _lpt_order(HAS_LEFT and not HAS_RIGHT, LPT_HEADS)
+    else:
+        pid_n = gl.program_id(0)
+        bhk = gl.program_id(1)
     b = bhk // Hkv
     hk = bhk % Hkv
     n0 = pid_n * KEYS
@@ -375,13 +466,18 @@ def attention_bwd_sm90_kernel(
                                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))   # rank 1: .index(i) a row
         if DQ_TMA:
             # dQ's fp32 rows as [group head, row, dim] from the group's first head; a box of one consumer's columns
-            dq3_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_M, DQ_COLS], gl.float32)
-            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+            # (DQ_SLOT: written where the tile's Q / dO were, no tiles of its own)
+            dq3_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, DQ_M, DQ_COLS], gl.float32)
+            dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DQ_M, DQ_COLS], gl.float32)
             dq_desc = tma.make_tensor_descriptor(DQACC + row_base * HEAD_DIM, [GROUP, Sq, HEAD_DIM],
-                                                 [slh * HEAD_DIM, HEAD_DIM, 1], [1, BLOCK_M, DQ_COLS], dq3_layout)
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
-            dq_smem0 = dq_smem.index(0)
-            dq_smem1 = dq_smem.index(1)
+                                                 [slh * HEAD_DIM, HEAD_DIM, 1], [1, DQ_M, DQ_COLS], dq3_layout)
+            if DQ_SLOT:
+                dq_smem0 = rows_smem
+                dq_smem1 = rows_smem
+            else:
+                dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_M, DQ_COLS], dq_layout)
+                dq_smem0 = dq_smem.index(0)
+                dq_smem1 = dq_smem.index(1)
         else:
             dq_desc = q_desc        # unread (a partition's argument cannot be None)
             dq_smem0 = rows_smem
@@ -393,11 +489,13 @@ def attention_bwd_sm90_kernel(
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
         ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_layout)
+        drained = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)    # DQ_SLOT: matmuls off the slot
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=2 if STAGE_ROWS else 1)    # TMA's expect (+ the rows' arrive)
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)          # both consumer warpgroups release a slot
+            mbarrier.init(drained.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(ds_ready.index(i), count=2)
             mbarrier.init(ds_empty.index(i), count=2)
@@ -411,29 +509,31 @@ def attention_bwd_sm90_kernel(
         # the partitions' arguments are spelled out: constexprs inside a tuple built here would become tensors
         if SPLIT_D:
             gl.warp_specialize([
-                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready,
-                                     do_ready, empty, ds_ready, ds_empty, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn,
-                                     sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
-                                     scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT)),
-                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, kv_bar, q_ready,
-                                     do_ready, empty, ds_ready, ds_empty, DQACC, dk_ptr, dv_ptr, row_base, slh, sdkn,
-                                     sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi, n_m, n_tiles, qk_scale,
-                                     scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT)),
+                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem0,
+                                     kv_bar, q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, DQACC,
+                                     dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo,
+                                     full_hi, n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                     HAS_LEFT, HAS_RIGHT, DQ_TMA, DQ_SLOT)),
+                (_consumer_split_d, (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, rows_smem, dq_smem1,
+                                     kv_bar, q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, DQACC,
+                                     dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sk, off, LEFT, RIGHT, lo, full_lo,
+                                     full_hi, n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                     HAS_LEFT, HAS_RIGHT, DQ_TMA, DQ_SLOT)),
                 (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA,
                              row_base, slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem.index(0), ds_smem, rows_smem, dq_smem0, kv_bar,
-                             q_ready, do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr,
-                             dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi,
-                             n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT,
-                             HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA)),
+                             q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, LSE, DELTA, DQACC,
+                             dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo,
+                             full_hi, n_m, n_tiles, qk_scale, scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                             HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA, DQ_SLOT, DQ_ROWS)),
                 (_consumer, (k_smem, v_smem, q_smem, do_smem, p_smem.index(0), ds_smem, rows_smem, dq_smem1, kv_bar,
-                             q_ready, do_ready, empty, ds_ready, ds_empty, dq_desc, LSE, DELTA, DQACC, dk_ptr,
-                             dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo, full_hi,
-                             n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT,
-                             HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA)),
+                             q_ready, do_ready, empty, ds_ready, ds_empty, drained, dq_desc, LSE, DELTA, DQACC,
+                             dk_ptr, dv_ptr, row_base, slh, sdkn, sdvn, n0, Sq, Sk, off, LEFT, RIGHT, lo, full_lo,
+                             full_hi, n_m, n_tiles, qk_scale, scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                             HAS_LEFT, HAS_RIGHT, SPLIT_DQ, STAGE_ROWS, DQ_TMA, DQ_SLOT, DQ_ROWS)),
                 (_producer, (q_desc, do_desc, q_smem, do_smem, rows_smem, q_ready, do_ready, empty, LSE, DELTA,
                              row_base, slh, Sq, lo, n_m, n_tiles, BLOCK_M, STAGES, STAGE_ROWS)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -1,0 +1,541 @@
+"""Probe of the sm90 (Gluon) attention backward's next knobs on the H200, beside the default and SDPA's cuDNN and
+flash backwards:
+
+* ``dq_slot``: dQ's fp32 partial tile written into the tile's Q / dO ring slot once both warpgroups' matmuls have
+  read it and added by one TMA reduce per warpgroup; the slot goes back to the producer one tile later. D = 256:
+  the TMA reduce instead of 32 two-wide fp32 atomics per thread and tile; D = 128: no dQ tiles of their own
+  (32 KB), so a third ring slot fits (210 KB); and at D = 256 ``s1 tma``, one ring slot and dQ tiles of their own
+  (FlashAttention-3's D = 256 layout) for comparison;
+* ``lpt_heads``: programs launched longest first (every head's key block 0, then block 1, ...) within groups of
+  that many heads, so the short programs of a causal band run last;
+* ``dq_rows`` (D = 64, 128 query rows per step): the warpgroups split dQ by rows, each forming 64 rows over all 128
+  keys from the shared dSᵀ ring: 32 KB of fp32 dQ reduced per tile, not 64 (with ``dq_slot``: no dQ tiles of their
+  own, 194 KB).
+
+    PYTHONPATH=src python tools/probe_attnbwd4.py --out DIR          # on the GPU machine, < 150 s
+    PYTHONPATH=src python tools/probe_attnbwd4.py --compile-only     # here, no GPU: every launch's sm_90a
+                                                                     # registers / stack / shared memory
+
+Steps:
+1. compile and run every (variant, head dim) once in its own worker process (all at once; a worker that fails or
+   does not report within the deadline, a hang, drops its variant), at the check shapes below, so that the main
+   process finds every kernel in Triton's disk cache;
+2. check each variant against an fp32 torch backward on fresh random inputs, outputs poisoned with NaN first:
+   causal and not, GQA 16 / 4, a window, a left-only window, Sq != Sk and ragged lengths, 36 heads (lpt groups
+   of 16 with a partial last group), packed sequences with empty ones (causal; a window) at each head dim the
+   variant runs; a variant that fails is not timed;
+3. at the goal shapes: the variant must agree with the default (rel. err < 1e-2), then ``do_bench`` medians (the
+   L2 cleared before every repetition; each call reads > 60 MB); for the default and a few variants also each of
+   the three launches alone (Δ + zeroed dQ buffer, the Gluon kernel, dQ's cast), to show what the Gluon kernel
+   itself reaches.
+TFLOP/s = 2.5 · 4·B·H·S²·D / t, halved when causal. Writes DIR/probe_attnbwd4.json, prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+
+T0 = time.time()
+BUDGET_S = 138          # stop timing past this (the whole run must end within 150 s)
+WARM_DEADLINE_S = 80
+WATCHDOG_S = 146        # past this, write what was measured, print the table and exit
+
+# name -> (BackwardPlan knobs, the head dims it runs at); "default" is whatever the plan picks today. Every other
+# name runs the sm90 kernel (its table row, then these knobs).
+VARIANTS = {
+    "default": ({}, (64, 128, 256)),
+    "lpt16": ({"lpt_heads": 16}, (64, 128)),
+    "lpt132": ({"lpt_heads": 132}, (128,)),
+    "slot": ({"dq_tma": True, "dq_slot": True}, (128, 256)),
+    "slot s3": ({"dq_slot": True, "num_stages": 3}, (128,)),
+    "slot s3 lpt16": ({"dq_slot": True, "num_stages": 3, "lpt_heads": 16}, (128,)),
+    "slot lpt16": ({"dq_tma": True, "dq_slot": True, "lpt_heads": 16}, (256,)),
+    "s1 tma": ({"dq_tma": True, "num_stages": 1}, (256,)),
+    "rows": ({"dq_rows": True}, (64,)),
+    "rows slot": ({"dq_rows": True, "dq_slot": True}, (64,)),
+}
+BREAKDOWN = ("default", "slot", "slot s3", "rows")     # also timed launch by launch
+
+# (B, H, Hkv, S, D, causal)
+SHAPES = [(16, 32, 32, 1024, 128, True), (16, 32, 32, 1024, 128, False),
+          (2, 16, 16, 4096, 256, False), (2, 16, 16, 4096, 256, True),
+          (4, 32, 32, 4096, 128, True), (4, 32, 8, 4096, 128, True), (4, 32, 32, 4096, 128, False),
+          (8, 16, 16, 2048, 64, True), (8, 16, 16, 2048, 64, False),
+          (1, 32, 32, 16384, 128, True)]
+# (B, H, Hkv, Sq, Sk, causal, window) at each D: square, GQA 4 with Sq < Sk / Sq > Sk (odd sizes), windows, 36 heads
+CHECKS = [(1, 16, 16, 1024, 1024, False, None), (1, 16, 16, 1024, 1024, True, None),
+          (1, 16, 4, 777, 1500, True, None), (1, 16, 4, 1500, 777, False, None),
+          (1, 8, 2, 1000, 1000, False, (200, 30)), (3, 12, 12, 1000, 1000, True, None),
+          (2, 8, 4, 900, 1100, False, (300, -1))]
+VARLEN_LENS = [300, 0, 1000, 17, 1, 1500, 64]      # packed sequences: empty, tiny, ragged
+VARLEN_CASES = [(8, 2, dict(causal=True)), (8, 8, dict(window=(200, 10)))]    # (H, Hkv, options)
+
+
+def runs(name, D):
+    return D in VARIANTS[name][1]
+
+
+def problem(B, H, Hkv, Sq, Sk, D, causal, window=None, varlen=False):
+    from onlinesoftmax.attention.plan import Problem
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return Problem(B, H, Hkv, Sq, Sk, D, "bfloat16", causal, (left, right), varlen=varlen, tma=True)
+
+
+def bwd_plan(p, name):
+    from onlinesoftmax.attention.plan import Knobs, plan_backward
+    from onlinesoftmax.target import H200
+    knobs = dict(VARIANTS[name][0])
+    if name != "default":
+        knobs.setdefault("kernel", "sm90")
+    return plan_backward(p, H200, Knobs(backward=knobs))
+
+
+def inputs(B, H, Hkv, Sq, Sk, D, device, seed=0):
+    import torch
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, H, Sq, D, device=device, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, device=device, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, device=device, dtype=torch.bfloat16, generator=g)
+    do = torch.randn(B, H, Sq, D, device=device, dtype=torch.bfloat16, generator=g)
+    return q, k, v, do
+
+
+def backward(name, q, k, v, do, o, lse, causal, window=None):
+    from onlinesoftmax.attention import api
+    B, H, Sq, D = q.shape
+    p = problem(B, H, k.shape[1], Sq, k.shape[2], D, causal, window)
+    return api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, name), D ** -0.5, 0.0)
+
+
+def forward(q, k, v, causal, window=None):
+    """(o, lse) by the public call (whatever forward the plan picks: only the backward is probed)."""
+    import onlinesoftmax as oss
+    return oss.attention(q, k, v, causal=causal, window=window, return_lse=True, backend="triton")
+
+
+def ref_backward(q, k, v, do, causal, window=None):
+    """fp32 torch backward from the bf16 inputs (GQA by repeating k / v; the band aligned bottom-right)."""
+    import torch
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    s = (qf @ kf.repeat_interleave(g, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
+    Sq, Sk = q.shape[2], k.shape[2]
+    i = torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
+    j = torch.arange(Sk, device=q.device)[None, :]
+    keep = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
+    if causal:
+        keep &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            keep &= j >= i - left
+        if right >= 0:
+            keep &= j <= i + right
+    s = s.masked_fill(~keep, -math.inf)
+    o = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(g, 1)
+    return torch.autograd.grad(o, (qf, kf, vf), do.float())
+
+
+def varlen_case(name, H, Hkv, D, kw, seed):
+    """(got, want) gradients on packed sequences: the variant's backward vs fp32 torch per sequence."""
+    import torch
+
+    import onlinesoftmax as oss
+    from onlinesoftmax.attention import api
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(VARLEN_LENS)
+    cu = torch.tensor([0] + torch.tensor(VARLEN_LENS).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    S = max(VARLEN_LENS)
+    o, lse = oss.attention_varlen(q, k, v, cu, cu, S, S, return_lse=True, backend="triton", **kw)
+    causal = kw.get("causal", False)
+    p = problem(len(VARLEN_LENS), H, Hkv, S, S, D, causal, kw.get("window"), varlen=True)
+    shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+    got = poisoned(lambda: api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, name), D ** -0.5, 0.0,
+                                                (cu, cu)), shapes)
+    want = [torch.zeros(t.shape, dtype=torch.float32, device="cuda") for t in (q, k, v)]
+    for b, n in enumerate(VARLEN_LENS):
+        if n == 0:
+            continue
+        s0 = int(cu[b])
+        sl = slice(s0, s0 + n)
+        qs, ks, vs, ds = (t[sl].transpose(0, 1).unsqueeze(0) for t in (q, k, v, do))
+        for w, gi in zip(want, ref_backward(qs, ks, vs, ds, causal, kw.get("window"))):
+            w[sl] = gi[0].transpose(0, 1)
+    return got, want
+
+
+def err_head(e: BaseException) -> str:
+    lines = [ln for ln in traceback.format_exception_only(type(e), e)[-1].splitlines() if ln.strip()]
+    return " | ".join(lines[:3])[:300]
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def poisoned(fn, shapes):
+    """fn() after NaN-filled blocks of the outputs' sizes went back to the caching allocator (its torch.empty
+    outputs reuse them); raises if any output has a NaN / inf."""
+    import torch
+    junk = [torch.full(s, float("nan"), device="cuda", dtype=dt) for s, dt in shapes]
+    del junk
+    out = fn()
+    for n, t in zip(("dq", "dk", "dv"), out):
+        if not torch.isfinite(t).all():
+            raise RuntimeError(f"{n} has NaN / inf (unwritten or wrong)")
+    return out
+
+
+# ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
+def compile_only():
+    os.environ.pop("TRITON_INTERPRET", None)
+    import re
+    import subprocess
+    import tempfile
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from onlinesoftmax._triton import launch
+    from onlinesoftmax.attention import api
+
+    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
+    nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    recorded = []
+    launch.BoundKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta))
+    api._tma_ok = lambda *ts: True                       # meta tensors have no data pointer
+    api._ensure_allocator = lambda: None
+    seen = set()
+    for name in VARIANTS:
+        for B, H, Hkv, S, D, causal in sorted({(1, H, Hkv, 1024, D, c) for _, H, Hkv, _, D, c in SHAPES}):
+            if not runs(name, D):
+                continue
+            q, do = (torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+            k, v = (torch.empty(B, Hkv, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+            o, lse = torch.empty_like(q), q.new_empty((B, H, S), dtype=torch.float32)
+            recorded.clear()
+            try:
+                backward(name, q, k, v, do, o, lse, causal)
+            except Exception as e:
+                print(f"{name:18} D={D} causal={causal!s:5}: {err_head(e)}", flush=True)
+                continue
+            for fn, args, meta in recorded:
+                sig, const, attrs = {}, {}, {}
+                runtime = [p for p in fn.params if not p.is_constexpr]
+                for p, a in zip(runtime, args):
+                    i = fn.arg_names.index(p.name)
+                    if isinstance(a, torch.Tensor):
+                        sig[p.name] = ptr[a.dtype]
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+                    elif isinstance(a, float):
+                        sig[p.name] = "fp32"
+                    elif a == 1:
+                        sig[p.name], const[p.name] = "constexpr", 1
+                    else:
+                        sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
+                        if a % 16 == 0:
+                            attrs[(i,)] = [["tt.divisibility", 16]]
+                for p in fn.params:
+                    if p.is_constexpr:
+                        sig[p.name], const[p.name] = "constexpr", meta[p.name]
+                sig = {n: sig[n] for n in fn.arg_names}
+                opts = {k_: meta[k_] for k_ in ("num_warps", "num_stages") if k_ in meta}
+                key = (fn.__name__, json.dumps(sorted((k_, str(v_)) for k_, v_ in const.items())), str(attrs),
+                       str(opts))
+                if key in seen or "delta" in fn.__name__ or "cast" in fn.__name__:
+                    continue
+                seen.add(key)
+                src = (GluonASTSource if "sm90" in fn.__name__ else ASTSource)(fn, sig, const, attrs)
+                try:
+                    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                        f.write(c.asm["cubin"])
+                        f.flush()
+                        res = subprocess.run([os.path.join(nvbin, "cuobjdump"), "-res-usage", f.name],
+                                             capture_output=True, text=True, check=True).stdout
+                    regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
+                    out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB"
+                except Exception as e:
+                    out = f"FAILED {err_head(e)}"
+                print(f"{name:18} D={D:3} causal={causal!s:5} {fn.__name__:28} {out}", flush=True)
+
+
+# ---- the device -----------------------------------------------------------------------------------------------
+def _warm(job):
+    """Worker: one variant's backward (or the default forward) at one head dim, at the check shapes and on packed
+    sequences: compiles, and finds a kernel that fails or hangs before the main process runs it."""
+    import torch
+    name, D = job
+    t0 = time.time()
+    errors = []
+    for B, H, Hkv, Sq, Sk, causal, window in CHECKS:
+        try:
+            q, k, v, do = inputs(B, H, Hkv, Sq, Sk, D, "cuda")
+            if name == "forward":
+                forward(q, k, v, causal, window)
+            else:
+                o = torch.randn_like(q)
+                lse = torch.randn(B, H, Sq, device="cuda", dtype=torch.float32)
+                backward(name, q, k, v, do, o, lse, causal, window)
+            torch.cuda.synchronize()
+        except Exception as e:
+            errors.append(f"D={D} {(Sq, Sk, causal, window)}: {err_head(e)}")
+    if name != "forward":
+        for ci, (H, Hkv, kw) in enumerate(VARLEN_CASES):
+            try:
+                varlen_case(name, H, Hkv, D, kw, ci)
+                torch.cuda.synchronize()
+            except Exception as e:
+                errors.append(f"varlen D={D} {kw}: {err_head(e)}")
+    return job, time.time() - t0, errors
+
+
+def launch_times(name, q, k, v, do, o, lse, causal, do_bench):
+    """(kernel name, ms) of each launch of one backward call, each timed alone (the Gluon kernel replayed adds
+    into the same dQ buffer: its time, not its values, is what counts here)."""
+    from onlinesoftmax._triton import launch
+    rec = []
+    orig = launch.BoundKernel.__call__
+
+    def spy(self, args, check, device):
+        rec.append((self, args, check, device))
+        return orig(self, args, check, device)
+
+    launch.BoundKernel.__call__ = spy
+    try:
+        backward(name, q, k, v, do, o, lse, causal)
+    finally:
+        launch.BoundKernel.__call__ = orig
+    return [(bk.fn.__name__.replace("attention_bwd_", "").replace("_kernel", ""),
+             do_bench(lambda bk=bk, a=a, c=c, d=d: bk(a, c, d), rep=50, return_mode="median"))
+            for bk, a, c, d in rec]
+
+
+def device_run(out_dir):
+    import multiprocessing as mp
+
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  variants={n: dict(knobs=k, dims=d) for n, (k, d) in VARIANTS.items()}, warm={}, check={},
+                  rows=[], plans={})
+    os.makedirs(out_dir, exist_ok=True)
+
+    def save():
+        with open(os.path.join(out_dir, "probe_attnbwd4.json"), "w") as fh:
+            json.dump(report, fh, indent=1, default=str)
+
+    def watchdog():         # a launch that never returns (a barrier deadlock) must not cost the partial results
+        print(f"\nwatchdog: {time.time() - T0:.0f} s, the run has not finished (a hung launch?); partial results",
+              flush=True)
+        try:
+            save()
+            table(report, report.get("matmul_tflops", float("nan")))
+        finally:
+            sys.stdout.flush()
+            os._exit(3)
+
+    dog = threading.Timer(WATCHDOG_S - (time.time() - T0), watchdog)
+    dog.daemon = True
+    dog.start()
+
+    # 1. compile (and run once, small) in parallel worker processes, one per (variant, head dim)
+    dims = sorted({D for _, _, _, _, D, _ in SHAPES})
+    jobs = [("forward", D) for D in dims] + [(n, D) for n in VARIANTS for D in dims if runs(n, D)]
+    bad = set()             # (name, D) pairs not to run
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(min(len(jobs), max(2, os.cpu_count() or 8))) as pool:
+        it = pool.imap_unordered(_warm, jobs)
+        deadline = time.time() + WARM_DEADLINE_S
+        for _ in jobs:
+            try:
+                job, secs, errors = it.next(timeout=max(1.0, deadline - time.time()))
+            except Exception as e:
+                print(f"warm-up incomplete: {err_head(e)}", flush=True)
+                break
+            report["warm"][f"{job[0]} D{job[1]}"] = dict(s=round(secs, 1), errors=errors)
+            if errors and job[0] != "forward":
+                bad.add(job)
+            print(f"warm {job[0]:14} D={job[1]:3} {secs:5.1f} s {'; '.join(errors)[:300]}", flush=True)
+        pool.terminate()
+    for job in jobs:
+        if f"{job[0]} D{job[1]}" not in report["warm"]:
+            bad.add(job)
+            report["warm"][f"{job[0]} D{job[1]}"] = "no report within the deadline (hung?)"
+            print(f"warm {job[0]:14} D={job[1]:3} did not report: not run here", flush=True)
+    print(f"[{time.time() - T0:5.1f} s] compiled; skipped: {sorted(bad)}", flush=True)
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    report["matmul_tflops"] = mm = 2 * 8192 ** 3 / (do_bench(lambda: a @ a, rep=50, return_mode="median")
+                                                    * 1e-3) / 1e12
+    a = None
+
+    # 2. correctness against fp32 torch, fresh inputs, poisoned outputs
+    def record(key, job, fn):
+        try:
+            got, want = fn()
+            errs = [rel(x, y) for x, y in zip(got, want)]
+            report["check"][key] = errs
+            if not max(errs) < 2e-2:
+                bad.add(job)
+                print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
+        except Exception as e:
+            bad.add(job)
+            report["check"][key] = err_head(e)
+            print(f"FAILED {key}: {err_head(e)}", flush=True)
+
+    for D in dims:
+        for ci, (B, H, Hkv, Sq, Sk, causal, window) in enumerate(CHECKS):
+            try:
+                q, k, v, do = inputs(B, H, Hkv, Sq, Sk, D, "cuda", seed=100 + ci + D)
+                g_ref = ref_backward(q, k, v, do, causal, window)
+                o, lse = forward(q, k, v, causal, window)
+            except Exception as e:
+                print(f"check D={D} {CHECKS[ci]}: reference / forward failed: {err_head(e)}", flush=True)
+                continue
+            shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype), ((B, H, Sq, D), torch.float32)]
+            for name in VARIANTS:
+                if (name, D) in bad or not runs(name, D):
+                    continue
+                record(f"{name} | D{D} {B}x{H}/{Hkv} {Sq}x{Sk} causal={causal} window={window}", (name, D),
+                       lambda: (poisoned(lambda: backward(name, q, k, v, do, o, lse, causal, window), shapes), g_ref))
+        for ci, (H, Hkv, kw) in enumerate(VARLEN_CASES):
+            for name in VARIANTS:
+                if (name, D) in bad or not runs(name, D):
+                    continue
+                record(f"{name} | D{D} varlen H{H}/{Hkv} {kw}", (name, D),
+                       lambda: varlen_case(name, H, Hkv, D, kw, 7 + ci))
+    q = k = v = do = o = lse = g_ref = None
+    print(f"[{time.time() - T0:5.1f} s] checked; bad: {sorted(bad)}", flush=True)
+
+    # 3. timings, whole backward calls; then launch by launch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    for si, (B, H, Hkv, S, D, causal) in enumerate(SHAPES):
+        if time.time() - T0 > BUDGET_S:
+            print(f"out of time: shapes from {SHAPES[si]} not timed", flush=True)
+            break
+        fl = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+        try:
+            q, k, v, do = inputs(B, H, Hkv, S, S, D, "cuda", seed=si)
+            o, lse = forward(q, k, v, causal)
+        except Exception as e:
+            print(f"{SHAPES[si]}: inputs / forward failed: {err_head(e)}", flush=True)
+            continue
+        base = None
+        row = dict(shape=(B, H, Hkv, S, D), causal=causal, ms={}, tflops={}, err={}, launches={})
+        for pname, be in peers.items():
+            try:
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(be):
+                    og = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                                                          enable_gqa=H != Hkv)
+                f = lambda og=og, ins=(qg, kg, vg): torch.autograd.grad(og, ins, do, retain_graph=True)  # noqa: E731
+                f()
+                row["ms"][pname] = do_bench(f, rep=60, return_mode="median")
+            except Exception as e:
+                row["err"][pname] = err_head(e)
+            og = qg = kg = vg = f = None
+        for name in VARIANTS:
+            if (name, D) in bad or not runs(name, D) or time.time() - T0 > BUDGET_S:
+                continue
+            try:
+                report["plans"][f"{name} D{D} causal={causal}"] = str(bwd_plan(problem(B, H, Hkv, S, S, D, causal),
+                                                                              name))
+                shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+                g = poisoned(lambda: backward(name, q, k, v, do, o, lse, causal), shapes)
+                if base is None:
+                    base = g
+                else:
+                    e = max(rel(x, y) for x, y in zip(g, base))
+                    row["err"][name] = e
+                    if not e < 1e-2:
+                        raise RuntimeError(f"differs from the default by {e:.2e}")
+                g = None
+                row["ms"][name] = do_bench(lambda: backward(name, q, k, v, do, o, lse, causal), rep=60,
+                                           return_mode="median")
+            except Exception as e:
+                row["err"][name] = err_head(e)
+                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_head(e)}", flush=True)
+        for name in BREAKDOWN:
+            if name not in row["ms"] or time.time() - T0 > BUDGET_S:
+                continue
+            try:
+                row["launches"][name] = launch_times(name, q, k, v, do, o, lse, causal, do_bench)
+            except Exception as e:
+                row["err"][f"{name} launches"] = err_head(e)
+        row["tflops"] = {n: fl / ms / 1e9 for n, ms in row["ms"].items()}
+        report["rows"].append(row)
+        print(f"[{time.time() - T0:5.1f} s] {row['shape']} causal={causal}: "
+              + " ".join(f"{n.replace(' ', '_')}={t:.0f}" for n, t in row["tflops"].items()), flush=True)
+        q = k = v = do = o = lse = base = None
+        torch.cuda.empty_cache()
+
+    dog.cancel()
+    save()
+    table(report, mm)
+
+
+def table(report, mm):
+    print(f"\n== attention backward, bf16, TFLOP/s (2.5x fwd flops, causal halved), (x cuDNN); bf16 matmul {mm:.0f}; "
+          f"{report['device']}, torch {report['torch']}, triton {report['triton']}")
+    for r in report["rows"]:
+        B, H, Hkv, S, D = r["shape"]
+        t = r["tflops"]
+        lab = f"{B},{H}/{Hkv},{S},{D}{' c' if r['causal'] else ''}"
+        cud = t.get("cudnn")
+        cells = " ".join(f"{n.replace(' ', '_')}={v:.0f}" + (f"({v / cud:.2f})" if cud else "")
+                         for n, v in t.items())
+        print(f"{lab:20} {cells}")
+    print("launch by launch, µs (delta / sm90 / dq_cast; the Gluon kernel's TFLOP/s alone):")
+    for r in report["rows"]:
+        B, H, Hkv, S, D = r["shape"]
+        fl = 2.5 * 4 * B * H * S * S * D / (2 if r["causal"] else 1)
+        lab = f"{B},{H}/{Hkv},{S},{D}{' c' if r['causal'] else ''}"
+        for name, ls in r["launches"].items():
+            main = [ms for n, ms in ls if "sm90" in n]
+            print(f"  {lab:20} {name:8} " + " / ".join(f"{ms * 1e3:.0f}" for _, ms in ls)
+                  + (f"  sm90 {fl / main[0] / 1e9:.0f}" if main else ""))
+    errs = {f"{k} @ {r['shape']} c={r['causal']}": v for r in report["rows"] for k, v in r["err"].items()
+            if isinstance(v, str)}
+    for k, v in list(errs.items())[:8]:
+        print(f"error {k}: {v}")
+    for k, v in report["check"].items():
+        if isinstance(v, str) or not max(v) < 2e-2:
+            print(f"check {k}: {v}")
+    for name in VARIANTS:
+        vals = [max(v) for k, v in report["check"].items() if k.startswith(name + " |") and not isinstance(v, str)]
+        print(f"check {name:14}: {len(vals)} cases passed, worst rel err vs fp32 torch "
+              f"{max(vals) if vals else float('nan'):.2e}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile of every variant's launches, no GPU")
+    a = ap.parse_args()
+    if a.compile_only:
+        compile_only()
+    else:
+        device_run(a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
