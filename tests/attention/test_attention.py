@@ -659,7 +659,12 @@ def test_sm90_persistent_grid_fits_its_shared_memory():
             p = dataclasses.replace(wide, D=D, causal=causal, window=(-1, 0) if causal else (-1, -1))
             plan = plan_forward(p, H200)
             assert not plan.programs or sm90_persistent_shared(D, plan) < SM90_SHARED, (D, causal, plan)
-    assert plan_forward(wide, H200).programs == 0                               # D = 256's default: per tile
+    # D = 256's default: causal / windowed on the persistent grid (o_direct, fold, pairs), non-causal per tile
+    assert plan_forward(wide, H200) == plan_forward(wide, H200, Knobs(forward=dict(pers, o_direct=True, fold=True,
+                                                                                    pairs=True)))
+    nc = dataclasses.replace(wide, causal=False, window=(-1, -1))
+    assert (plan_forward(nc, H200).programs, plan_forward(nc, H200).fold) == (0, False)
+    assert plan_forward(dataclasses.replace(wide, varlen=True), H200).programs == 0
 
 
 def test_sm90_persistent_launch_at_d256():
@@ -812,10 +817,12 @@ def test_sm90_backward_plan():
     for ok in (dataclasses.replace(base, D=64), dataclasses.replace(base, dtype="float16", varlen=True),
                dataclasses.replace(base, causal=False, window=(100, 20), Hkv=32)):
         assert sm90_bwd_eligible(ok) and plan_backward(ok, H200, sm90).kernel == "sm90", ok
-    # D = 256: 64 keys per program, dQ by atomics; D = 64: 128 query rows per step (64 by knob)
+    # D = 256: 64 keys per program, dQ by TMA reduce through the Q / dO slot; D = 64: 128 query rows per step (64
+    # by knob)
     wide = dataclasses.replace(base, D=256)
     plan = plan_backward(wide, H200)
-    assert (plan.kernel, plan.block_m, plan.block_n, plan.stage_rows, plan.dq_tma) == ("sm90", 64, 64, True, False)
+    assert (plan.kernel, plan.block_m, plan.block_n, plan.stage_rows, plan.dq_tma, plan.dq_slot) == \
+        ("sm90", 64, 64, True, True, True)
     assert plan_backward(wide, H200, Knobs(backward={"kernel": "triton"})).kernel == "triton"
     d64 = plan_backward(dataclasses.replace(base, D=64), H200)
     assert (d64.kernel, d64.block_m, d64.block_n, d64.dq_tma) == ("sm90", 128, 128, True)
@@ -833,16 +840,23 @@ def test_sm90_backward_plan():
 
 
 def test_sm90_backward_knobs_dq_slot_lpt_rows():
-    """dq_slot (dQ's TMA reduce through the drained Q / dO slot), lpt_heads and dq_rows are sm90 knobs, off by
-    default; dq_slot needs dq_tma and dQ split in two (D = 128 / 256, dq_rows at D = 64), D = 256's dq_tma needs
-    dq_slot, dq_rows is D = 64's; the bound launch carries them."""
+    """dq_slot (dQ's TMA reduce through the drained Q / dO slot), lpt_heads and dq_rows are sm90 knobs, on by
+    default where they measured faster (D = 256: dq_slot, causal lpt_heads 16; causal D = 64: dq_rows; causal GQA
+    at D = 128: lpt_heads 132); dq_slot needs dq_tma and dQ split in two (D = 128 / 256, dq_rows at D = 64),
+    D = 256's dq_tma needs dq_slot, dq_rows is D = 64's; the bound launch carries them."""
     from onlinesoftmax.attention import api
     from onlinesoftmax.attention.plan import Problem, plan_backward
 
     base = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
-    for D in (64, 128, 256):
-        plan = plan_backward(dataclasses.replace(base, D=D), H200)
-        assert (plan.dq_slot, plan.lpt_heads) == (False, 0)
+    nc = dataclasses.replace(base, causal=False, window=(-1, -1))
+    for p, want in (((base, (False, 0, False))), (dataclasses.replace(base, Hkv=8), (False, 132, False)),
+                    (dataclasses.replace(nc, Hkv=8), (False, 0, False)),
+                    (dataclasses.replace(base, D=256), (True, 16, False)),
+                    (dataclasses.replace(nc, D=256), (True, 0, False)),
+                    (dataclasses.replace(base, D=64), (False, 0, True)),
+                    (dataclasses.replace(nc, D=64), (False, 0, False))):
+        plan = plan_backward(p, H200)
+        assert (plan.dq_slot, plan.lpt_heads, plan.dq_rows) == want, p
     slot = plan_backward(base, H200, Knobs(backward={"dq_slot": True, "num_stages": 3, "lpt_heads": 16}))
     assert (slot.kernel, slot.dq_tma, slot.dq_slot, slot.num_stages, slot.lpt_heads) == ("sm90", True, True, 3, 16)
     wide = dataclasses.replace(base, D=256)
@@ -852,8 +866,9 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
     rows = plan_backward(d64, H200, Knobs(backward={"dq_rows": True, "dq_slot": True}))
     assert (rows.block_m, rows.dq_tma, rows.dq_rows, rows.dq_slot) == (128, True, True, True)
     with pytest.raises(ValueError, match="num_stages = 1"):
-        plan_backward(wide, H200, Knobs(backward={"dq_tma": True}))
-    for p, knobs in ((wide, {"dq_slot": True}), (d64, {"dq_slot": True}),
+        plan_backward(wide, H200, Knobs(backward={"dq_slot": False}))
+    d64_nc = dataclasses.replace(d64, causal=False, window=(-1, -1))
+    for p, knobs in ((wide, {"dq_slot": True, "dq_tma": False}), (d64_nc, {"dq_slot": True}),
                      (base, {"dq_slot": True, "dq_tma": False})):
         with pytest.raises(ValueError, match="dq_slot"):
             plan_backward(p, H200, Knobs(backward=knobs))
@@ -863,6 +878,9 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
     for knobs in ({"dq_slot": True}, {"lpt_heads": 16}, {"dq_rows": True}):
         with pytest.raises(ValueError, match="lpt_heads"):
             plan_backward(base, H200, Knobs(backward={"kernel": "triton", **knobs}))
+    # a default resting on a field a knob changed falls away; named, it raises
+    assert not plan_backward(d64, H200, Knobs(backward={"block_m": 64})).dq_rows
+    assert not plan_backward(wide, H200, Knobs(backward={"dq_tma": False})).dq_slot
     strides = (1,) * 27
     bk = api._caches()[1](base, slot, strides, False)[1]
     assert bk.fn.__name__ == "attention_bwd_sm90_kernel" and bk.grid == (8, 16 * 32)
@@ -980,8 +998,8 @@ SM90_BWD_CASES = [  # (B, H, Hkv, Sq, Sk, D, dtype, options): causal, GQA 4, win
 ]
 
 
-SM90_BWD_KNOBS = [{"stage_rows": False, "dq_tma": False}, {}]   # the first form (lse / Δ loaded, dQ atomics); the
-                                                                 # default (lse / Δ staged, dQ by TMA reduce)
+# the first form (lse / Δ loaded, dQ atomics); the default (lse / Δ staged, dQ by TMA reduce)
+SM90_BWD_KNOBS = [{"stage_rows": False, "dq_tma": False, "dq_slot": False, "dq_rows": False, "lpt_heads": 0}, {}]
 
 
 @pytest.mark.gpu
@@ -1017,7 +1035,8 @@ SM90_BWD_VARIANTS = [  # (D, knobs, options): 64 query rows at D = 64 and 3 slot
     (128, {"dq_slot": True, "num_stages": 3}, dict(window=(300, 20))),
     (256, {"dq_tma": True, "dq_slot": True}, dict(causal=True)),
     (256, {"dq_tma": True, "dq_slot": True, "lpt_heads": 3}, dict(window=(200, 30))),
-    (256, {"dq_tma": True, "num_stages": 1}, dict(causal=True)),
+    (256, {"dq_slot": False, "num_stages": 1}, dict(causal=True)),
+    (256, {"dq_tma": False, "dq_slot": False, "lpt_heads": 0}, dict(causal=True)),   # dQ by atomics
     (64, {"lpt_heads": 3}, dict(window=(300, -1))),
     (64, {"dq_rows": True}, dict(causal=True)),
     (64, {"dq_rows": True, "dq_slot": True}, dict(window=(300, 20))),

@@ -158,7 +158,12 @@ SM90_FORWARD = {
 # 16 × 32 × 1024 × 128 433 against 350 without pairs (cuDNN 464), 4 × 32 × 4096 553 / 528 (600), 2 × 32 × 8192
 # 571 / 553 (574); D = 64 8 × 16 × 2048 379 / 332 (376), 4 × 32 × 4096 426 / 391 (435), where the tl.dot kernel,
 # the default before, measured 316 and 376. Packed D = 64 sequences keep the tl.dot kernel (the per-tile sm90 kernel
-# measured 0.6-0.9x it at D = 64). D = 256 is as measured before the fold (per tile, unfolded).
+# measured 0.6-0.9x it at D = 64). D = 256: causal / windowed dense problems run the persistent grid with O from
+# registers (o_direct: q and a two-slot ring fill 197 KB, no room for O's staging tile), folded, with pairs
+# (tools/probe_fwd3.py at e46b1d2, TFLOP/s by graph replay / eager against cuDNN's: 2 × 16 × 4096 × 256 619 / 623
+# against 538 / 580 per tile (cuDNN 599 / 600), 4 × 16 × 2048 499 / 479 against 477 / 485 (529 / 536));
+# non-causal D = 256 stays per tile, unfolded (643 / 685 against cuDNN's 647 / 685; the persistent variants
+# measured 0.94-1.02x it).
 SM90_WS_FORWARD = {
     64: (128, 128, 4, 4),
     128: (128, 128, 4, 2),
@@ -168,6 +173,7 @@ SM90_WS_BANDED_STAGES = {128: 3}   # causal / windowed at D = 128, per-tile grid
                                    # GQA); the persistent grid's O buffer leaves room for two
 SM90_WS_FOLD = (64, 128)           # head dims whose default folds the scale (fold)
 SM90_WS_PERSISTENT = (64, 128)     # head dims whose default grid for dense inputs is persistent
+SM90_WS_PERSISTENT_BANDED_OD = (256,)  # head dims whose causal / windowed default is persistent with o_direct
 SM90_WS_PERSISTENT_BANDED_SK = 8192  # causal / windowed D = 128 past this many keys runs per tile with 3 slots
                                      # (probe_fwd2 at b4fb837, 1 × 32 × 16384 causal: per tile, folded, 3 slots 651
                                      # TFLOP/s, persistent with pairs 581, cuDNN 594)
@@ -205,6 +211,8 @@ def _sm90_ws_default(p: Problem, target: Target) -> ForwardPlan | None:
                                                            and p.Sk > SM90_WS_PERSISTENT_BANDED_SK):
         plan = dataclasses.replace(plan, programs=target.sm_count, num_stages=SM90_WS_FORWARD[p.D][3],
                                    pairs=p.banded)
+    elif p.D in SM90_WS_PERSISTENT_BANDED_OD and p.banded and not p.varlen:
+        plan = dataclasses.replace(plan, programs=target.sm_count, fold=True, o_direct=True, pairs=True)
     return plan
 
 
@@ -278,11 +286,20 @@ SM90_BACKWARD = {          # H200, bf16
 # causal 413 against 315; D = 64 307 / 229 against 302 / 227.
 # D = 256: 64 keys per program, the two warpgroups splitting them for S and dP and the head dim for dK, dV and dQ
 # (FlashAttention-3's D = 256 tiles); K, V (64 KB), two slots of Q / dO (128 KB), two of Pᵀ and dSᵀ (32 KB): 225 KB,
-# so dQ goes by atomics (dq_tma off). D = 64: 128 query rows per step (with dq_tma: 226 KB). tools/probe_attnbwd3.py
+# so dQ's TMA reduce goes through the drained Q / dO slot (dq_slot, below). D = 64: 128 query rows per step
+# (with dq_tma: 226 KB). tools/probe_attnbwd3.py
 # at b4fb837, TFLOP/s against the previous default (cuDNN): D = 256 2 × 16 × 4096 186 / 176 causal against the
 # tl.dot kernels' 114 / 74 (380 / 342); D = 64 8 × 16 × 2048 343 / 252 against 302 / 228 at 64 rows (406 / 313),
 # 4 × 32 × 4096 371 against 339 (435). At 64 rows 3 or 4 slots gave 310 / 309 against 302; at 128 rows a third
 # slot does not fit beside dq_tma's tiles (kernels/bwd_sm90.TILES).
+# tools/probe_attnbwd4.py at e46b1d2 (TFLOP/s against the default then, cuDNN in brackets): D = 256 with dQ by TMA
+# reduce through the drained Q / dO slot (dq_slot) 2 × 16 × 4096 326 / 290 causal against 184 / 176 (376 / 340),
+# causal with programs longest first in groups of 16 (batch, kv head)s 304; causal D = 64 with dQ by query rows
+# (dq_rows) 8 × 16 × 2048 264 against 251 (313), non-causal 338 against 343 (kept off); causal GQA 4 × 32 / 8 × 4096
+# × 128 with programs longest first over all (batch, kv head)s 461 against 421 (450): a kv head's program covers
+# 4 query heads, so the causal tail is long; MHA causal measured 319 against 413 there (L2 reuse across a head's
+# key blocks lost) and stays head by head. dq_slot at D = 128 (room for a third slot) measured 0.87-0.96x.
+SM90_WS_LPT = {128: 132, 256: 16}
 SM90_WS_BACKWARD = {
     64: (128, 128, 4, 2),
     128: (64, 128, 4, 2),
@@ -298,9 +315,23 @@ def sm90_bwd_eligible(p: Problem) -> bool:
 
 
 def _backward_sm90_ws(p: Problem) -> BackwardPlan:
-    """The table row, lse / Δ staged by the producer (stage_rows), dQ by TMA reduce (dq_tma) where it fits."""
+    """The table row, lse / Δ staged by the producer (stage_rows), dQ by TMA reduce (dq_tma); at D = 256 through
+    the drained Q / dO slot (dq_slot); causal D = 64 with dQ split by query rows (dq_rows); causal programs launched
+    longest first where they are long (SM90_WS_LPT)."""
     bm, bn, w, st = SM90_WS_BACKWARD[p.D]
-    return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True, stage_rows=True, dq_tma=p.D != 256)
+    return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True, stage_rows=True, dq_tma=True,
+                        dq_slot=p.D == 256, dq_rows=p.D == 64 and p.banded,
+                        lpt_heads=_sm90_lpt_heads(p))
+
+
+def _sm90_lpt_heads(p: Problem) -> int:
+    if not p.banded:
+        return 0
+    if p.D == 256:
+        return SM90_WS_LPT[256]
+    if p.D == 128 and p.group > 1:
+        return SM90_WS_LPT[128]
+    return 0
 
 
 def backward_tl(p: Problem, target: Target) -> BackwardPlan:
@@ -336,6 +367,11 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     else:
         plan = backward_tl(p, target)
     plan = dataclasses.replace(plan, **over)
+    # defaults that rest on a field a knob changed fall away unless named: dq_rows on 128 query rows, dq_slot on dq_tma
+    if plan.dq_rows and plan.block_m != 128 and "dq_rows" not in over:
+        plan = dataclasses.replace(plan, dq_rows=False)
+    if plan.dq_slot and not plan.dq_tma and "dq_slot" not in over:
+        plan = dataclasses.replace(plan, dq_slot=False)
     if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
         raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
     if plan.dq_rows and (p.D != 64 or plan.block_m != 128):
