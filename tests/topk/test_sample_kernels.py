@@ -239,8 +239,8 @@ def test_explain_sample_names_the_launches():
     assert (p.k, p.row_chunks, p.chunk, p.table) == (64, 16, 8192, 256)
     assert explain_sample(x, top_k=torch.ones(8, dtype=torch.long), target=A100).row_chunks == 13
     p = explain_sample(x, temperature=0.0, top_k=50, target=H200)
-    assert (p.k, p.row_chunks, p.fuse) == (1, 0, False)
-    assert explain_sample(x, top_k=50, target=H200, knobs=SampleKnobs(fuse=True)).fuse
+    assert (p.k, p.row_chunks, p.fuse) == (1, 0, True)
+    assert not explain_sample(x, top_k=50, target=H200, knobs=SampleKnobs(fuse=False)).fuse
     assert not explain_sample(x, target=H200, knobs=SampleKnobs(fuse=True)).fuse      # the row kernel: no fusing
     assert explain_sample(x, top_k=5000, target=H200).path == "torch"          # past the fused kernels: sort
     assert explain_sample(torch.randn(3, 12), backend="torch").path == "torch"
@@ -377,7 +377,11 @@ def test_sample_knobs_are_checked():
         sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(draw="host"))
     p = sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(draw="kernel", mass="fixed"))
     assert (p.draw, p.mass) == ("kernel", "fixed")
-    assert (sample_plan(8, 1000, 4, H200, top_k=5).draw, sample_plan(8, 1000, 4, H200).mass) == ("torch", "fp32")
+    p = sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(draw="torch", mass="fp32"))
+    assert (p.draw, p.mass) == ("torch", "fp32")
+    default = sample_plan(8, 1000, 4, H200, top_k=5)      # the H200's measured defaults (topk/plan.py)
+    assert (default.draw, default.mass, default.fuse, default.one_buffer) == ("kernel", "fixed", True, False)
+    assert not sample_plan(8, 1000, 4, H200).fuse         # the row kernel runs: step 1 stays its own launch
 
 
 @pytest.mark.parametrize("B", [1, 3, 4])

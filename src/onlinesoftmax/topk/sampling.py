@@ -11,14 +11,14 @@ Filters, in this order, each keeping a prefix of the row sorted by (logit descen
 Then one draw from the kept tokens, renormalised. No step's shape depends on the values, so a call never waits
 for the device and can be captured in a CUDA graph (per-row tensors may change between replays).
 
-The draw: ``u = torch.rand(B, generator=generator)`` (or the ``uniform`` given), and the first kept token in
-index order whose running probability exceeds ``u`` times the kept mass (inverse CDF; the same rule on both
-backends, so the same ``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids.
-With ``knobs=SampleKnobs(draw="kernel")`` an eager call on CUDA draws u in the kernels instead (Philox-4x32-10 keyed
-by the generator's seed at its offset, which advances by 4 per call, as torch's own kernels take it): no
-``torch.rand`` launch, still the same ids for the same generator state, but not the ids ``torch.rand`` would give
-for that state (another stream of the same generator); a call captured into a CUDA graph keeps ``torch.rand``
-(only a launch of torch's moves the generator's offset on every replay).
+The draw: a uniform ``u`` per row (or the ``uniform`` given), and the first kept token in index order whose
+running probability exceeds ``u`` times the kept mass (inverse CDF; the same rule on both backends, so the same
+``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids. An eager call on CUDA
+draws u in the kernels (Philox-4x32-10 keyed by the generator's seed at its offset, which advances by 4 per call,
+as torch's own kernels take it): no ``torch.rand`` launch, but not the ids ``torch.rand`` would give for that
+state (another stream of the same generator). Elsewhere, in a call captured into a CUDA graph (only a launch of
+torch's moves the generator's offset on every replay) and with ``knobs=SampleKnobs(draw="torch")``:
+``u = torch.rand(B, generator=generator)``.
 
 On CUDA (``topk/sampling_kernels.py``): ``softmax_topk`` with the temperature folded into its one read of the
 logits gives K sorted candidates (K = ``top_k`` for an int, else 64); one small kernel applies the filters and
