@@ -1,0 +1,110 @@
+"""Where the transformers decode loop's time goes (issue 30, H200, <= 120 s): the Llama-3-8B-shaped example model
+(4 layers, bf16) generating from an 8 x 2048 prompt with "sdpa" and "onlinesoftmax" attention, under torch.profiler
+(the CPU ops and the CUDA kernels by self time), and the attention call alone in the same loop shape (q [8, 32, 1,
+128] over k / v [8, 8, S, 128] grown by torch.cat each step, as DynamicCache does): host µs per call and device
+time per step against SDPA.
+
+    PYTHONPATH=src python tools/probe_tf_decode.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+
+def attention_loop(fn, steps=128, S0=2048, B=8, H=32, Hkv=8, D=128):
+    """(host µs per call, wall µs per step with the device) of fn(q, k, v) as k / v grow by one key per step."""
+    dev = torch.device("cuda")
+    q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+    k0 = torch.randn(B, Hkv, S0, D, device=dev, dtype=torch.bfloat16)
+    v0 = torch.randn_like(k0)
+    new = torch.randn(B, Hkv, 1, D, device=dev, dtype=torch.bfloat16)
+    out = {}
+    for _rep in range(2):                    # the first pass compiles and fills the caches
+        k, v = k0, v0
+        torch.cuda.synchronize()
+        host = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            k, v = torch.cat([k, new], 2), torch.cat([v, new], 2)
+            t1 = time.perf_counter()
+            fn(q, k, v)
+            host += time.perf_counter() - t1
+        torch.cuda.synchronize()
+        out = dict(host_us=host / steps * 1e6, step_us=(time.perf_counter() - t0) / steps * 1e6)
+    return out
+
+
+def profile_generate(model, prompt, new_tokens, out_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    kw = dict(attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=new_tokens,
+              min_new_tokens=new_tokens, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(prompt, **kw)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(prompt, **kw)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model.generate(prompt, **kw)
+            torch.cuda.synchronize()
+    ka = prof.key_averages()
+    cpu = ka.table(sort_by="self_cpu_time_total", row_limit=30)
+    cuda = ka.table(sort_by="self_cuda_time_total", row_limit=20)
+    with open(out_path, "w") as f:
+        f.write(cpu + "\n\n" + cuda)
+    return wall, cpu, cuda
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    from transformers_llama import build
+
+    import onlinesoftmax as oss
+    from onlinesoftmax.integrations import transformers as osst
+
+    osst.register()
+    res = {}
+    ours = attention_loop(lambda q, k, v: oss.attention(q, k, v, causal=True))
+    sdpa = attention_loop(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    res["attention loop"] = dict(ours=ours, sdpa=sdpa)
+    print("attention loop (host us per call, wall us per step):", res["attention loop"], flush=True)
+    from onlinesoftmax.decode import explain as decode_explain
+
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, 8, 2100, 128, device="cuda", dtype=torch.bfloat16)
+    explain = str(decode_explain(q, k, k, torch.full((8,), 2100, device="cuda", dtype=torch.int32)))
+    res["decode plan at S = 2100"] = explain
+    print(explain, flush=True)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 128256, (8, 2048), generator=g).cuda()
+    for impl in ("sdpa", "onlinesoftmax"):
+        model = build(impl, False, 4, torch.bfloat16, torch.device("cuda")).eval()
+        wall, cpu, cuda = profile_generate(model, prompt, args.new_tokens, os.path.join(args.out, f"{impl}.txt"))
+        res[impl] = dict(wall_ms=wall * 1e3, per_token_ms=wall * 1e3 / args.new_tokens)
+        print(f"== {impl}: generate {args.new_tokens} tokens {wall * 1e3:.1f} ms", flush=True)
+        print(cpu[:6000], flush=True)
+        print(cuda[:3000], flush=True)
+        del model
+        torch.cuda.empty_cache()
+    with open(os.path.join(args.out, "probe_tf_decode.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
