@@ -70,7 +70,8 @@ def profile_generate(model, prompt, new_tokens, out_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--impls", default="onlinesoftmax,sdpa")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from transformers_llama import build
@@ -93,8 +94,9 @@ def main():
     print(explain, flush=True)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 128256, (8, 2048), generator=g).cuda()
-    for impl in ("sdpa", "onlinesoftmax"):
-        model = build(impl, False, 4, torch.bfloat16, torch.device("cuda")).eval()
+    for impl in args.impls.split(","):
+        with torch.device("cuda"):      # random init on the GPU (the CPU's takes ~30 s per model)
+            model = build(impl, False, 4, torch.bfloat16, torch.device("cuda")).eval()
         wall, cpu, cuda = profile_generate(model, prompt, args.new_tokens, os.path.join(args.out, f"{impl}.txt"))
         res[impl] = dict(wall_ms=wall * 1e3, per_token_ms=wall * 1e3 / args.new_tokens)
         print(f"== {impl}: generate {args.new_tokens} tokens {wall * 1e3:.1f} ms", flush=True)

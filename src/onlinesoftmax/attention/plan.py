@@ -367,11 +367,10 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     else:
         plan = backward_tl(p, target)
     plan = dataclasses.replace(plan, **over)
-    # defaults that rest on a field a knob changed fall away unless named: dq_rows on 128 query rows, dq_slot on dq_tma
-    if plan.dq_rows and plan.block_m != 128 and "dq_rows" not in over:
-        plan = dataclasses.replace(plan, dq_rows=False)
-    if plan.dq_slot and not plan.dq_tma and "dq_slot" not in over:
-        plan = dataclasses.replace(plan, dq_slot=False)
+    # dq_rows and dq_slot were measured (and fit in shared memory) at the table's rows and slots with dq_tma: a knob
+    # that names one of those fields turns them off unless it names them too
+    if any(f in over for f in ("block_m", "num_stages", "dq_tma")):
+        plan = dataclasses.replace(plan, **{f: False for f in ("dq_rows", "dq_slot") if f not in over})
     if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
         raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
     if plan.dq_rows and (p.D != 64 or plan.block_m != 128):

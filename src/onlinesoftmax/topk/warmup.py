@@ -36,9 +36,10 @@ def warmup(vocab_size: int, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(t
                 k = min(kp, vocab_size)
                 softmax_topk(x, k)
                 calls += 1
-                if sampling:
+                if sampling:        # the fused merge + step 2 with and without a temperature folded in
                     sample(x, temperature=0.7, top_k=k, top_p=0.9)
-                    calls += 1
+                    sample(x, top_k=k)
+                    calls += 2
             if sampling:
                 t = torch.full((B,), 0.7, device=device)
                 sample(x, temperature=0.7, top_p=0.9, min_p=0.05)
