@@ -131,6 +131,12 @@ def test_stream_scratch_views_aligned_reused_and_grown():
     c = TL.stream_scratch(tag, DEV, ((9, torch.int32), (2, torch.float64), (7, torch.float32)))
     assert [v.numel() for v in c] == [9, 3, 7] and all(v.data_ptr() % 16 == 0 for v in c)
     assert bool((c[0] == 0).all()) and c[1].dtype == torch.float64
+    # another layout under the same tag (more views, other dtypes) gets views of its own layout, never fewer
+    d = TL.stream_scratch(tag, DEV, ((9, torch.int32), (2, torch.float64), (7, torch.float32), (5, torch.int64)))
+    assert [(v.numel(), v.dtype) for v in d] == [(9, torch.int32), (2, torch.float64), (7, torch.float32),
+                                                 (5, torch.int64)]
+    e = TL.stream_scratch(tag, DEV, ((3, torch.float32),))
+    assert [(v.numel(), v.dtype) for v in e] == [(3, torch.float32)]
 
 
 # ---- GPU only -----------------------------------------------------------------------------------------------------

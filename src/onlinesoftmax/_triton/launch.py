@@ -64,7 +64,8 @@ def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None 
 
     Every view starts 16-byte aligned (a :class:`BoundKernel` takes workspace pointers as aligned) and holds at
     least its ``numel``. The views keep their sizes and offsets until a request outgrows one; then all are carved
-    again, no smaller, from a new zeroed buffer.
+    again, no smaller, from a new zeroed buffer. A request under the same tag with another number of views or
+    other dtypes gets a new buffer of its own layout.
 
     While a CUDA graph is being captured the caller gets buffers of its own (the graph may replay on any stream),
     and nothing is zeroed inside the graph: a zeroing captured there would run before every replay (a 520 KB
@@ -83,7 +84,7 @@ def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None 
         _top_up_reserve(device)
     key = (tag, device, current_stream(current_device()) if device.type == "cuda" else None)
     views = _scratch.get(key)
-    if views is not None:
+    if views is not None and len(views) == len(layout) and all(v.dtype == dt for v, (_, dt) in zip(views, layout)):
         if all(v.numel() >= n for v, (n, _) in zip(views, layout)):
             return views
         layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
