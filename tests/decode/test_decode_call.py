@@ -12,7 +12,7 @@ import onlinesoftmax as oss
 from onlinesoftmax._triton import launch as shared
 from onlinesoftmax.decode.plan import Knobs, decode_plan
 from onlinesoftmax.reference import decode as ref
-from onlinesoftmax.target import INTERPRETER
+from onlinesoftmax.target import INTERPRETER, target_of
 
 launch = pytest.importorskip("onlinesoftmax.decode.launch")
 HEAD = (1, 1, 1, 0, False, False, None, None, (4, 1, 0), None, None, None)     # a C launcher's head, stream aside
@@ -183,3 +183,82 @@ def test_full_cache_and_kvcache_routes_agree(kernel_device):
         assert torch.equal(oss.attention(q, k, v, causal=True, backend="triton"), o)
         ro, rl = ref.attention_with_kvcache(q, k, v, sl)
         assert_matches(o, lse, ro, rl, torch.float32)
+
+
+# ---- on the GPU: the lanes against the BoundKernel route, bit for bit -------------------------------------------
+def _gpu_plan(monkeypatch, balanced):
+    """cached_plan with the balanced knob (None: the default plan); the DecodeCalls bound before are dropped."""
+    if balanced is not None:
+        target = target_of(torch.device("cuda"))
+        monkeypatch.setattr(launch, "cached_plan",
+                            lambda p, device: decode_plan(p, target, Knobs.of(balanced=balanced)))
+    monkeypatch.setattr(launch, "_calls", {})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("balanced", [False, True], ids=["split", "balanced"])
+@pytest.mark.parametrize("page", [0, 16])
+@pytest.mark.parametrize("Sq", [1, 4])
+def test_gpu_lanes_match_bound_route(monkeypatch, balanced, page, Sq):
+    dev, B, H, Hkv, D, S = torch.device("cuda"), 8, 32, 8, 128, 5000
+    _gpu_plan(monkeypatch, balanced)
+    k, v, sl, bt = make_cache(B, Hkv, D, [S, 1, 77, 4999, 2048, 3000, 17, 5000], S, torch.bfloat16, dev, page=page)
+    for need_lse in (True, False):
+        for _ in range(3):                  # the first binds the lanes
+            q = torch.randn(B, H, Sq, D, device=dev).bfloat16()
+            o, lse = launch.attention_decode(q, k, v, sl, bt, True, D ** -0.5, -1, -1, 0.0, need_lse)
+            call = [c for c in launch._calls.values() if c.need_lse == need_lse][0]
+            bound = call.last[1]
+            assert bound.lanes is not None and bound.plan.balanced == balanced
+            o2, lse2 = launch.attention_split_kv(q, k, v, sl, bt, True, D ** -0.5, -1, -1, 0.0, bound.plan)
+            assert torch.equal(o, o2) and (lse is None or torch.equal(lse, lse2))
+        ro, rl = ref.attention_with_kvcache(q, k, v, sl, bt)
+        assert_matches(o2, lse2, ro, rl, torch.bfloat16, (ro.bfloat16().double() - ro).abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("balanced", [None, False], ids=["default", "split"])
+def test_gpu_growing_cache_loop(monkeypatch, balanced):
+    """oss.attention along 40 steps of a cache grown by torch.cat (transformers' DynamicCache): the lanes and the
+    lengths table give what the BoundKernel route with uniform_lengths gives, every step."""
+    dev, B, H, Hkv, D = torch.device("cuda"), 8, 32, 8, 128
+    _gpu_plan(monkeypatch, balanced)
+    q = torch.randn(B, 1, H, D, device=dev).bfloat16().transpose(1, 2)
+    k = torch.randn(B, Hkv, 2040, D, device=dev).bfloat16()
+    v = torch.randn_like(k)
+    for _ in range(40):
+        k = torch.cat([k, torch.randn(B, Hkv, 1, D, device=dev).bfloat16()], 2)
+        v = torch.cat([v, torch.randn(B, Hkv, 1, D, device=dev).bfloat16()], 2)
+        S = k.shape[2]
+        o = oss.attention(q, k, v, causal=True)
+        lens = launch.uniform_lengths(B, S, dev)
+        plan = next(iter(launch._calls.values())).last[1].plan
+        o2, _ = launch.attention_split_kv(q, k, v, lens, None, True, D ** -0.5, -1, -1, 0.0, plan)
+        assert torch.equal(o, o2), S
+    ro, rl = ref.attention_with_kvcache(q, k, v, lens)
+    assert_matches(o2, _, ro, rl, torch.bfloat16, (ro.bfloat16().double() - ro).abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [0, 16])
+def test_gpu_capture_after_lanes(monkeypatch, page):
+    """A call captured into a CUDA graph after its lanes are bound (the capture takes the BoundKernel route, its own
+    workspace) replays right after cache_seqlens change, and the eager lanes still agree afterwards."""
+    dev, B, H, Hkv, D, S = torch.device("cuda"), 8, 32, 8, 128, 4096
+    _gpu_plan(monkeypatch, None)
+    k, v, sl, bt = make_cache(B, Hkv, D, [S] * B, S, torch.bfloat16, dev, page=page)
+    q = torch.randn(B, H, 1, D, device=dev).bfloat16()
+    for _ in range(2):
+        oss.attention_with_kvcache(q, k, v, sl, block_table=bt, return_lse=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        og, lg = oss.attention_with_kvcache(q, k, v, sl, block_table=bt, return_lse=True)
+    for lens in ([S] * B, [1, 17, 4000, 2, 9, 4095, 3000, 5]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        o, lse = oss.attention_with_kvcache(q, k, v, sl, block_table=bt, return_lse=True)
+        torch.cuda.synchronize()
+        assert torch.equal(og, o) and torch.equal(lg, lse)
+        ro, rl = ref.attention_with_kvcache(q, k, v, sl, bt)
+        assert_matches(o, lse, ro, rl, torch.bfloat16, (ro.bfloat16().double() - ro).abs().max().item())
