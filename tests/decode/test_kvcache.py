@@ -310,3 +310,17 @@ def test_knobs():
     assert dataclasses.is_dataclass(decode_plan(p, H200))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decode_plan(p, H200).splits = 3
+
+
+@pytest.mark.parametrize("page", [0, 4])
+def test_strided_lengths_and_table(page, kernel_device):
+    """cache_seqlens and a block table with non-unit inner strides are read as the values they hold (the kernels
+    index them at unit stride: such views are made contiguous first)."""
+    dev, B, H, Hkv, D = kernel_device, 3, 4, 2, 16
+    k, v, sl, bt = make_cache(B, Hkv, D, [37, 5, 20], 40, torch.float32, dev, page=page)
+    q = torch.randn(B, H, 1, D, device=dev)
+    sl2 = torch.stack([sl, torch.zeros_like(sl)], 1)[:, 0]            # stride 2
+    bt2 = None if bt is None else bt.t().contiguous().t()             # inner stride B
+    o, lse = oss.attention_with_kvcache(q, k, v, sl2, block_table=bt2, return_lse=True, backend="triton")
+    ro, rl = ref.attention_with_kvcache(q, k, v, sl, block_table=bt)
+    assert_matches(o, lse, ro, rl, torch.float32)

@@ -309,6 +309,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     which = resolve_backend(backend, q, "attention_with_kvcache")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     cap = float(softcap or 0.0)
+    # the kernels read lengths[b] and table[b, i] at unit inner stride (the table's row stride is an argument)
+    cache_seqlens = cache_seqlens.contiguous()
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)
