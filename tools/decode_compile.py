@@ -12,7 +12,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 from compiler_report import TARGETS, compile_launch  # noqa: E402
 
-from onlinesoftmax.decode.launch import _merge_launch, _split_launches  # noqa: E402
+from onlinesoftmax.decode.launch import _launches, _merge_launch, _spec  # noqa: E402
 from onlinesoftmax.decode.plan import Knobs, Problem, decode_plan, merge_plan  # noqa: E402
 
 
@@ -31,6 +31,7 @@ def cases():
 
 
 def main():
+    spills = []
     for arch in (90, 80, 89):
         target = TARGETS[arch]
         for dt, p in cases():
@@ -39,24 +40,31 @@ def main():
             for splits in (None, 3):
                 plan = decode_plan(p, target, Knobs.of(splits=splits) if splits else Knobs())
                 flags = (bool(p.page), True, True, False, True, dt == torch.float32)
-                strides = (7,) * 17 + (p.H * p.Sq * p.D, p.Sq * p.D, p.D, 1)
-                kv, head, merge = _split_launches(plan, p, flags, (0.1, 30.0, 100, -1), strides)
-                q = _t(dt)
-                args = (q, q, q, _t(torch.int32), _t(torch.int32), q, _t(torch.float32), _t(torch.float32),
-                        _t(torch.float32), *head)
+                ost = (p.H * p.Sq * p.D, p.Sq * p.D, p.D, 1)
+                rows = p.page or p.s_max
+                kst = (p.Hkv * rows * p.D, rows * p.D, p.D, 1)      # contiguous caches, q and o
+                bts = -(-p.s_max // p.page) if p.page else 1
+                spec = _spec(p.s_max, ost, kst, kst, bts, ost, 100, -1)
+                (kv, kv_args, _), *merge = _launches(plan, p, flags, (0.1, 30.0, 100, -1), ost, ost, spec)
+                q, f, i = _t(dt), _t(torch.float32), _t(torch.int32)
+                args = kv_args(q, q, q, i, i, q, f, f, f, p.s_max, kst, kst, bts)
                 r = compile_launch(kv.fn, args, kv.meta, arch)
                 line = f"sm_{arch} {str(dt)[6:]:8} {p} splits={plan.splits} bm={plan.block_m} bn={plan.block_n}"
-                print(line, "split_kv", r)
-                assert r["stack"] == 0, "spills"
-                if merge is not None:
-                    mk, margs = merge
-                    f = _t(torch.float32)
-                    print(line, "merge", compile_launch(mk.fn, (f, f, q, f, *margs), mk.meta, arch))
+                print(line, kv.fn.__name__, r)
+                if r["stack"]:
+                    spills.append(line)
+                for mk, margs, _ in merge:
+                    args = margs(q, q, q, i, i, q, f, f, f, p.s_max, kst, kst, bts)
+                    print(line, mk.fn.__name__, compile_launch(mk.fn, args, mk.meta, arch))
         for dt in (torch.bfloat16, torch.float32):
             mp = merge_plan(1 << 22, 128, target)
             bound, tail = _merge_launch(mp, 1 << 22, 128, (256, 1, 1, 128, 1, 1))
             o, f = _t(dt), _t(torch.float32)
             print(f"sm_{arch} merge_two {dt}", compile_launch(bound.fn, (o, f, o, f, o, f, *tail), bound.meta, arch))
+
+
+    if spills:
+        sys.exit("spills:\n" + "\n".join(spills))
 
 
 if __name__ == "__main__":

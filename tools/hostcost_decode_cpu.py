@@ -10,7 +10,9 @@ sees the same S once per token). This replays that loop on CPU tensors as it wou
   against a stub driver (sm_90 target) whose "compile" is a stub kernel and whose launcher is a no-op that mimics
   ``CudaLauncher.__call__``; a :class:`BoundKernel` replays the stub through its own fast path;
 * ``target_of`` is the H200, ``resolve_backend`` says "triton" for these CPU tensors, the launch module's current
-  device / stream are 0.
+  device / stream are 0, and ``raw_launches`` is true: a bound call (``decode.launch.DecodeCall``) binds its lanes
+  after its first call and then calls the stub C launcher with int pointers, as on the GPU (in ``--check`` mode it
+  is false: every call takes the ``BoundKernel`` route, whose replayed variants the check compares with Triton's).
 
 Left out (the same on either tree's path, or the GPU's alone): the C launcher's argument parsing and the driver's
 launch; CUDA's allocation and fill kernels behind ``torch.empty`` / ``torch.full`` (CPU ones here: see the op
@@ -159,6 +161,9 @@ def stub_gpu(modules) -> None:
             m.resolve_backend = lambda backend, x, op: backend or "triton"
     launch.current_device = lambda: 0
     launch.current_stream = lambda index: 0
+    for m in modules:           # bound calls bind their lanes (C launchers with int pointers): the GPU's route
+        if hasattr(m, "raw_launches") and m is not launch:
+            m.raw_launches = lambda device: not REC.check
     real_call = launch.BoundKernel.__call__
 
     def call(self, args, check, device):
@@ -243,7 +248,7 @@ def clear_caches(modules) -> None:
                 v = v.__wrapped__
             if hasattr(v, "cache_clear") and getattr(v, "__module__", "").startswith("onlinesoftmax"):
                 v.cache_clear()
-        for name in ("_lengths",):
+        for name in ("_lengths", "_calls"):
             memo = getattr(m, name, None)
             if isinstance(memo, dict):
                 memo.clear()
@@ -396,10 +401,11 @@ def main():
     pieces = Pieces()
     for owner, name in ((osst, "_attention"), (aapi, "_prepare"), (aapi, "_decode_call"), (aapi, "_decode_lengths"),
                         (dapi, "attention_with_kvcache"), (dapi, "_check_kvcache"), (dapi, "_kvcache_impl"),
-                        (dlaunch, "attention_split_kv"), (dlaunch, "cached_plan"), (dlaunch, "_plan"),
-                        (dlaunch, "_split_launches"), (dlaunch, "_balanced_launches"), (dlaunch, "_launches"),
-                        (dlaunch, "_balanced"), (dlaunch, "stream_scratch"), (dlaunch, "uniform_lengths"),
-                        (torch, "empty"), (torch, "full")):
+                        (dlaunch, "attention_split_kv"), (dlaunch, "attention_decode"), (dlaunch, "cached_plan"),
+                        (dlaunch, "_plan"), (dlaunch, "_launches"), (dlaunch.DecodeCall, "__call__"),
+                        (dlaunch.DecodeCall, "_launch_bound"), (dlaunch.DecodeCall, "_bind"),
+                        (dlaunch.DecodeCall, "_new_table"), (dlaunch, "int_spec"), (dlaunch, "stream_scratch"),
+                        (dlaunch, "uniform_lengths"), (torch, "empty"), (torch, "full")):
         pieces.wrap(owner, name, f"{owner.__name__.split('.')[-1]}.{name}")
     jit_run = {}
     for m in mods:

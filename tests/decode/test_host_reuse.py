@@ -85,10 +85,9 @@ def _misses():
 
 def _bound(q, k, v, lens, plan):
     p = Problem(q.shape[0], q.shape[1], k.shape[1], q.shape[2], q.shape[3], k.shape[2], 0, q.element_size())
-    strides = (*q.stride(), *k.stride(), *v.stride(), 1, *q.stride())
     flags = (False, True, False, False, False, q.dtype == torch.float32)
-    fn = launch._balanced_launches if plan.balanced else launch._split_launches
-    return fn(plan, p, flags, (D_SCALE, 0.0, -1, -1), strides)[0]
+    spec = launch._spec(p.s_max, q.stride(), k.stride(), v.stride(), 1, q.stride(), -1, -1)
+    return launch._launches(plan, p, flags, (D_SCALE, 0.0, -1, -1), q.stride(), q.stride(), spec)[0][0]
 
 
 D_SCALE = 0.25

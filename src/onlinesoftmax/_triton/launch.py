@@ -124,6 +124,18 @@ def _take_reserved(device: torch.device, nbytes: int) -> torch.Tensor | None:
     return buf
 
 
+def raw_launches(device: torch.device) -> bool:
+    """Whether calls on ``device`` may go straight to the compiled kernels' C launchers (CUDA, no interpreter)."""
+    return device.type == "cuda" and not interpret_mode()
+
+
+class Slot:
+    """A per-call argument's place in a lane bound once (compared by identity): the families' bound calls lay a
+    launch's arguments out once and put each call's values in by position."""
+
+    __slots__ = ()
+
+
 def hooks_installed() -> bool:
     hook = knobs.runtime.launch_enter_hook          # a HookChain in Triton 3.6 (a callable or None before)
     return bool(getattr(hook, "calls", hook))

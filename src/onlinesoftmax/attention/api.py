@@ -8,6 +8,7 @@ sees one op each way) -> autograd registration -> :func:`attention` and :func:`e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -16,7 +17,7 @@ from .._checks import check_float_tensor
 from .._triton.host import cached
 from ..backend import functorch_active, raw_apply, resolve_backend
 from ..target import target_of
-from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_dispatch, plan_attention
+from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_shape, plan_attention
 
 __all__ = ["attention", "attention_varlen", "explain"]
 
@@ -56,22 +57,29 @@ def _check_scalars(scale, softcap, op: str) -> None:
 
 def _check_qkv(q, k, v, op: str, ndim: int, seq_dim: int, head_dim: int) -> None:
     """Shapes, dtypes and devices: q [..., S, D]-like of ``ndim`` dims with the head count at ``head_dim``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(t, f"{op}: {name}", TORCH_DTYPES)
-        if t.dim() != ndim:
-            raise ValueError(f"{op}: {name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    Tensor = torch.Tensor
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor) and q.dtype in TORCH_DTYPES
+            and q.dim() == ndim and k.dim() == ndim and v.dim() == ndim):       # else: which one, in order
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_float_tensor(t, f"{op}: {name}", TORCH_DTYPES)
+            if t.dim() != ndim:
+                raise ValueError(f"{op}: {name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    elif not (k.dtype in TORCH_DTYPES and v.dtype in TORCH_DTYPES):
+        check_float_tensor(k, f"{op}: k", TORCH_DTYPES)
+        check_float_tensor(v, f"{op}: v", TORCH_DTYPES)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"{op}: q, k and v must share one dtype, got {_dtype_name(q.dtype)}, {_dtype_name(k.dtype)} "
                         f"and {_dtype_name(v.dtype)}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"{op}: q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"{op}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{op}: q and k must have the same head dim (last), got {q.shape[-1]} and {k.shape[-1]}")
-    if q.shape[-1] == 0:
+    qs, ks = q.shape, k.shape
+    if ks != v.shape:
+        raise ValueError(f"{op}: k and v must have the same shape, got {tuple(ks)} and {tuple(v.shape)}")
+    if qs[-1] != ks[-1]:
+        raise ValueError(f"{op}: q and k must have the same head dim (last), got {qs[-1]} and {ks[-1]}")
+    if qs[-1] == 0:
         raise ValueError(f"{op}: the head dim (last dim of q) must be at least 1")
-    H, Hkv = q.shape[head_dim], k.shape[head_dim]
+    H, Hkv = qs[head_dim], ks[head_dim]
     if Hkv == 0 and H != 0 or Hkv and H % Hkv:
         raise ValueError(f"{op}: the query heads H = {H} must be a multiple of the key/value heads Hkv = {Hkv} "
                          "(GQA / MQA)")
@@ -643,10 +651,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     if backend == "torch":
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
     elif _decode_call(q, k, v):
-        from ..decode.api import attention_full_cache
-
-        o, lse = attention_full_cache(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0,
-                                      return_lse)
+        o, lse = _full_cache()(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0, return_lse)
     else:
         o, lse = _attention_fwd(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
@@ -659,13 +664,16 @@ def _decode_call(q, k, v) -> bool:
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                                       or v.requires_grad)):
         return False
-    return _decode_shape(q.shape, k.shape, q.dtype)
+    qs = q.shape
+    return decode_shape(qs[2], k.shape[2], qs[3])
 
 
-@cached
-def _decode_shape(q_shape, k_shape, dtype) -> bool:
-    B, H, Sq, D = q_shape
-    return decode_dispatch(Problem(B, H, k_shape[1], Sq, k_shape[2], D, _dtype_name(dtype), False, (-1, -1), False))
+@functools.cache
+def _full_cache():
+    """``decode.api.attention_full_cache``, imported on first use (the decode family imports this module's peers)."""
+    from ..decode.api import attention_full_cache
+
+    return attention_full_cache
 
 
 _VOP = "onlinesoftmax.attention_varlen"

@@ -135,7 +135,12 @@ DECODE_MIN_SK = 2048
 def decode_dispatch(p: Problem) -> bool:
     """The forward runs the decode family's split-KV kernels: Sq <= DECODE_MAX_SQ query rows over at least
     DECODE_MIN_SK keys (and no more queries than keys), D <= 256."""
-    return p.Sq <= DECODE_MAX_SQ and p.Sk >= max(DECODE_MIN_SK, p.Sq) and p.D <= 256
+    return decode_shape(p.Sq, p.Sk, p.D)
+
+
+def decode_shape(Sq: int, Sk: int, D: int) -> bool:
+    """:func:`decode_dispatch` from the three sizes it reads (an eager call's per-step test)."""
+    return Sq <= DECODE_MAX_SQ and Sk >= max(DECODE_MIN_SK, Sq) and D <= 256
 
 
 # ---- the forward ------------------------------------------------------------------------------------------

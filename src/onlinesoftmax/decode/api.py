@@ -22,6 +22,7 @@ from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_
 __all__ = ["attention_with_kvcache", "explain", "explain_merge", "merge_attention_states"]
 
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CHECK_DTYPES = KV_DTYPES + (torch.float64,)
 
 
 @functools.cache
@@ -199,8 +200,8 @@ def _kvcache_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   softcap: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     if backend == "torch" or q.dtype == torch.float64:
         return _torch_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, right, softcap)
-    return _kernels().attention_split_kv(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left,
-                                         right, softcap)
+    return _kernels().attention_decode(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, right,
+                                       softcap, True)
 
 
 _kvcache_op = torch.library.custom_op("onlinesoftmax::attention_with_kvcache", _kvcache_impl, mutates_args=())
@@ -226,40 +227,46 @@ def _window(window) -> tuple[int, int]:
 def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap):
     """Shapes, dtypes and devices only: nothing here reads a tensor's values (no host synchronisation)."""
     f = "attention_with_kvcache"
-    for t, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-        check_float_tensor(t, f"{f}: {n}", KV_DTYPES + (torch.float64,))
-        if t.dim() != 4:
-            raise ValueError(f"{f}: {n} must be 4-D, got shape {tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{f}: {n} is on {t.device}, q on {q.device}")
+    Tensor, dev = torch.Tensor, getattr(q, "device", None)
+    if not (isinstance(q, Tensor) and isinstance(k_cache, Tensor) and isinstance(v_cache, Tensor)
+            and q.dtype in CHECK_DTYPES and k_cache.dtype in CHECK_DTYPES and v_cache.dtype in CHECK_DTYPES
+            and q.dim() == 4 and k_cache.dim() == 4 and v_cache.dim() == 4
+            and k_cache.device == dev and v_cache.device == dev):          # else: which one, in order
+        for t, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+            check_float_tensor(t, f"{f}: {n}", CHECK_DTYPES)
+            if t.dim() != 4:
+                raise ValueError(f"{f}: {n} must be 4-D, got shape {tuple(t.shape)}")
+            if t.device != q.device:
+                raise ValueError(f"{f}: {n} is on {t.device}, q on {q.device}")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise TypeError(f"{f}: q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
                         f"{v_cache.dtype}")
     B, H, Sq, D = q.shape
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"{f}: k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+    ks = k_cache.shape
+    if ks != v_cache.shape:
+        raise ValueError(f"{f}: k_cache and v_cache must have one shape, got {tuple(ks)} and "
                          f"{tuple(v_cache.shape)}")
-    Hkv = k_cache.shape[1]
-    if k_cache.shape[3] != D:
-        raise ValueError(f"{f}: the caches' head dim {k_cache.shape[3]} differs from q's {D}")
+    Hkv = ks[1]
+    if ks[3] != D:
+        raise ValueError(f"{f}: the caches' head dim {ks[3]} differs from q's {D}")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"{f}: q's {H} heads must be a multiple of the caches' {Hkv} (GQA)")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
             or cache_seqlens.shape != (B,):
         raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}]")
-    if cache_seqlens.device != q.device:
-        raise ValueError(f"{f}: cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+    if cache_seqlens.device != dev:
+        raise ValueError(f"{f}: cache_seqlens is on {cache_seqlens.device}, q on {dev}")
     if block_table is None:
-        if k_cache.shape[0] != B:
-            raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(k_cache.shape)}")
+        if ks[0] != B:
+            raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(ks)}")
     else:
         if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
                 or block_table.dim() != 2 or block_table.shape[0] != B):
             raise TypeError(f"{f}: block_table must be an int32 tensor [B, max_pages] with B = {B}")
-        if block_table.device != q.device:
-            raise ValueError(f"{f}: block_table is on {block_table.device}, q on {q.device}")
-        if not 1 <= k_cache.shape[2] <= 256:
-            raise ValueError(f"{f}: page size must be in [1, 256], got {k_cache.shape[2]}")
+        if block_table.device != dev:
+            raise ValueError(f"{f}: block_table is on {block_table.device}, q on {dev}")
+        if not 1 <= ks[2] <= 256:
+            raise ValueError(f"{f}: page size must be in [1, 256], got {ks[2]}")
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"{f}: scale must be a number or None, got {type(scale).__name__}")
     if softcap is not None and (not isinstance(softcap, (int, float)) or softcap < 0):
@@ -309,8 +316,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)
+    elif which == "torch" or q.dtype == torch.float64:
+        o, lse = _torch_kvcache(*args[:-1])
     else:
-        o, lse = _kvcache_impl(*args)
+        o, lse = _kernels().attention_decode(*args[:-1], return_lse)
     return (o, lse) if return_lse else o
 
 
@@ -319,9 +328,7 @@ def attention_full_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caus
     """``oss.attention``'s decode dispatch: (o, lse or None) of q over all S keys of every sequence of the dense
     ``k``, ``v`` [B, Hkv, S, D] by the split-KV kernels (``attention_with_kvcache`` with cache_seqlens = S), the
     arguments checked by the caller (eager, no gradient, a kernel dtype)."""
-    kernels = _kernels()
-    lens = kernels.uniform_lengths(q.shape[0], k.shape[2], q.device)
-    return kernels.attention_split_kv(q, k, v, lens, None, causal, scale, left, right, softcap, need_lse=need_lse)
+    return _kernels().attention_decode(q, k, v, None, None, causal, scale, left, right, softcap, need_lse)
 
 
 def kvcache_problem(q, k_cache, block_table) -> Problem:

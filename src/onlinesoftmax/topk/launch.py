@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from .._triton.launch import BoundKernel, cached, current_device, current_stream, hooks_installed, pow2, stream_scratch
-from ..backend import interpret_mode
+from .._triton.launch import (
+    BoundKernel,
+    Slot,
+    cached,
+    current_device,
+    current_stream,
+    hooks_installed,
+    pow2,
+    raw_launches,
+    stream_scratch,
+)
 from ..target import target_of
 from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_merge_kernel
 from .plan import Plan, topk_plan
@@ -199,18 +208,7 @@ class TopKCall:
         self.lanes = tuple(lanes)
 
 
-class Slot:
-    """A per-call argument's place in a bound lane (compared by identity; also the sampler's)."""
-
-    __slots__ = ()
-
-
 _SLOTS = tuple(Slot() for _ in range(4))      # x, values, indices, lse: the order of a call's pointers
-
-
-def raw_launches(device: torch.device) -> bool:
-    """Whether calls on ``device`` may go straight to the compiled kernels' C launchers (CUDA, no interpreter)."""
-    return device.type == "cuda" and not interpret_mode()
 
 
 def topk_call(x: torch.Tensor, k: int, stream) -> TopKCall | None:

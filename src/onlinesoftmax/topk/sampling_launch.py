@@ -16,10 +16,20 @@ from __future__ import annotations
 
 import torch
 
-from .._triton.launch import BoundKernel, cached, current_device, current_stream, hooks_installed, pow2, stream_scratch
+from .._triton.launch import (
+    BoundKernel,
+    Slot,
+    cached,
+    current_device,
+    current_stream,
+    hooks_installed,
+    pow2,
+    raw_launches,
+    stream_scratch,
+)
 from ..target import target_of
-from .launch import Slot, final_meta, raw_launches, workspaces
 from .launch import _launches as topk_launches
+from .launch import final_meta, workspaces
 from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
 
