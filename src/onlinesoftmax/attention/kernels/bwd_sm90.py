@@ -1,7 +1,10 @@
 """Attention backward for Hopper (sm_90): dK, dV and dQ of ``bwd.py`` in one kernel with TMA, wgmma and a
 warp-specialised producer (Gluon; FlashAttention-3's backward structure).
 
-One program per (key block of 2·BLOCK_N keys, kv head). Its warps split in three partitions:
+One program per (key block of 2·BLOCK_N keys, kv head), or (``attention_bwd_sm90_persistent_kernel``, the plan's
+``programs``) one per SM looping over those units: the producer loads the next block's K and V as soon as both
+consumers' last matmuls of a block are done (one K / V buffer: a second fits at no head dim) and its Q / dO ring runs
+on across blocks, while the consumers store the finished block's dK and dV. Its warps split in three partitions:
 
 * the **producer** (one warp) copies the Q and dO tiles of the query rows that attend the block (``_q_band``),
   for each query head of the GQA group in turn, global → shared memory with TMA into a ring of STAGES slots
