@@ -43,6 +43,7 @@ import time
 import traceback
 
 T0 = time.time()
+OUT_NAME = "probe_attnbwd4.json"     # (probes that reuse this harness set their own)
 BUDGET_S = 138          # stop timing past this (the whole run must end within 150 s)
 WARM_DEADLINE_S = 80
 WATCHDOG_S = 146        # past this, write what was measured, print the table and exit
@@ -217,7 +218,9 @@ def compile_only():
     ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
     nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     recorded = []
-    launch.BoundKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta))
+    launch.BoundKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta, ()))
+    launch.DescriptorKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta,
+                                                                                          self.boxes))
     api._tma_ok = lambda *ts: True                       # meta tensors have no data pointer
     api._ensure_allocator = lambda: None
     seen = set()
@@ -234,12 +237,14 @@ def compile_only():
             except Exception as e:
                 print(f"{name:18} D={D} causal={causal!s:5}: {err_head(e)}", flush=True)
                 continue
-            for fn, args, meta in recorded:
+            for fn, args, meta, boxes in recorded:
                 sig, const, attrs = {}, {}, {}
                 runtime = [p for p in fn.params if not p.is_constexpr]
-                for p, a in zip(runtime, args):
+                for j, (p, a) in enumerate(zip(runtime, args)):
                     i = fn.arg_names.index(p.name)
-                    if isinstance(a, torch.Tensor):
+                    if j < len(boxes):          # a host TMA descriptor over a (block shape, layout)
+                        sig[p.name] = f"tensordesc<{ptr[a.dtype][1:]}{boxes[j][0]},{boxes[j][1]!r}>"
+                    elif isinstance(a, torch.Tensor):
                         sig[p.name] = ptr[a.dtype]
                         attrs[(i,)] = [["tt.divisibility", 16]]
                     elif isinstance(a, float):
@@ -339,7 +344,7 @@ def device_run(out_dir):
     os.makedirs(out_dir, exist_ok=True)
 
     def save():
-        with open(os.path.join(out_dir, "probe_attnbwd4.json"), "w") as fh:
+        with open(os.path.join(out_dir, OUT_NAME), "w") as fh:
             json.dump(report, fh, indent=1, default=str)
 
     def watchdog():         # a launch that never returns (a barrier deadlock) must not cost the partial results

@@ -1072,3 +1072,190 @@ def test_gpu_sm90_backward_varlen(D, Hkv, knobs, backward_knobs):
     lens = [1000, 0, 3000, 17, 4000, 1, 2500, 1575]
     check_varlen(lens, lens, 8, Hkv, D, "triton", torch.bfloat16, causal=True)
     check_varlen(lens, lens[::-1], 8, Hkv, D, "triton", torch.bfloat16, window=(200, 10))
+
+
+# ---- the sm90 backward on a persistent grid (programs: one program per SM walking the (key block, head) units) ----
+def test_sm90_backward_persistent_plan():
+    """``programs = -1`` asks for one program per SM; the sm90 kernel on dense inputs only; pairs needs the
+    persistent grid and replaces a default lpt_heads (both named raise); tiles past 227 KB raise naming the knob;
+    every default fits and stays per program."""
+    from onlinesoftmax.attention.plan import SM90_SHARED, Problem, plan_backward, sm90_bwd_shared
+
+    base = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
+    pers = Knobs(backward={"programs": -1})
+    plan = plan_backward(base, H200, pers)
+    assert (plan.kernel, plan.programs, plan.pairs) == ("sm90", H200.sm_count, False)
+    assert dataclasses.replace(plan, programs=0) == plan_backward(base, H200)
+    for D in (64, 128, 256):
+        for causal in (False, True):
+            p = dataclasses.replace(base, D=D, causal=causal, window=(-1, 0) if causal else (-1, -1))
+            assert plan_backward(p, H200).programs == 0
+            plan = plan_backward(p, H200, pers)
+            assert sm90_bwd_shared(D, plan) <= SM90_SHARED - 1024, (D, causal)
+    gqa = dataclasses.replace(base, Hkv=8)
+    assert plan_backward(gqa, H200, pers).lpt_heads == 132
+    assert plan_backward(gqa, H200, Knobs(backward={"programs": -1, "pairs": True})).lpt_heads == 0
+    with pytest.raises(ValueError, match="pairs"):
+        plan_backward(gqa, H200, Knobs(backward={"programs": -1, "pairs": True, "lpt_heads": 16}))
+    with pytest.raises(ValueError, match="persistent"):
+        plan_backward(base, H200, Knobs(backward={"pairs": True}))
+    with pytest.raises(ValueError, match="persistent"):
+        plan_backward(dataclasses.replace(base, varlen=True), H200, pers)
+    with pytest.raises(ValueError, match="persistent"):
+        plan_backward(base, H200, Knobs(backward={"kernel": "triton", "programs": -1}))
+    # D = 128: three slots beside dq_tma's tiles (246 KB) do not fit; with dq_slot they do
+    with pytest.raises(ValueError, match="shared memory.*num_stages"):
+        plan_backward(base, H200, Knobs(backward={"programs": -1, "num_stages": 3, "dq_tma": True}))
+    assert plan_backward(base, H200, Knobs(backward={"programs": -1, "num_stages": 3, "dq_slot": True,
+                                                     "dq_tma": True})).programs == H200.sm_count
+    # the tile bytes as the kernels compile them (barriers aside): D = 64 226 KB, 128 209 KB, 256 225 KB
+    for D, want in ((64, 231424), (128, 214016), (256, 230400)):
+        assert sm90_bwd_shared(D, plan_backward(dataclasses.replace(base, D=D, causal=False, window=(-1, -1)),
+                                                H200)) == want
+
+
+def test_sm90_backward_persistent_launch():
+    """The persistent backward's bound launch: host descriptors (q, k, v, dO, dQ's rows), grid min(programs, units)
+    (pairs: half as many units, the middle block of an odd count alone), the plan's knobs as constexprs."""
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import Problem, plan_backward
+
+    strides = (1,) * 27
+    p = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
+    bk = api._caches()[1](p, plan_backward(p, H200, Knobs(backward={"programs": -1})), strides, False)[1]
+    assert bk.fn.__name__ == "attention_bwd_sm90_persistent_kernel" and bk.grid == (H200.sm_count,)
+    assert (bk.meta["PAIRS"], bk.meta["STAGE_ROWS"], bk.meta["DQ_TMA"], "VARLEN" in bk.meta) == (
+        False, True, True, False), bk.meta
+    assert [b[0] for b in bk.boxes] == [[1, 1, 64, 128], [1, 1, 128, 128], [1, 1, 128, 128], [1, 1, 64, 128],
+                                        [1, 1, 64, 64]]
+    d64 = dataclasses.replace(p, D=64)                 # dq_rows: a warpgroup's dQ is 64 of the 128 rows
+    bk = api._caches()[1](d64, plan_backward(d64, H200, Knobs(backward={"programs": -1})), strides, False)[1]
+    assert bk.meta["DQ_ROWS"] and bk.boxes[4][0] == [1, 1, 64, 64] and bk.boxes[0][0] == [1, 1, 128, 64]
+    small = dataclasses.replace(p, B=1, H=2, Hkv=2, Sq=600, Sk=600)      # 5 key blocks of 128 per head
+    for pairs, units in ((False, 10), (True, 6)):
+        plan = plan_backward(small, H200, Knobs(backward={"programs": -1, "pairs": pairs}))
+        assert api._caches()[1](small, plan, strides, False)[1].grid == (units,)
+        assert api.persistent_units(5, 2, pairs) == units
+
+
+def _persistent_walk(programs, n_kb, bh, lpt_heads, pairs, longest_last=False):
+    """bwd_sm90's persistent unit walk on the host (``_unit`` with fwd_sm90's ``_units`` / ``_halves`` /
+    ``_pair_block``): the (key block, head) list of each program, in its order."""
+    units = (-(-n_kb // 2) if pairs else n_kb) * bh
+    lpt = dict(((j, b), (jj, hh)) for (j, b), (jj, hh) in zip(
+        [(f % n_kb, f // n_kb) for f in range(n_kb * bh)], _lpt_order_host(n_kb, bh, max(lpt_heads, 1),
+                                                                           longest_last)))
+    walks = []
+    for pid in range(programs):
+        walk = []
+        for u in range(pid, units, programs):
+            if pairs:
+                n_pairs = -(-n_kb // 2)
+                i = u % n_pairs
+                halves = 1 if n_kb % 2 and i == n_pairs - 1 else 2
+                walk += [(n_kb - 1 - i if half == 0 else i, u // n_pairs) for half in range(halves)]
+            elif lpt_heads:
+                walk.append(lpt[(u % n_kb, u // n_kb)])        # _lpt_unit(u): launch index u of the grid
+            else:
+                walk.append((u % n_kb, u // n_kb))
+        walks.append(walk)
+    return walks
+
+
+@pytest.mark.parametrize("n_kb,bh,programs", [(8, 512, 132), (5, 7, 3), (1, 1, 132), (9, 20, 132), (32, 32, 132)])
+def test_sm90_backward_persistent_walk_covers_the_units(n_kb, bh, programs):
+    """The persistent walk visits every (key block, head) once (plain, lpt_heads' order, pairs); with pairs of an even
+    block count under a causal band (key block j has n_kb − j query tiles) the programs' work differs by at most
+    one unit's."""
+    want = sorted((j, h) for j in range(n_kb) for h in range(bh))
+    for lpt, pairs in ((0, False), (16, False), (132, False), (0, True)):
+        walks = _persistent_walk(min(programs, (-(-n_kb // 2) if pairs else n_kb) * bh), n_kb, bh, lpt, pairs)
+        assert sorted(x for w in walks for x in w) == want, (lpt, pairs)
+        if pairs and n_kb % 2 == 0:         # (an odd count's middle blocks, half a unit each, may alias)
+            work = [sum(n_kb - j for j, _ in w) for w in walks]
+            assert max(work) - min(work) <= n_kb + 1, work
+
+
+_SM90_BWD_PERSISTENT_PROBE = r"""
+import json, os, re, subprocess, tempfile
+import triton
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from onlinesoftmax.attention.kernels.bwd_sm90 import attention_bwd_sm90_persistent_kernel as fn
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+fast = dict(STAGE_ROWS=True, DQ_TMA=True)
+out = []
+for D, flags in ((128, fast), (128, dict(fast, HAS_RIGHT=True, LPT_HEADS=132)), (128, dict(fast, HAS_RIGHT=True,
+                 PAIRS=True)), (128, dict(fast, HAS_LEFT=True, HAS_RIGHT=True)), (128, dict(HAS_RIGHT=True)),
+                 (64, dict(fast, BLOCK_M=128)), (64, dict(fast, BLOCK_M=128, DQ_ROWS=True, HAS_RIGHT=True)),
+                 (256, dict(fast, BLOCK_N=32, DQ_SLOT=True, HAS_RIGHT=True, LPT_HEADS=16)),
+                 (256, dict(fast, BLOCK_N=32, DQ_SLOT=True))):
+    const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, STAGE_ROWS=False,
+                 DQ_TMA=False, DQ_SLOT=False, LPT_HEADS=0, DQ_ROWS=False, PAIRS=False)
+    const.update(flags)
+    bm, keys = const["BLOCK_M"], 2 * const["BLOCK_N"]
+    def desc(dt, name, block):
+        return f"tensordesc<{name}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"
+    sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
+    sig.update(q_desc=desc(gl.bfloat16, "bf16", [1, 1, bm, D]), do_desc=desc(gl.bfloat16, "bf16", [1, 1, bm, D]),
+               k_desc=desc(gl.bfloat16, "bf16", [1, 1, keys, D]), v_desc=desc(gl.bfloat16, "bf16", [1, 1, keys, D]),
+               dq_desc=desc(gl.float32, "fp32", [1, 1, bm // 2 if const["DQ_ROWS"] else bm, D // 2 if D >= 128 else D]),
+               DK="*bf16", DV="*bf16", LSE="*fp32", DELTA="*fp32", DQACC="*fp32", scale="fp32", qk_scale="fp32")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in sig
+             if sig[n].startswith("*") or (n.startswith("s") and n != "scale")}
+    k = compile(GluonASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    out.append({"D": D, "flags": flags, "stack": int(re.search(r"STACK:(\d+)", res).group(1)),
+                "shared": k.metadata.shared, "hgmma": k.asm["ptx"].count("wgmma.mma_async"),
+                "reduce": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor[\w.:]+add", k.asm["ptx"])),
+                "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))})
+print(json.dumps(out))
+"""
+
+
+def test_sm90_backward_persistent_compiles():
+    """The persistent backward compiles for sm_90a at D = 64 / 128 / 256 with the defaults' knobs (dq_rows,
+    lpt_heads, dq_slot), pairs, windows and dQ by atomics: wgmma, dQ's TMA reduce where DQ_TMA, consumers at 240
+    registers, shared memory within 227 KB, at most 192 bytes of spilled scalars (the accumulators stay in
+    registers)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _SM90_BWD_PERSISTENT_PROBE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for r in json.loads(res.stdout.strip().splitlines()[-1]):
+        assert r["hgmma"] > 0 and r["shared"] <= 232448 and "240" in r["setmaxnreg"], r
+        assert (r["reduce"] > 0) == r["flags"].get("DQ_TMA", False) and r["stack"] <= 192, r
+
+
+SM90_BWD_PERSISTENT = [  # (D, knobs, options) on the persistent grid: defaults' knobs, pairs, a few programs
+    (128, {"programs": -1}, dict(causal=True)), (128, {"programs": -1}, dict(window=(200, 30))),
+    (128, {"programs": 5, "pairs": True}, dict(causal=True)), (128, {"programs": 7, "lpt_heads": 3}, {}),
+    (128, {"programs": 7, "dq_tma": False}, dict(causal=True)),
+    (64, {"programs": -1}, dict(causal=True)), (64, {"programs": 7, "pairs": True}, dict(window=(300, -1))),
+    (256, {"programs": -1}, dict(causal=True)), (256, {"programs": 7, "lpt_heads": 0}, dict(window=(200, 30))),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,knobs,kw", SM90_BWD_PERSISTENT)
+def test_gpu_sm90_backward_persistent(D, knobs, kw, backward_knobs):
+    """The persistent grid against the fp64 reference: GQA 4, odd lengths, Sq > Sk and Sq < Sk, MHA."""
+    from onlinesoftmax.target import target_of
+
+    if not target_of(DEV).sm90:
+        pytest.skip("the sm90 backward runs on Hopper only")
+    backward_knobs({"kernel": "sm90", **knobs})
+    for Hkv, Sq, Sk in ((4, 777, 1500), (4, 1500, 777), (16, 1000, 1000)):
+        q, k, v = make(1, 16, Hkv, Sq, Sk, D, torch.bfloat16, grad=True)
+        check_backward(q, k, v, "triton", with_lse=True, **kw)

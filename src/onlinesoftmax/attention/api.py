@@ -300,11 +300,21 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
             raise ValueError(f"attention: the sm90 backward at D = {p.D} runs block_m in {block_ms} query rows per "
                              f"step over block_n = {keys} keys on num_warps = 4 (two consumer warpgroups and a "
                              f"producer warp), got {plan.block_m} / {plan.block_n} / {plan.num_warps}")
-        dkdv = _bound(bwd_sm90.attention_bwd_sm90_kernel, (-(-p.Sk // keys), p.B * p.Hkv),
-                      dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
-                           STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
-                           STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, DQ_SLOT=plan.dq_slot,
-                           LPT_HEADS=plan.lpt_heads, DQ_ROWS=plan.dq_rows, num_warps=4))
+        meta = dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
+                    STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
+                    STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, DQ_SLOT=plan.dq_slot,
+                    LPT_HEADS=plan.lpt_heads, DQ_ROWS=plan.dq_rows, num_warps=4)
+        n_kb = -(-p.Sk // keys)
+        if plan.programs:
+            del meta["VARLEN"]
+            meta["PAIRS"] = plan.pairs
+            _, _, launch = _kernels()
+            dkdv = launch.DescriptorKernel(
+                bwd_sm90.attention_bwd_sm90_persistent_kernel,
+                (min(plan.programs, persistent_units(n_kb, p.B * p.Hkv, plan.pairs)),), meta,
+                _bwd_persistent_boxes(p, plan, keys))
+        else:
+            dkdv = _bound(bwd_sm90.attention_bwd_sm90_kernel, (n_kb, p.B * p.Hkv), meta)
     else:
         dkdv = _bound(bwd.attention_bwd_dkdv_kernel, (-(-p.Sk // plan.block_n), p.B * p.Hkv),
                       dict(common, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DQ_ATOMIC=plan.dq_atomic,
@@ -317,6 +327,23 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
                     dict(common, BLOCK_M=plan.block_m_dq, BLOCK_N=plan.block_n_dq, REVERSE=p.banded,
                          num_warps=plan.num_warps_dq, num_stages=plan.num_stages_dq))
     return delta, dkdv, dq
+
+
+def _bwd_persistent_boxes(p: Problem, plan: BackwardPlan, keys: int) -> tuple:
+    """(block shape, shared layout) of the persistent backward's descriptors over q, k, v, dO and dQ's fp32 rows, all
+    [B, heads, S, D]: 4-D boxes of one (batch, head)'s block_m query rows, its `keys` keys, and one consumer
+    warpgroup's dQ partial tile (block_m rows, halved by dq_rows; D columns, halved at D >= 128)."""
+    from triton.experimental.gluon import language as gl
+
+    dt = gl.float16 if p.dtype == "float16" else gl.bfloat16
+
+    def box(rows, cols, t=dt):
+        block = [1, 1, rows, cols]
+        return block, gl.NVMMASharedLayout.get_default_for(block, t)
+
+    q_box, kv_box = box(plan.block_m, p.D), box(keys, p.D)
+    dq_box = box(plan.block_m // 2 if plan.dq_rows else plan.block_m, p.D // 2 if p.D >= 128 else p.D, gl.float32)
+    return q_box, kv_box, kv_box, q_box, dq_box
 
 
 _fwd_cache = None
@@ -413,7 +440,13 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
             q.device)
     lr = (max(left, 0), max(right, 0))
     qk_scale, cap_in, cap_out = _scalars(scale, softcap)
-    if sm90:            # unit head-dim strides (TMA): the (batch, head, row) strides only
+    if sm90 and plan.programs:      # host descriptors over q, k, v, dO and dQ's rows as [B, H, Sq, D] (dense lse)
+        dq4 = dqacc[:lse.numel() * p.D].as_strided((p.B, p.H, p.Sq, p.D), (sl[0] * p.D, sl[1] * p.D, p.D, 1))
+        n_kb = -(-p.Sk // plan.block_n)
+        dkdv_k((q, k, v, do, dq4, lse, delta, dk, dv, dqacc, *sdk[:3], *sdv[:3], *sl, p.Hkv, p.group, p.Sq, p.Sk, *lr,
+                scale, qk_scale, n_kb, p.B * p.Hkv, persistent_units(n_kb, p.B * p.Hkv, plan.pairs)),
+               (q, k, v, do, dq4, dk, dv), q.device)
+    elif sm90:          # unit head-dim strides (TMA): the (batch, head, row) strides only
         _ensure_allocator()
         dkdv_k((q, k, v, do, lse, delta, dk, dv, dqacc, cu_q, cu_k, *sq[:3], *sk[:3], *sv[:3], *sdo[:3], *sdk[:3],
                 *sdv[:3], *sl, p.Hkv, p.group, p.Sq, p.Sk, *lr, scale, qk_scale), (q, k, v, do, dk, dv), q.device)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..target import Target
 
 __all__ = ["AttentionPlan", "BackwardPlan", "ForwardPlan", "Knobs", "Problem", "plan_attention",
-           "plan_backward", "plan_forward", "sm90_bwd_eligible"]
+           "plan_backward", "plan_forward", "sm90_bwd_eligible", "sm90_bwd_shared"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,13 @@ class BackwardPlan:
                               # (a causal band's key block 0 has the most query rows); 0: head by head
     dq_rows: bool = False     # D = 64: the warpgroups split dQ by query rows over all the program's keys (dSᵀ
                               # shared through a ring): half the fp32 bytes reduced, half dQ's registers
+    programs: int = 0         # a persistent grid of this many programs looping over the (key block, batch·kv head)
+                              # units in the per-program grid's order (lpt_heads' when set), host TMA descriptors,
+                              # the next block's K / V and Q / dO loads issued while the last block's dK / dV are
+                              # stored (not varlen); 0: one program per unit; -1 (a knob): the target's SM count
+    pairs: bool = False       # persistent grid: a program's unit of work is the key blocks n_kb − 1 − i and i of one
+                              # (batch, kv head) (under a causal band their query tiles add up to the same count:
+                              # the round-robin over programs is balanced; no lpt_heads then)
 
 
 @dataclass(frozen=True)
@@ -312,6 +319,21 @@ SM90_WS_BACKWARD = {
 }
 
 
+def sm90_bwd_shared(D: int, plan: BackwardPlan) -> int:
+    """Bytes of the Gluon backward's tiles (kernels/bwd_sm90._shared): K and V (block_n keys × D each), the Q / dO ring
+    (2 × slots × block_m × D), dSᵀ (two tiles of block_n × block_m where both warpgroups write it: D = 128, 256,
+    dq_rows; else one), Pᵀ (two at D = 256, else one), the lse / Δ rows (fp32, 2 × slots × block_m) and with
+    dq_tma but not dq_slot two fp32 dQ partial tiles (block_m, halved by dq_rows, × D, halved at D >= 128)."""
+    bm, keys = plan.block_m, plan.block_n
+    two_ds = D in (128, 256) or plan.dq_rows
+    tiles = 2 * (2 * keys * D + 2 * plan.num_stages * bm * D + (2 if two_ds else 1) * keys * bm
+                 + (2 if D == 256 else 1) * keys * bm)
+    tiles += 4 * 2 * plan.num_stages * bm
+    if plan.dq_tma and not plan.dq_slot:
+        tiles += 4 * 2 * (bm // 2 if plan.dq_rows else bm) * (D // 2 if D >= 128 else D)
+    return tiles
+
+
 def sm90_bwd_eligible(p: Problem) -> bool:
     """The Gluon backward can run: 16-bit inputs TMA can copy, a head dim of its table, no softcap (its derivative
     is not in the kernel), no deterministic mode (dQ's partial tiles are added in an order that varies)."""
@@ -387,6 +409,28 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     if plan.kernel == "sm90" and p.D == 256 and plan.dq_tma and not (plan.dq_slot or plan.num_stages == 1):
         raise ValueError("attention: the sm90 backward at D = 256 has room for dQ tiles of their own beside one ring "
                          "slot only: dq_tma needs dq_slot or num_stages = 1")
+    return _backward_persistent(p, target, plan, over)
+
+
+def _backward_persistent(p: Problem, target: Target, plan: BackwardPlan, over: dict) -> BackwardPlan:
+    """The persistent grid's checks: the sm90 kernel on dense inputs, its tiles within shared memory; pairs only
+    there, and in place of lpt_heads (a default lpt_heads falls away under pairs; both named raise)."""
+    if plan.programs < 0:
+        plan = dataclasses.replace(plan, programs=target.sm_count)
+    if plan.programs and (plan.kernel != "sm90" or p.varlen):
+        raise ValueError(f"attention: a persistent backward grid (programs = {plan.programs}) runs the sm90 kernel on "
+                         f"dense [B, H, S, D] inputs only; got kernel {plan.kernel!r}, varlen = {p.varlen}")
+    if plan.pairs and not plan.programs:
+        raise ValueError(f"attention: pairs is an option of the persistent backward grid (programs != 0); got {plan}")
+    if plan.pairs and plan.lpt_heads:
+        if "lpt_heads" in over:
+            raise ValueError("attention: the persistent backward's pairs (balanced units) and lpt_heads (longest "
+                             f"first) are two orders of its units, not both; got {plan}")
+        plan = dataclasses.replace(plan, lpt_heads=0)
+    if plan.programs and sm90_bwd_shared(p.D, plan) > SM90_SHARED - SM90_BARRIERS:
+        raise ValueError(f"attention: the persistent backward's tiles take {sm90_bwd_shared(p.D, plan)} bytes of "
+                         f"shared memory at D = {p.D}, more than {SM90_SHARED - SM90_BARRIERS}: fewer ring slots "
+                         f"(num_stages), dq_slot or no dq_tma; got programs = {plan.programs}, {plan}")
     return plan
 
 

@@ -353,18 +353,25 @@ def _halves(u, n_m, PAIRS: gl.constexpr):
 
 
 @gluon.jit
+def _pair_block(u, half, n):
+    """(block, head) of tile ``half`` of pair unit u = (head, i): block n − 1 − i, then block i (the backward's
+    persistent grid pairs its key blocks the same way)."""
+    n_pairs = gl.cdiv(n, 2)
+    i = u % n_pairs
+    blk = n - 1 - i
+    if half == 1:
+        blk = i
+    return blk, u // n_pairs
+
+
+@gluon.jit
 def _tile(u, half, n_m, H, GROUP, REVERSE: gl.constexpr, PAIRS: gl.constexpr):
     """(query block, batch, head, kv head) of tile ``half`` of work unit u: heads in turn (a head's keys stay in
     L2 while its query blocks run), within a head the longest rows first when REVERSE (banded), as the per-tile
     grid launches. PAIRS: unit u = (head, i) runs block n_m − 1 − i, then block i; under a causal mask their key
     ranges add up to the same count for every i, so a round-robin of units over the programs is balanced."""
     if PAIRS:
-        n_pairs = gl.cdiv(n_m, 2)
-        bh = u // n_pairs
-        i = u % n_pairs
-        pid_m = n_m - 1 - i
-        if half == 1:
-            pid_m = i
+        pid_m, bh = _pair_block(u, half, n_m)
     else:
         bh = u // n_m
         pid_m = u % n_m
