@@ -56,8 +56,9 @@ def cubin_report(compiled) -> tuple[tuple[int, int, int], str]:
     return tuple(int(g) for g in m.groups()), sass
 
 
-def compile_launch(fn, args: tuple, meta: dict, arch: int) -> dict:
-    """``fn`` specialised as a launch with ``args`` gets it, compiled for sm_<arch>: resources and a SASS digest."""
+def compile_launch(fn, args: tuple, meta: dict, arch: int, keep_sass: bool = False) -> dict:
+    """``fn`` specialised as a launch with ``args`` gets it, compiled for sm_<arch>: resources and a SASS digest
+    (``keep_sass``: and the SASS text, under "sass_text")."""
     sig, const, attrs = {}, {}, {}
     runtime = [p for p in fn.params if not p.is_constexpr]
     for p, a in zip(runtime, args):
@@ -85,8 +86,11 @@ def compile_launch(fn, args: tuple, meta: dict, arch: int) -> dict:
     body = [re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).split("/*")[0].strip() for line in sass.splitlines()
             if re.match(r"\s*/\*[0-9a-f]{4,}\*/", line)]
     body = [b for b in body if b]
-    return dict(regs=regs, stack=stack, shared=max(shared, compiled.metadata.shared), instructions=len(body),
-                sass=hashlib.sha1("\n".join(body).encode()).hexdigest()[:16])
+    r = dict(regs=regs, stack=stack, shared=max(shared, compiled.metadata.shared), instructions=len(body),
+             sass=hashlib.sha1("\n".join(body).encode()).hexdigest()[:16])
+    if keep_sass:
+        r["sass_text"] = sass
+    return r
 
 
 def _meta(shape, dtype):

@@ -110,7 +110,8 @@ def check(kw, page, G, Sq=1, window=(-1, -1), gen=None):
             v[b, :, n:] = float("nan")
     plan = explain(q, k, v, sl, block_table=bt, backend="triton", knobs=Knobs.of(**kw))
     rows = G * Hkv * Sq * (plan.splits + B)
-    for t in stream_scratch("decode", q.device, ((rows * D, torch.float32), (rows, torch.float32)), zeroed=0):
+    layout = ((rows * D, torch.float32), (rows, torch.float32), (B * G * Hkv * Sq, torch.float32))  # launch.py's
+    for t in stream_scratch("decode", q.device, layout, zeroed=0):
         t.fill_(float("nan"))
     poison = torch.full((B, G * Hkv, Sq, D), float("nan"), device=DEV, dtype=torch.bfloat16)
     del poison                                      # the caching allocator hands this block to o

@@ -17,11 +17,11 @@ pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
 
 
-def _case(B, H, Hkv, Sq, D, lens, s_max, dtype, page=0, strided=False, splits=None, **kw):
+def _case(B, H, Hkv, Sq, D, lens, s_max, dtype, page=0, strided=False, splits=None, knobs=None, **kw):
     k, v, sl, table = make_cache(B, Hkv, D, lens, s_max, dtype, DEV, page=page, strided=strided)
     q = torch.randn(B, H, Sq, D, device=DEV).to(dtype)
-    if splits:
-        plan = explain(q, k, v, sl, block_table=table, knobs=Knobs.of(splits=splits))
+    if splits or knobs:
+        plan = explain(q, k, v, sl, block_table=table, knobs=Knobs.of(**(knobs or dict(splits=splits))))
         left, right = kw.get("window") or (-1, -1)
         o, lse = attention_split_kv(q, k, v, sl, table, kw.get("causal", True), D ** -0.5, left, right,
                                     kw.get("softcap") or 0.0, plan)
@@ -45,6 +45,20 @@ def test_goal_shapes(page, B, H, Hkv, S, Sq):
     if B > 1:
         lens[1] = max(Sq, 1 + S // 3)
     _case(B, H, Hkv, Sq, 128, lens, S, torch.bfloat16, page=page)
+
+
+@pytest.mark.parametrize("knobs", [dict(dense_tiles=True), dict(ahead=3)], ids=["dense_tiles", "ahead3"])
+@pytest.mark.parametrize("page", [16, 256])
+@pytest.mark.parametrize("B,H,Hkv,S", [(8, 32, 8, 16384), (8, 32, 32, 32768), (64, 32, 8, 4096)])
+@pytest.mark.parametrize("Sq", [1, 4])
+def test_page_numbers_per_page(knobs, page, B, H, Hkv, S, Sq):
+    """One page number per page (ahead 3), with the paged tiles or the dense cache's (dense_tiles), at the goal
+    shapes: shuffled pages, odd, short and full lengths side by side, a windowed case."""
+    lens = [S] * B
+    lens[0], lens[1], lens[2] = S - 1, 1 + S // 3, Sq
+    _case(B, H, Hkv, Sq, 128, lens, S, torch.bfloat16, page=page, knobs=knobs)
+    if Sq == 4 and B == 8:
+        _case(B, H, Hkv, Sq, 128, lens, S, torch.bfloat16, page=page, knobs=knobs, window=(1000, -1), softcap=30.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

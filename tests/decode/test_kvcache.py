@@ -17,6 +17,7 @@ from onlinesoftmax.decode.plan import (
     Knobs,
     Problem,
     decode_plan,
+    dense_tiles_fit,
     num_splits_heuristic,
     tiles_for,
 )
@@ -113,6 +114,13 @@ VARIANT_CASES = [
     (4, 4, 2, 1, 16, [0, 1, 17, 96], 96, 0, dict(bound=True, splits=6), {}),
     (3, 8, 2, 2, 16, [90, 16, 2], 96, 16, dict(bound=True, ahead=2, splits=4), dict(window=(30, -1))),
     (2, 4, 2, 1, 16, [40, 7], 48, 0, dict(bound=True), dict(softcap=2.0)),
+    # one page number per page (ahead 3): pages of 4 / 16 / 32 / 256 keys against the interpreter's 16-key tiles
+    # (several pages per tile, one page per tile, several tiles per page), odd lengths, Sq 1 and 4, GQA, window,
+    # softcap, bound splits
+    (3, 8, 2, 1, 16, [0, 1, 45], 52, 4, dict(ahead=3, splits=3), dict(softcap=2.0)),
+    (2, 8, 2, 4, 16, [70, 33], 80, 16, dict(ahead=3, splits=2), dict(window=(30, -1))),
+    (3, 4, 1, 4, 16, [100, 5, 64], 128, 32, dict(ahead=3, bound=True, splits=4), {}),
+    (2, 4, 4, 1, 32, [37, 256], 256, 256, dict(ahead=3, splits=3), dict(window=(20, -1), softcap=3.0)),
 ]
 
 
@@ -144,6 +152,13 @@ BALANCED_CASES = [
     (2, 4, 2, 16, 16, [16, 40], 40, 1, dict(balanced=True, cross=True, ahead=1, splits=3), {}),
     (3, 4, 4, 1, 64, [300, 5, 257], 512, 256, dict(balanced=True, cross=True, splits=9), {}),
     (2, 8, 1, 4, 16, [70, 9], 72, 0, dict(balanced=True, cross=True), {}),
+    # the dense cache's tiles over pages (dense_tiles: one page number per page, read a tile ahead): pages of
+    # 4 / 8 / 16 / 64 / 256 keys, odd lengths, an empty sequence, Sq 1 and 4, GQA 4, window, softcap, cross
+    (4, 8, 2, 1, 16, [0, 45, 3, 50], 52, 4, dict(dense_tiles=True, splits=7), dict(softcap=2.0)),
+    (3, 8, 2, 4, 16, [90, 16, 5], 96, 8, dict(dense_tiles=True, splits=5), dict(window=(30, -1))),
+    (3, 8, 2, 4, 16, [90, 16, 5], 96, 16, dict(dense_tiles=True), {}),
+    (3, 4, 4, 1, 32, [300, 5, 257], 512, 256, dict(dense_tiles=True, splits=6), dict(window=(100, -1))),
+    (4, 8, 2, 1, 16, [0, 1, 129, 77], 192, 64, dict(dense_tiles=True, cross=True, splits=9), dict(softcap=3.0)),
 ]
 
 
@@ -307,6 +322,17 @@ def test_knobs():
     assert xh.balanced and xh.cross and xh.splits == 132 and decode_plan(wide, H200).splits == 16
     assert not decode_plan(wide, H200).cross and not decode_plan(wide, H200, Knobs.of(cross=True, balanced=False)).cross
     assert decode_plan(Problem(2, 300, 300, 1, 128, 4096), H200, Knobs.of(balanced=True)).splits == 1
+    # dense_tiles: a paged cache takes the dense cache's tiles and schedule, page numbers one per page (ahead 3);
+    # the candidate rule picks it where a page holds whole dense tiles
+    for page in (16, 256):
+        pp = Problem(8, 32, 8, 1, 128, 16384, page)
+        dt = decode_plan(pp, H200, Knobs.of(dense_tiles=True))
+        dense = decode_plan(dataclasses.replace(pp, page=0), H200)
+        assert dataclasses.replace(dt, ahead=0) == dense and dt.ahead == 3 and decode_plan(pp, H200).ahead == 2
+        assert dense_tiles_fit(pp, H200) == (page == 256)
+    assert decode_plan(Problem(8, 32, 8, 1, 128, 16384, 16), INTERPRETER, Knobs.of(dense_tiles=True)).ahead == 3
+    with pytest.raises(ValueError):         # one page number per page: 48-key pages against 64-key tiles
+        decode_plan(Problem(8, 32, 8, 1, 128, 16368, 48), H200, Knobs.of(ahead=3))
     assert dataclasses.is_dataclass(decode_plan(p, H200))
     with pytest.raises(dataclasses.FrozenInstanceError):
         decode_plan(p, H200).splits = 3

@@ -101,7 +101,8 @@ class Plan:
     merge_rows: int = 16        # rows per merge program
     merge_warps: int = 4
     fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
-    ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead
+    ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead; 3 as 2,
+                                # one number per page (pages of a multiple or a divisor of block_n keys)
     bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
     balanced: bool = False      # splits = chunks of the line of all sequences' tiles per (kv head, row block)
     cross: bool = False         # balanced: one line for all kv heads, splits = chunks of it per row block
@@ -127,6 +128,7 @@ class Knobs:
     programs_per_sm: int | None = None      # split count by num_splits_waves (balanced: num_chunks) with this occupancy
     balanced: bool | None = None            # the balanced schedule (kernels/split_kv.py: balanced_kv_kernel)
     cross: bool | None = None               # balanced: chunks of one line over all kv heads (fills every SM)
+    dense_tiles: bool | None = None         # paged: the dense cache's tiles, page numbers one per page (ahead 3)
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -141,9 +143,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tiles_for(target: Target, paged: bool = True, B: int = 1, balanced: bool | None = None) -> Tiles:
+def tiles_for(target: Target, paged: bool = True, B: int = 1, balanced: bool | None = None,
+              dense_tiles: bool = False) -> Tiles:
     """The tiles of ``target`` for a dense or paged cache of B sequences (``balanced``: the knob, None by default;
-    paged caches asked for per-sequence splits keep those splits' tiles)."""
+    paged caches asked for per-sequence splits keep those splits' tiles; ``dense_tiles``: a paged cache takes the
+    dense cache's tiles, its page numbers read one per page)."""
+    if paged and dense_tiles:
+        return dataclasses.replace(tiles_for(target, paged=False), ahead=3)
     if target.interpret:
         return INTERPRETED
     if target.sm90:
@@ -209,9 +215,17 @@ def num_chunks(B: int, Hkv: int, row_blocks: int, s_max: int, sm_count: int, blo
     return max(1, min(programs_per_sm * sm_count // lines, tiles, 4096))
 
 
+def dense_tiles_fit(p: Problem, target: Target) -> bool:
+    """The candidate rule for the ``dense_tiles`` knob (not the default until measured): a paged cache whose pages
+    hold whole dense tiles (page a multiple of the dense block_n) streams them as the dense cache does, one table
+    entry per tile read one tile ahead; the only bytes added are 4 per tile of 64 KB (sm_90: 128 keys x D 128 x
+    K and V in bf16)."""
+    return bool(p.page) and p.page % tiles_for(target, paged=False).block_n == 0
+
+
 def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     """The plan of ``attention_with_kvcache`` for problem ``p`` on ``target``."""
-    tiles = tiles_for(target, bool(p.page), p.B, knobs.balanced)
+    tiles = tiles_for(target, bool(p.page), p.B, knobs.balanced, bool(knobs.dense_tiles))
     rows = p.group * p.Sq
     block_m = knobs.block_m or max(16, min(pow2(rows), tiles.max_rows))
     if block_m < 16 or block_m & (block_m - 1):
@@ -239,6 +253,9 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     stages = knobs.num_stages or tiles.num_stages
     merge_rows = knobs.merge_rows or 16
     ahead = (tiles.ahead if knobs.ahead is None else knobs.ahead) if p.page else 0
+    if ahead == 3 and p.page % block_n and block_n % p.page:
+        raise ValueError(f"decode_plan: ahead 3 reads one page number per page: the page ({p.page} keys) must be a "
+                         f"multiple or a divisor of block_n ({block_n})")
     bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
                 num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound, balanced, cross)

@@ -12,11 +12,17 @@ The rows of a program are r = g·Sq + i (query head hkv·G + g, query i), padded
 Key j of sequence b: dense at k[b, hkv, j], paged at k[block_table[b, j // PAGE], hkv, j % PAGE]. Only keys
 j < cache_seqlens[b] are loaded (masked loads: the slots past it, and their pages, are never touched, NaN or not).
 
-Two variants (constexprs, chosen by the plan's knobs):
+Variants (constexprs, chosen by the plan's knobs):
 - AHEAD (paged): the page numbers of tile t + 1 are read while tile t streams, and K is read as rows [BLOCK_N, D]
   (one gather of page numbers serves K and V). Reading them in the same iteration makes K and V loads depend on a
   load of that iteration, and Triton's pipeliner then keeps one K/V buffer whatever NUM_STAGES asks; read one
   iteration ahead they depend on a loop-carried value and get NUM_STAGES − 1 buffers, as dense tiles do.
+- AHEAD = 3 (paged, pages of a multiple or a divisor of BLOCK_N keys, tiles starting at multiples of BLOCK_N): one
+  page number per page, read one tile ahead as AHEAD = 2 does. A page of >= BLOCK_N keys holds the whole tile: one
+  table entry per tile, the tile addressed as a dense tile is (one scalar base plus row offsets). Smaller pages:
+  BLOCK_N / PAGE entries per tile, row r at its page's base plus a loop-invariant offset (slot r % PAGE, column;
+  int32: within one page), where AHEAD = 2 rebuilds every row's slot and table index per tile (sm_90, 64-key
+  tiles over 4 warps: 423 instructions per tile and warp against 627; dense 128-key tiles over 8 warps: 446).
 - BOUND: the splits cut [0, S_MAX) into equal chunks (not [lo, hi) of this sequence): with lengths that vary in a
   batch every program streams at most one chunk, and a program whose chunk starts past the sequence's keys
   stores lse = −inf and exits (the merge never reads its o).
@@ -53,6 +59,26 @@ def _page_numbers(BT, b, offs_n, end, stride_btb, PAGE: tl.constexpr, FAST: tl.c
     always a table entry in use; their loads are masked off). FAST: an ld.global.nc the pipeliner does not see as
     a load, so the K / V loads it addresses are pipelined as dense ones are."""
     idx = tl.maximum(tl.minimum(offs_n, end - 1), 0) // PAGE
+    ptrs = BT + b.to(tl.int64) * stride_btb + idx
+    if FAST:
+        page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        page = tl.load(ptrs)
+    return page.to(tl.int64)
+
+
+@triton.jit
+def _page_numbers_of_tile(BT, b, n0, end, stride_btb, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          FAST: tl.constexpr):
+    """int64 page number(s) of the tile of keys [n0, n0 + BLOCK_N) of sequence b (n0 a multiple of BLOCK_N): a
+    scalar when a page holds the tile (PAGE a multiple of BLOCK_N), else one per key (rows r of one page share
+    entry n0 / PAGE + r / PAGE); entries past end's page clamped to it (their keys' loads are masked off)."""
+    last = tl.maximum(end - 1, 0) // PAGE
+    if PAGE % BLOCK_N == 0:
+        idx = tl.minimum(n0 // PAGE, last)
+    else:
+        idx = tl.minimum(n0 // PAGE + tl.arange(0, BLOCK_N) // PAGE, last)
     ptrs = BT + b.to(tl.int64) * stride_btb + idx
     if FAST:
         page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
@@ -122,10 +148,27 @@ def _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if AHEAD == 2:
         pg_next = _page_numbers(BT, b, start + tl.arange(0, BLOCK_N), end, stride_btb, PAGE, FAST)
+    if AHEAD == 3:
+        tl.static_assert(PAGE % BLOCK_N == 0 or BLOCK_N % PAGE == 0)
+        pg_next = _page_numbers_of_tile(BT, b, start, end, stride_btb, PAGE, BLOCK_N, FAST)
+        # row r of every tile: slot r % PAGE of its page (r + n0 % PAGE where a page holds the tile)
+        slot = tl.arange(0, BLOCK_N) % PAGE
+        k_in_page = (slot * stride_ks)[:, None] + offs_d[None, :] * stride_kd
+        v_in_page = (slot * stride_vs)[:, None] + offs_d[None, :] * stride_vd
     for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        if AHEAD:
+        if AHEAD == 3:
+            pg = pg_next                # tile t's page number(s), read in iteration t − 1; now read tile t + 1's
+            pg_next = _page_numbers_of_tile(BT, b, n0 + BLOCK_N, end, stride_btb, PAGE, BLOCK_N, FAST)
+            if PAGE % BLOCK_N == 0:     # the tile: a dense one in page pg from slot n0 % PAGE
+                k_ptrs = k_base + (pg * stride_kb + (n0 % PAGE) * stride_ks) + k_in_page
+                v_ptrs = v_base + (pg * stride_vb + (n0 % PAGE) * stride_vs) + v_in_page
+            else:
+                k_ptrs = k_base + (pg * stride_kb)[:, None] + k_in_page
+                v_ptrs = v_base + (pg * stride_vb)[:, None] + v_in_page
+            kt = tl.trans(tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0))
+        elif AHEAD:
             if AHEAD == 2:
                 pg = pg_next            # tile t's page numbers, read in iteration t − 1; now read tile t + 1's
                 pg_next = _page_numbers(BT, b, offs_n + BLOCK_N, end, stride_btb, PAGE, FAST)
@@ -135,7 +178,7 @@ def _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb
             k_rows = tl.load(k_base + (pg * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :] * stride_kd,
                              mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             kt = tl.trans(k_rows)
-            v_off = pg * stride_vb + slot * stride_vs
+            v_ptrs = v_base + (pg * stride_vb + slot * stride_vs)[:, None] + offs_d[None, :] * stride_vd
         else:
             k_off = _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_kb, stride_ks, PAGED, PAGE, BLOCK_N)
             if PAGED:
@@ -143,6 +186,7 @@ def _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb
                                      BLOCK_N)
             else:
                 v_off = offs_n.to(tl.int64) * stride_vs
+            v_ptrs = v_base + v_off[:, None] + offs_d[None, :] * stride_vd
             kt = tl.load(k_base + k_off[None, :] + offs_d[:, None] * stride_kd, mask=n_ok[None, :] & d_ok[:, None],
                          other=0.0)
         if not FAST:                # Triton 3.6's interpreter gets bf16 tl.dot wrong: fp32 operands there
@@ -167,8 +211,7 @@ def _attend(q, qpos, b, start, end, k_base, v_base, BT, D, stride_btb, stride_kb
         alpha = _alpha(m, m_new)                                  # α = e^(m − m'), 1 where both are −inf
         p = _exp(s - _shift(m_new)[:, None], FAST)                # p = e^(s − m'), 0 where s = −inf
         dsum = dsum * alpha + tl.sum(p, axis=1)                   # d' = d·α + Σ p
-        v = tl.load(v_base + v_off[:, None] + offs_d[None, :] * stride_vd, mask=n_ok[:, None] & d_ok[None, :],
-                    other=0.0)
+        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if not FAST:
             v = v.to(tl.float32)
         if IEEE:
