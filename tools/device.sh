@@ -2,6 +2,7 @@
 # What a maintainer runs on the GPU machine from the source tree; logs and results under $OUT.
 #   bash tools/device.sh [tests|bench|report]...      (default: tests bench)
 #   tests : every test with CUDA (the GPU tests and the Triton kernels at real sizes)
+#   ptests: the GPU-marked tests in 6 processes (tools/parallel_tests.py; logs tests*.log under $OUT)
 #   bench : the committed suites (SUITES, default all but the ladder), results tarred into $OUT/results.tgz;
 #           Liger-Kernel is installed from .whl/ when its wheel was carried (see the device README)
 #   report: the compiler report for sm_90a (tools/compiler_report.py), no GPU needed
@@ -15,6 +16,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>
 for step in ${*:-tests bench}; do
   case $step in
     tests) timeout ${T_TESTS:-420} python -m pytest -q -p no:warnings -x tests 2>&1 | tee "$OUT/tests.log" | tail -30 ;;
+    ptests) python tools/parallel_tests.py 6 ${T_TESTS:-420} "$OUT" -m gpu tests ;;
     bench) if ls .whl/*.whl >/dev/null 2>&1; then
              python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
                && export PYTHONPATH=$PWD/src:/tmp/site
