@@ -352,6 +352,8 @@ def _backward_sm90_ws(p: Problem) -> BackwardPlan:
 
 
 def _sm90_lpt_heads(p: Problem) -> int:
+    """lpt_heads by default: causal / windowed D = 256, and GQA at D = 128 (a kv head's program covers the group's
+    query heads: long programs, a long causal tail); 0 (head by head) elsewhere."""
     if not p.banded:
         return 0
     if p.D == 256:
