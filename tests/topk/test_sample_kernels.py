@@ -395,3 +395,102 @@ def test_one_buffer_outputs(kernel_device, B):
     b = sample(x, top_k=5, uniform=u, backend="triton")
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[1].dtype == torch.float32
     assert a[0].untyped_storage().data_ptr() == a[1].untyped_storage().data_ptr() and a[1].data_ptr() % 16 == 0
+
+
+ORDER_MIXES = [dict(top_k=5), dict(top_k=40, top_p=0.95, min_p=0.05), dict(temperature=0.7, top_k=8, top_p=0.6),
+               dict(top_k=1), dict(top_p=0.9), dict(min_p=0.2)]
+
+
+@pytest.mark.parametrize("kw", ORDER_MIXES, ids=str)
+@pytest.mark.parametrize("fuse", [False, True])
+def test_matrix_order_bit_equal_to_sort(kernel_device, kw, fuse):
+    """``order="matrix"`` (the index-order CDF by comparisons, no sort) gives the sort's bits with ``mass="fixed"``
+    (fused merge and step 1's own launch, rows finished by the row kernel too), ties in the logits included, and
+    the reference's draws; u = 0 and u just below 1 (the first kept token, the last of p > 0)."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    if fuse and "top_k" not in kw:
+        pytest.skip("the fused merge needs an int top_k")
+    x = _logits(8, 300, device=kernel_device)
+    x[:, :3] += 8.0                                                 # peaked rows
+    x[1] = torch.round(x[1])                                        # many ties
+    u = torch.rand(8, device=kernel_device)
+    u[2], u[3] = 0.0, 1.0 - 2.0 ** -24
+    sort = SampleKnobs(mass="fixed", fuse=fuse, order="sort")
+    matrix = SampleKnobs(mass="fixed", fuse=fuse, order="matrix")
+    a = sample(x, uniform=u, backend="triton", knobs=sort, **kw)
+    b = sample(x, uniform=u, backend="triton", knobs=matrix, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    check_draws(x, u, backend="triton", knobs=matrix, **kw)
+
+
+def test_matrix_order_chi2(kernel_device):
+    """``order="matrix"``: ids drawn with fresh uniforms follow ``sample_distribution`` (χ²)."""
+    from test_sampling import LOGITS, assert_distribution
+
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    n = 200
+    x = LOGITS.to(kernel_device).expand(n, -1).contiguous()
+    u = torch.rand(n, device=kernel_device)
+    ids, _ = sample(x, temperature=0.9, top_k=8, top_p=0.95, uniform=u, backend="triton",
+                    knobs=SampleKnobs(order="matrix"))
+    assert_distribution(ids.cpu(), sample_distribution(LOGITS.double().numpy(), 0.9, 8, 0.95, None))
+
+
+GRAPH_MIXES = [(dict(top_k=5), True), (dict(top_k=5, min_p=0.1), False), (dict(top_p=0.9), False)]
+
+
+@pytest.mark.parametrize("kw,fuse", GRAPH_MIXES, ids=str)
+def test_graph_draw_counts_replays(kernel_device, kw, fuse):
+    """``philox`` 2 (a captured call, ``graph_draw="kernel"``): call n of row r draws Philox at counter
+    (offset / 4 + n, r, 0) and leaves tag + n + 1 in the row's slot; slots that do not hold tag + n (never written)
+    start at n = 0. The fused merge, step 1 alone (its rows decided) and the row kernel (top_p alone, V = 300:
+    every row flagged, advanced by the row kernel) each advance a row once per call."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+    from onlinesoftmax.topk.sampling import _int32, philox_words
+    from onlinesoftmax.topk.sampling_launch import sample_2d
+
+    B, V, seed, offset, tag = 5, 300, 0xF234567890ABCDEF, 4 * (2**32 - 2), (0x2345 << 40) | 0x9ABCDEF1
+    x = _logits(B, V, device=kernel_device)
+    knobs = SampleKnobs(mass="fixed", fuse=fuse)
+    k, p, q = kw.get("top_k"), kw.get("top_p"), kw.get("min_p")
+    slots = torch.tensor([0, -1, tag - 1, tag + 2**32, 12345], dtype=torch.int64, device=kernel_device)
+    words = (slots, *philox_words(seed, offset), _int32(tag & 0xFFFFFFFF), _int32(tag >> 32))
+    for n in range(3):
+        ids, logp = sample_2d(x, 1.0, k, p, q, words, knobs)
+        assert slots.tolist() == [tag + n + 1] * B, n
+        u = torch.tensor([_philox_u(seed, offset + 4 * n, r) for r in range(B)], device=kernel_device)
+        ref = sample_2d(x, 1.0, k, p, q, u, knobs)
+        assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1]), n
+
+
+def test_graph_draw_chi2_over_replays(kernel_device):
+    """Successive ``philox`` 2 calls (replays) of the same rows draw ids that follow ``sample_distribution``."""
+    from test_sampling import LOGITS, assert_distribution
+
+    from onlinesoftmax.topk.plan import SampleKnobs
+    from onlinesoftmax.topk.sampling import _int32, philox_words
+    from onlinesoftmax.topk.sampling_launch import sample_2d
+
+    B, calls, tag = 8, 25, 77 << 33
+    x = LOGITS.to(kernel_device).expand(B, -1).contiguous()
+    slots = torch.zeros(B, dtype=torch.int64, device=kernel_device)
+    words = (slots, *philox_words(99, 4 * 7), _int32(tag & 0xFFFFFFFF), _int32(tag >> 32))
+    ids = torch.cat([sample_2d(x, 0.9, 8, 0.95, None, words, SampleKnobs())[0].cpu() for _ in range(calls)])
+    assert (slots == tag + calls).all()
+    assert_distribution(ids, sample_distribution(LOGITS.double().numpy(), 0.9, 8, 0.95, None))
+
+
+def test_new_sample_knobs_are_checked():
+    from onlinesoftmax.target import H200
+    from onlinesoftmax.topk.plan import SampleKnobs, sample_plan
+
+    with pytest.raises(ValueError, match="graph_draw"):
+        sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(graph_draw="host"))
+    with pytest.raises(ValueError, match="order"):
+        sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(order="bitonic"))
+    default = sample_plan(8, 1000, 4, H200, top_k=5)
+    assert (default.graph_draw, default.order) == ("torch", "sort")
+    p = sample_plan(8, 1000, 4, H200, knobs=SampleKnobs(graph_draw="kernel", order="matrix"))
+    assert (p.graph_draw, p.order) == ("kernel", "matrix")

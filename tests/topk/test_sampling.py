@@ -370,3 +370,63 @@ def test_gpu_kernel_draw_chi2_reproducible_and_graph_safe():
         torch.cuda.synchronize()
         seen.add(tuple(g_ids.tolist()))
     assert len(seen) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["sort", "matrix"])
+def test_gpu_graph_draw_replays(order):
+    """``SampleKnobs(graph_draw="kernel")``: a captured call draws in the kernel (no ``torch.rand`` node), with no
+    host synchronisation at capture or replay; replay n equals the eager call with ``uniform=`` the Philox u at
+    counter (offset at capture) / 4 + n (distinct uniforms per replay, per-row tensors changed between replays); the
+    generator's offset moved on by ``GRAPH_RESERVE``; χ² of the replays' ids against the exact distribution."""
+    from test_sample_kernels import _philox_u
+
+    from onlinesoftmax.reference import sample_distribution
+    from onlinesoftmax.topk.plan import SampleKnobs
+    from onlinesoftmax.topk.sampling import GRAPH_RESERVE
+    from onlinesoftmax.topk.sampling_launch import sample_2d
+
+    knobs = SampleKnobs(graph_draw="kernel", order=order)
+    B, V, seed, off = 8, 128256, 1234, 28
+    x = torch.randn(B, V, device="cuda")
+    t, p, q = (torch.full((B, 1), 0.8, device="cuda"), torch.full((B, 1), 0.9, device="cuda"),
+               torch.zeros(B, 1, device="cuda"))
+    kw = dict(temperature=t.view(-1), top_k=50, top_p=p.view(-1), min_p=q.view(-1))
+    sample_2d(x, t, 50, p, q, (torch.zeros(B, dtype=torch.long, device="cuda"), 1, 2, 3, 4, 5, 6), knobs)   # compile
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    g.set_offset(off)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            g_ids, g_logp = sample(x, generator=g, knobs=knobs, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert g.get_offset() == off + GRAPH_RESERVE
+    for n in range(4):
+        t.copy_(torch.rand(B, 1, device="cuda") + 0.3)
+        p.copy_(torch.rand(B, 1, device="cuda") * 0.9 + 0.1)
+        q.copy_(torch.rand(B, 1, device="cuda") * 0.05)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            graph.replay()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        u = torch.tensor([_philox_u(seed, off + 4 * n, r) for r in range(B)], device="cuda")
+        e_ids, e_logp = sample(x, uniform=u, knobs=knobs, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(g_ids, e_ids) and torch.equal(g_logp, e_logp), n
+    n_rows = 30000
+    xs = LOGITS.cuda().expand(n_rows, -1).contiguous()
+    sample_2d(xs, 0.9, 8, 0.95, None, (torch.zeros(n_rows, dtype=torch.long, device="cuda"), 1, 2, 3, 4, 5, 6), knobs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c_ids, _ = sample(xs, temperature=0.9, top_k=8, top_p=0.95, knobs=knobs)
+    ids = []
+    for _ in range(5):
+        graph.replay()
+        ids.append(c_ids.cpu())
+    assert len({tuple(i[:32].tolist()) for i in ids}) == 5
+    assert_distribution(torch.cat(ids), sample_distribution(LOGITS.double().numpy(), 0.9, 8, 0.95, None))

@@ -225,7 +225,14 @@ class SampleKnobs:
     a log-probability one ulp apart, or another id where u·W falls on a boundary); ``fixed`` adds int64 p·2^61,
     exact, so every layout gives the same bits (``fuse`` is bit-equal to the unfused step 1 with it).
 
-    ``draw``: see :func:`sample_draw_of`. ``one_buffer``: ids and log-probabilities as views of one allocation
+    ``draw``: see :func:`sample_draw_of`; ``graph_draw``: see :func:`sample_graph_draw_of`.
+
+    ``order``: how step 1 puts the kept candidates in index order for the draw: ``sort`` (one ``tl.sort`` of the
+    candidates packed as int64 ``index << 32 | p bits``) or ``matrix`` (no sort: every candidate's running mass in
+    index order from a [CAP, CAP] comparison, c_i = Σ_j keep_j · w_j · [ind_j <= ind_i], and the kept i of smallest
+    index with c_i > u · W_kept; bit-equal to ``sort`` with ``mass="fixed"``, whose sums are exact in any order).
+
+    ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
     1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
 
@@ -233,6 +240,8 @@ class SampleKnobs:
     mass: str | None = None
     draw: str | None = None
     one_buffer: bool | None = None
+    graph_draw: str | None = None
+    order: str | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -247,17 +256,31 @@ MASS = "fixed"                  # default of ``mass`` (``fuse`` is bit-equal to 
 DRAWS = ("torch", "kernel")
 DRAW = "kernel"                 # default of ``draw``
 ONE_BUFFER = False              # default of ``one_buffer``
+GRAPH_DRAWS = ("torch", "kernel")
+GRAPH_DRAW = "torch"            # default of ``graph_draw`` (the kernel's, unmeasured: tools/probe_sample3.py)
+ORDERS = ("sort", "matrix")
+ORDER = "sort"                  # default of ``order`` (the matrix, unmeasured: tools/probe_sample3.py)
 
 
 def sample_draw_of(knobs: SampleKnobs) -> str:
     """Where the uniforms come from: ``torch`` (``torch.rand`` with the generator, a launch of its own) or
     ``kernel`` (Philox in the sampling kernel, seed and offset read from the generator on the host; eager calls on
-    CUDA only: a call being captured into a CUDA graph still draws with ``torch.rand``, whose offset the graph
-    advances on every replay). """
+    CUDA only: a call being captured into a CUDA graph draws as :func:`sample_graph_draw_of` says)."""
     draw = DRAW if knobs.draw is None else knobs.draw
     if draw not in DRAWS:
         raise ValueError(f"SampleKnobs: draw must be one of {DRAWS}, got {draw!r}")
     return draw
+
+
+def sample_graph_draw_of(knobs: SampleKnobs) -> str:
+    """Where a call being captured into a CUDA graph takes its uniforms: ``torch`` (``torch.rand``: a kernel node
+    of its own on every replay) or ``kernel`` (Philox in the sampling kernel: the key and a base counter read from
+    the generator at capture, each row's replay count in a device tensor of the capture that the kernel reads and
+    advances: ``sampling._graph_philox``)."""
+    graph_draw = GRAPH_DRAW if knobs.graph_draw is None else knobs.graph_draw
+    if graph_draw not in GRAPH_DRAWS:
+        raise ValueError(f"SampleKnobs: graph_draw must be one of {GRAPH_DRAWS}, got {graph_draw!r}")
+    return graph_draw
 
 
 @dataclass(frozen=True)
@@ -274,6 +297,8 @@ class SamplePlan:
     mass: str = MASS            # step 1's sums of p: "fp32", or "fixed" (int64 p·2^61: the same bits in any layout)
     draw: str = DRAW            # the uniforms: "torch" (torch.rand) or "kernel" (Philox in step 1, eager calls)
     one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
+    graph_draw: str = GRAPH_DRAW    # the uniforms of a captured call: "torch" (torch.rand) or "kernel" (Philox)
+    order: str = ORDER          # step 1's index order for the draw: "sort" (tl.sort) or "matrix" (comparisons)
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -289,11 +314,16 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     if mass not in MASSES:
         raise ValueError(f"SampleKnobs: mass must be one of {MASSES}, got {mass!r}")
     draw = sample_draw_of(knobs)
+    graph_draw = sample_graph_draw_of(knobs)
+    order = ORDER if knobs.order is None else knobs.order
+    if order not in ORDERS:
+        raise ValueError(f"SampleKnobs: order must be one of {ORDERS}, got {order!r}")
     one = ONE_BUFFER if knobs.one_buffer is None else knobs.one_buffer
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
     if greedy or top_k is not None or K == V:
         return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
-                          one_buffer=one)
-    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one)
+                          one_buffer=one, graph_draw=graph_draw, order=order)
+    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
+                      graph_draw=graph_draw, order=order)

@@ -16,9 +16,12 @@ running probability exceeds ``u`` times the kept mass (inverse CDF; the same rul
 ``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids. An eager call on CUDA
 draws u in the kernels (Philox-4x32-10 keyed by the generator's seed at its offset, which advances by 4 per call,
 as torch's own kernels take it): no ``torch.rand`` launch, but not the ids ``torch.rand`` would give for that
-state (another stream of the same generator). Elsewhere, in a call captured into a CUDA graph (only a launch of
-torch's moves the generator's offset on every replay) and with ``knobs=SampleKnobs(draw="torch")``:
-``u = torch.rand(B, generator=generator)``.
+state (another stream of the same generator). A call captured into a CUDA graph draws
+``u = torch.rand(B, generator=generator)`` (only a launch of torch's moves the generator's offset on every
+replay), or with ``knobs=SampleKnobs(graph_draw="kernel")`` in the kernels too (the key and a base counter from the
+generator at capture, a per-row replay count on the device: fresh uniforms on every replay, the same sequence
+for the same generator state at capture; :func:`_graph_philox`). Elsewhere and with
+``knobs=SampleKnobs(draw="torch")``: ``torch.rand``.
 
 On CUDA (``topk/sampling_kernels.py``): ``softmax_topk`` with the temperature folded into its one read of the
 logits gives K sorted candidates (K = ``top_k`` for an int, else 64); one small kernel applies the filters and
@@ -41,6 +44,7 @@ A row with no distribution (after temperature: a NaN logit, a ``+inf`` logit or 
 from __future__ import annotations
 
 import math
+import os
 from numbers import Real
 
 import torch
@@ -48,7 +52,7 @@ import torch
 from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from .api import softmax_topk
-from .plan import NO_SAMPLE_KNOBS, sample_draw_of
+from .plan import NO_SAMPLE_KNOBS, sample_draw_of, sample_graph_draw_of
 
 __all__ = ["explain_sample", "sample"]
 
@@ -150,9 +154,12 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
             u = None
         else:
             u = None
-            if (which == "triton" and B > 0 and dev.type == "cuda" and sample_draw_of(knobs) == "kernel"
-                    and not torch._C._cuda_isCurrentStreamCapturing()):
-                u = _philox_state(generator, dev)
+            if which == "triton" and B > 0 and dev.type == "cuda":
+                if not torch._C._cuda_isCurrentStreamCapturing():
+                    if sample_draw_of(knobs) == "kernel":
+                        u = _philox_state(generator, dev)
+                elif sample_graph_draw_of(knobs) == "kernel":
+                    u = _graph_philox(generator, dev, B)
             if u is None:
                 u = torch.rand(B, device=dev, generator=generator)
     else:
@@ -165,7 +172,7 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         if out is not None:
             return out if len(lead) == 1 else (out[0].reshape(lead), out[1].reshape(lead))
         if type(u) is tuple:    # the sort path (top_k past the fused kernels) draws with torch
-            u = torch.rand(B, device=dev, generator=generator)
+            u = torch.rand(B, device=dev, generator=generator)     # (a capture's slots unused: left to it)
     return _sample_torch(x.float(), t, kk, pp, qq, None if u is None else u.reshape(-1, 1), lead)
 
 
@@ -209,6 +216,47 @@ def _philox_state(generator, dev: torch.device) -> tuple | None:
     offset = gen.get_offset()
     gen.set_offset(offset + 4)
     return philox_words(gen.initial_seed(), offset)
+
+
+GRAPH_RESERVE = 4 << 32     # generator offsets a capture takes: 2^32 replays' counters (sampling_kernels.GRAPH_REPLAYS)
+_graph_slots: list = []     # every capture's slots, held for the graphs that read them (B int64 each)
+_side_streams: dict = {}    # per device: a stream not being captured, to read the generator during a capture
+
+
+def _graph_philox(generator, dev: torch.device, B: int) -> tuple | None:
+    """The kernels' draw in a call being captured into a CUDA graph (``SampleKnobs(graph_draw="kernel")``):
+    ``(slots, s0, s1, c0, c1, g0, g1)``, or None (the caller's ``torch.rand`` then, as for a CPU generator).
+
+    The key is the generator's seed at capture and the base counter its offset / 4 then; the generator's offset
+    then moves on by ``GRAPH_RESERVE`` (so eager calls and other captures draw from other counters). ``slots``:
+    an int64 per row (from the graph's memory pool, held here for as long as the process runs: B·8 bytes per
+    capture), holding g + n after n replays, g a random 62-bit tag of this capture, (g0, g1) its words; memory the
+    capture never wrote reads as n = 0 (a wrong start has odds 2^32 / 2^64 for random contents). Replay n of row r
+    draws at counter (c + n, r, 0): fresh uniforms on every replay, the same sequence for the same generator state
+    at capture, but not the ``torch.rand`` stream, nor an eager call's, and replays do not move the generator (it
+    needs no ``register_generator_state``).
+
+    torch exposes no device pointer to its own graph-safe Philox state (``PhiloxCudaState``'s seed and offset
+    tensors live in the C++ generator's per-capture state; ``graphsafe_get_state`` returns a ``Generator``), and
+    a generator's seed and offset cannot be read on a capturing stream: they are read with a side stream current.
+    The kernels of this draw (``PHILOX`` 2) are not those of an eager call: the first capture of a problem compiles
+    them inside the capture unless they were run before (``sampling_launch.sample_2d`` with zeroed slots, as
+    tools/probe_sample3.py's ``warm_graph_draw``; ``onlinesoftmax.warmup`` does not cover them yet)."""
+    gen = generator if generator is not None else torch.cuda.default_generators[dev.index]
+    if gen.device.type != dev.type:
+        return None
+    side = _side_streams.get(dev.index)
+    if side is None or side == torch.cuda.current_stream(dev):
+        side = _side_streams[dev.index] = torch.cuda.Stream(dev)
+        if side == torch.cuda.current_stream(dev):      # the pool's round robin handed out the capturing stream
+            side = _side_streams[dev.index] = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        seed, offset = gen.initial_seed(), gen.get_offset()
+        gen.set_offset(offset + GRAPH_RESERVE)
+    slots = torch.empty(B, device=dev, dtype=torch.int64)      # on the capturing stream: the graph's pool
+    _graph_slots.append(slots)
+    tag = int.from_bytes(os.urandom(8), "little") >> 2
+    return (slots, *philox_words(seed, offset), _int32(tag & 0xFFFFFFFF), _int32(tag >> 32))
 
 
 def _int32(w: int) -> int:

@@ -60,17 +60,40 @@ def _word(v):
     return (v.to(tl.int64) & 0xFFFFFFFF).to(tl.uint32)
 
 
+GRAPH_REPLAYS = tl.constexpr(2 ** 32)   # replays of a captured call per row before its count starts again at 0
+
+
 @triton.jit
-def _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX: tl.constexpr):
-    """Row ``row``'s u in [0, 1): loaded, or (``PHILOX``) drawn: Philox-4x32-10 with key (s0, s1) (the generator's
-    seed, low and high words) at counter (c0, c1, row, 0) ((c0, c1) = the generator's offset / 4: curand's state
-    of subsequence ``row`` at that offset, as torch's kernels seed a thread); the first word's top 24 bits · 2^-24."""
-    if PHILOX:
-        seed = (_word(s1).to(tl.uint64) << 32) | _word(s0).to(tl.uint64)
-        r, _, _, _ = tl.philox(seed, _word(c0), _word(c1), _word(row), tl.zeros([], tl.uint32))
-        return (r >> 8).to(tl.int32).to(tl.float32) * (1.0 / 16777216.0)
+def _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX: tl.constexpr):
+    """Row ``row``'s u in [0, 1) and its replay count n: u loaded (``PHILOX`` 0, n = 0), or drawn by
+    Philox-4x32-10 with key (s0, s1) (the generator's seed, low and high words) at counter (c + n, row, 0), c =
+    (c0, c1) (the generator's offset / 4: curand's state of subsequence ``row`` at that offset, as torch's kernels
+    seed a thread); the first word's top 24 bits · 2^-24. ``PHILOX`` 1: n = 0 (an eager call's words). ``PHILOX``
+    2 (a call captured into a CUDA graph): ``u_ptr`` is the capture's int64 slot per row, holding g + n after n
+    replays (g = (g0, g1), the capture's random tag); a slot whose n is not in [0, 2^32) (memory never written by
+    this capture) counts as n = 0. :func:`_advance` writes g + n + 1 once the row has drawn: each program reads and
+    writes its own row's slot, no program waits on another."""
+    if PHILOX == 0:
+        return tl.load(u_ptr + row).to(tl.float32), tl.zeros([], tl.int64)
     else:
-        return tl.load(u_ptr + row).to(tl.float32)
+        if PHILOX == 2:
+            tag = (_word(g1).to(tl.int64) << 32) | _word(g0).to(tl.int64)
+            n = tl.load(u_ptr + row) - tag
+            n = tl.where((n >= 0) & (n < GRAPH_REPLAYS), n, 0)
+        else:
+            n = tl.zeros([], tl.int64)
+        seed = (_word(s1).to(tl.uint64) << 32) | _word(s0).to(tl.uint64)
+        ctr = ((_word(c1).to(tl.uint64) << 32) | _word(c0).to(tl.uint64)) + n.to(tl.uint64)
+        r, _, _, _ = tl.philox(seed, (ctr & 0xFFFFFFFF).to(tl.uint32), (ctr >> 32).to(tl.uint32), _word(row),
+                               tl.zeros([], tl.uint32))
+        return (r >> 8).to(tl.int32).to(tl.float32) * (1.0 / 16777216.0), n
+
+
+@triton.jit
+def _advance(u_ptr, row, n, g0, g1, PHILOX: tl.constexpr):
+    """``PHILOX`` 2: row ``row``'s slot to g + n + 1 (its next replay draws at counter c + n + 1)."""
+    if PHILOX == 2:
+        tl.store(u_ptr + row, ((_word(g1).to(tl.int64) << 32) | _word(g0).to(tl.int64)) + n + 1)
 
 
 @triton.jit
@@ -102,29 +125,35 @@ def _prob(w, FIXED: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=("K", "V", "t_val", "t_stride", "k_val", "k_stride", "p_val", "p_stride",
-                               "q_val", "q_stride", "s0", "s1", "c0", "c1"))
+                               "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                    t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                   s0, s1, c0, c1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
+                   s0, s1, c0, c1, g0, g1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr,
+                   MATRIX: tl.constexpr):
     """Step 1 on row ``pid``'s K candidates (``p`` sorted descending, their indices, the row's lse of x / T);
-    (s0, s1, c0, c1): the Philox seed and counter where ``PHILOX`` (else unused)."""
+    (s0, s1, c0, c1, g0, g1): the Philox seed, counter and capture tag where ``PHILOX`` (else unused). A row the
+    candidates decide advances its replay count here (``PHILOX`` 2), a flagged one in the row kernel."""
     row = tl.program_id(0)
     j = tl.arange(0, KP)
     live = j < K
     p = tl.load(val_ptr + row.to(tl.int64) * K + j, mask=live, other=0.0)
     ind = tl.load(ind_ptr + row.to(tl.int64) * K + j, mask=live, other=0)
-    _draw(p, ind, j, K, tl.load(lse_ptr + row), row, _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX), ids_ptr,
-          logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-          q_stride, V, True, FIXED)
+    u, n = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
+    decided = _draw(p, ind, j, K, tl.load(lse_ptr + row), row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val,
+                    t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, True, FIXED,
+                    MATRIX)
+    if decided:
+        _advance(u_ptr, row, n, g0, g1, PHILOX)
 
 
 @triton.jit(do_not_specialize=("k", "S", "BS", "t_val", "t_stride", "k_val", "k_stride", "p_val", "p_stride",
-                               "q_val", "q_stride", "s0", "s1", "c0", "c1"))
+                               "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, ids_ptr, logp_ptr,
                          t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                         q_stride, s0, s1, c0, c1, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
+                         q_stride, s0, s1, c0, c1, g0, g1, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
                          SP: tl.constexpr, CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr,
-                         W: tl.constexpr, T_MODE: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
+                         W: tl.constexpr, T_MODE: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr,
+                         MATRIX: tl.constexpr):
     """Step 1 fused into the last merge of ``softmax_topk(x / T, k)`` (``fuse``): the row's k sorted candidates
     go from the merge's registers to the filters and the draw, not through memory (no values, indices or lse
     written and read back, one launch less). Only where step 1 decides every row (an int top_k, or greedy): no
@@ -134,18 +163,22 @@ def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, 
                                           False)
     j, p, ind = _ranked(buf, n, m, d, c, CAP, FAST)
     live = j < k
-    _draw(tl.where(live, p, 0.0), tl.where(live, ind, 0).to(tl.int64), j, k, (m + tl.log2(d)) * LN2, row,
-          _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX), ids_ptr, logp_ptr, logp_ptr, t_ptr, t_val, t_stride, k_ptr,
-          k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, False, FIXED)
+    u, n_u = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
+    _draw(tl.where(live, p, 0.0), tl.where(live, ind, 0).to(tl.int64), j, k, (m + tl.log2(d)) * LN2, row, u,
+          ids_ptr, logp_ptr, logp_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
+          q_ptr, q_val, q_stride, V, False, FIXED, MATRIX)
+    _advance(u_ptr, row, n_u, g0, g1, PHILOX)
 
 
 @triton.jit
 def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride,
-          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr, FIXED: tl.constexpr):
+          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr, FIXED: tl.constexpr,
+          MATRIX: tl.constexpr):
     """Step 1 on row ``row``'s candidates ``p`` (sorted descending, 0 at positions ``j >= K``), their int64
     indices ``ind``, the row's lse and its uniform ``u``: the id and log-probability, stored where the candidates
     decide the row; ``FLAG``: the row's flag for step 2 stored (else every row must be decided: the fused merge).
-    Masses in :func:`_mass`'s unit (``FIXED``)."""
+    Masses in :func:`_mass`'s unit (``FIXED``). The index order of the draw by a sort, or (``MATRIX``) by
+    comparisons (``SampleKnobs.order``). Returns whether the candidates decide the row."""
     live = j < K
     t, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                      q_ptr, q_val, q_stride, row, V)
@@ -181,21 +214,36 @@ def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, 
     n = tl.where(all_in, tl.minimum(n, K), n)          # no filter on a row the candidates hold: all of it
     decided = ((n < big) & ~(p_on & ~w_known)) | greedy | undefined
     n = tl.minimum(n, K)
-    # d. the draw: the kept candidates in index order (one int64 sort: index, then p's bits), the first whose
-    # running mass exceeds u · W_kept (never one of p = 0)
+    # d. the draw: the first kept candidate in index order whose running mass exceeds u · W_kept (never one of
+    # p = 0; rounding past the last: the last of p > 0; none of p > 0: the first)
     keep = j < n
-    packed = tl.where(keep, (ind << 32) | (p.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF),
-                      9223372036854775807)
-    packed = tl.sort(packed)
-    kept = packed != 9223372036854775807
-    ps = tl.where(kept, (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-    psm = _mass(ps, FIXED)
-    w_kept = tl.sum(psm)
-    pos = tl.sum(((tl.cumsum(psm, 0) <= _scaled(u, w_kept, FIXED)) & kept).to(tl.int32))
-    pos = tl.minimum(pos, tl.max(tl.where(kept & (psm > 0), j, 0)))
-    sel = j == pos
-    pick = tl.sum(tl.where(sel, packed >> 32, 0))
-    p_pick = tl.sum(tl.where(sel, ps, 0.0))
+    if MATRIX:
+        # no sort: c_i = Σ_j w_j · [ind_j <= ind_i] over the kept j (w = p in _mass's unit): i's running mass in
+        # index order; the draw is the smallest kept index with c_i > u · W_kept
+        w_k = tl.where(keep, pm, 0)
+        ind32 = ind.to(tl.int32)
+        c_run = tl.sum(tl.where(ind32[None, :] <= ind32[:, None], w_k[None, :], 0), axis=1)
+        w_kept = tl.sum(w_k)
+        none = 2147483647
+        pick = tl.min(tl.where(keep & (c_run > _scaled(u, w_kept, FIXED)), ind32, none))
+        last = tl.max(tl.where(keep & (w_k > 0), ind32, -1))
+        last = tl.where(last < 0, tl.min(tl.where(keep, ind32, none)), last)
+        pick = tl.where(pick == none, last, pick).to(tl.int64)
+        p_pick = tl.sum(tl.where(keep & (ind == pick), p, 0.0))
+    else:
+        # the kept candidates in index order (one int64 sort: index, then p's bits)
+        packed = tl.where(keep, (ind << 32) | (p.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF),
+                          9223372036854775807)
+        packed = tl.sort(packed)
+        kept = packed != 9223372036854775807
+        ps = tl.where(kept, (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+        psm = _mass(ps, FIXED)
+        w_kept = tl.sum(psm)
+        pos = tl.sum(((tl.cumsum(psm, 0) <= _scaled(u, w_kept, FIXED)) & kept).to(tl.int32))
+        pos = tl.minimum(pos, tl.max(tl.where(kept & (psm > 0), j, 0)))
+        sel = j == pos
+        pick = tl.sum(tl.where(sel, packed >> 32, 0))
+        p_pick = tl.sum(tl.where(sel, ps, 0.0))
     logp = tl.log(p_pick) - tl.log(_prob(w_kept, FIXED))
     # greedy: the first candidate (the argmax, lowest index among ties), probability 1
     first = tl.sum(tl.where(j == 0, ind, 0))
@@ -211,6 +259,7 @@ def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, 
     else:
         tl.store(ids_ptr + row, pick)
         tl.store(logp_ptr + row, logp)
+    return decided
 
 
 @triton.jit
@@ -381,20 +430,23 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
 
 
 @triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
-                               "p_val", "p_stride", "q_val", "q_stride", "s0", "s1", "c0", "c1"))
+                               "p_val", "p_stride", "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                       q_stride, s0, s1, c0, c1, K, ARRIVE, GEN, HC, HM, WC, WM, C, CH, BLOCK: tl.constexpr,
+                       q_stride, s0, s1, c0, c1, g0, g1, K, ARRIVE, GEN, HC, HM, WC, WM, C, CH, BLOCK: tl.constexpr,
                        CP: tl.constexpr, PHILOX: tl.constexpr):
     """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row (the
-    row's u as step 1 drew it: :func:`_uniform`)."""
+    row's u as step 1 drew it: :func:`_uniform`). ``PHILOX`` 2: chunk 0 advances the row's replay count once the
+    row is done (every chunk read it before the row's first barrier, chunk 0 writes after the last)."""
     pid = tl.program_id(0)
     row = pid // C
     if tl.load(flag_ptr + row) != 0:
-        _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr,
-                    _uniform(u_ptr, row, s0, s1, c0, c1, PHILOX), ids_ptr, logp_ptr,
+        u, n = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
+        _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                     t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                     q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, row, pid % C, C, CH, BLOCK, CP)
+        if pid % C == 0:
+            _advance(u_ptr, row, n, g0, g1, PHILOX)
 
 
 @triton.jit

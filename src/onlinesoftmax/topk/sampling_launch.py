@@ -48,8 +48,10 @@ class SampleCall:
     """The launches of one ``sample`` problem (B, V, x's strides and dtype, device, stream, K, temperature mode,
     plan, where u comes from), bound once: the top-k launches of ``softmax_topk(x / T, K)`` (their last merge
     replaced by the fused sampling merge with ``plan.fuse``), step 1, step 2 where some row may need it; the
-    workspace of the stream. ``philox``: the kernels draw u (a call's ``u`` is then ``(s0, s1, c0, c1)``: the
-    Philox key and counter words as signed int32), else they load it.
+    workspace of the stream. ``philox``: 0, the kernels load u; 1, they draw it (a call's ``u`` is then
+    ``(s0, s1, c0, c1)``: the Philox key and counter words as signed int32); 2, a call being captured into a CUDA
+    graph, they draw it at the count of replays each row's slot holds and advance it (``u`` is then
+    ``(slots, s0, s1, c0, c1, g0, g1)``: the capture's int64 slot per row, the words, the capture's tag).
 
     Pointers are "ptr-like": tensors on the first call of an alignment class (Triton compiles and binds from
     them) and under the interpreter, ints (``data_ptr()``) afterwards. A parameter is ``(ptr, value, stride)``:
@@ -59,14 +61,14 @@ class SampleCall:
     __slots__ = ("plan", "B", "V", "strides", "device", "kernels", "args", "lanes", "dtypes", "ws", "one")
 
     def __init__(self, plan: SamplePlan, B: int, V: int, stride_b: int, stride_v: int, t_mode: int,
-                 device: torch.device, dtype: torch.dtype, philox: bool = False):
+                 device: torch.device, dtype: torch.dtype, philox: int = 0):
         self.plan, self.B, self.V, self.strides, self.device = plan, B, V, (stride_b, stride_v), device
         self.one = plan.one_buffer                  # ids and logp as views of one buffer
         K, cfg, C = plan.k, plan.topk, plan.row_chunks
         head = (stride_b, stride_v, V)
         top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode)
         kernels, args = [kern for kern, _ in top], [a for _, a in top]
-        draw = dict(FIXED=plan.mass == "fixed", PHILOX=philox)
+        draw = dict(FIXED=plan.mass == "fixed", PHILOX=philox, MATRIX=plan.order == "matrix")
         if plan.fuse:
             kernels[-1] = BoundKernel(_sample_merge_kernel, (B,), dict(final_meta(cfg, t_mode), **draw))
             S2 = -(-cfg.splits // cfg.tree) if cfg.tree else cfg.splits
@@ -111,7 +113,8 @@ class SampleCall:
     def __call__(self, x: torch.Tensor, tt: tuple, kt: tuple, pt: tuple, qt: tuple, u, stream, capturing: bool):
         """``(ids, logp)``: ``tt``..``qt`` the parameters ``(tensor or None, value, stride)`` (None: a Python value,
         stride -1), ``u`` the uniforms (None: every row greedy; a tuple of four ints: the Philox key and counter of
-        a ``philox`` call), on ``stream`` (the raw current CUDA stream; the call's key)."""
+        a ``philox`` 1 call; the slots and six words of a ``philox`` 2 call), on ``stream`` (the raw current CUDA
+        stream; the call's key)."""
         B, dev = self.B, self.device
         if self.one:        # B int64 ids, then B float32 log-probabilities (16-byte aligned: B rounded up to 2)
             buf = torch.empty(B + B % 2 + (B + 1) // 2, device=dev, dtype=torch.int64)
@@ -122,7 +125,7 @@ class SampleCall:
             logp = torch.empty(B, device=dev, dtype=torch.float32)
         rng = _NO_RNG
         if type(u) is tuple:
-            u, rng = None, u
+            u, rng = (None, u + _NO_TAG) if len(u) == 4 else (u[0], u[1:])
         lanes = self.lanes
         if lanes is not None and not capturing:
             idp, lpp = ids.data_ptr(), logp.data_ptr()
@@ -162,7 +165,7 @@ class SampleCall:
     def _arglists(self, x, views, ids, logp, u, prm, rng) -> list:
         """Each launch's run-time arguments: ``prm`` the parameters as the kernels take them, ``(ptr, value,
         stride)`` four times (a Python value's pointer a dummy of its dtype: logp for float32, ids for int64);
-        ``rng`` the Philox key and counter words (zeros where the kernels load u)."""
+        ``rng`` the Philox key, counter and tag words (zeros where the kernels load u)."""
         plan = self.plan
         ws, ws2, vals, inds, lse, flag = views[:6]
         tt = tuple(prm[:3])
@@ -207,17 +210,18 @@ class SampleCall:
         self.lanes = tuple(lanes)
 
 
-# x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p, then the Philox key and counter
-# words (s0, s1, c0, c1): the order of a call's values
-_SLOTS = tuple(Slot() for _ in range(20))
-_NO_RNG = (0, 0, 0, 0)
+# x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p, then the Philox key, counter and
+# capture tag words (s0, s1, c0, c1, g0, g1): the order of a call's values
+_SLOTS = tuple(Slot() for _ in range(22))
+_NO_TAG = (0, 0)
+_NO_RNG = (0, 0, 0, 0, 0, 0)
 
 
 def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: SampleKnobs, stream,
-                philox: bool = False) -> SampleCall | None:
+                philox: int = 0) -> SampleCall | None:
     """The bound problem for ``x`` (``[B, V]``) on ``stream`` (a raw CUDA stream, None elsewhere), cached by a tuple
     of ints; None where the plan is not the kernels' (top_k past the fused kernels: the caller runs torch's path).
-    ``philox``: the kernels draw u."""
+    ``philox``: where u comes from (``SampleCall``)."""
     B, V = x.shape
     sb, sv = x.stride()
     dtype, dev = x.dtype, x.device
@@ -243,7 +247,8 @@ def _param(v, off) -> tuple:
 
 def sample_2d(x: torch.Tensor, t, kk, pp, qq, u, knobs: SampleKnobs = NO_SAMPLE_KNOBS):
     """``(ids [B], logp [B])`` for ``x`` ``[B, V]`` (B >= 1) and the rows' uniforms ``u`` (float32 ``[B]`` on x's
-    device; None for an all-greedy call; or :func:`sampling.philox_words` of a generator: the kernels draw them) on the
+    device; None for an all-greedy call; or :func:`sampling.philox_words` of a generator, or a capture's slots and
+    words, ``sampling._graph_philox``: the kernels draw them) on the
     kernels, or None where ``softmax_topk`` would take its sort path (``top_k`` above the fused kernels' range):
     the caller runs torch's path then."""
     if x.dtype == torch.float64:
@@ -257,7 +262,8 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u, knobs: SampleKnobs = NO_SAMPLE_
     if x.is_cuda:
         stream = current_stream(current_device())
         capturing = torch._C._cuda_isCurrentStreamCapturing()
-    call = sample_call(x, greedy, kk if isinstance(kk, int) else None, t_mode, knobs, stream, type(u) is tuple)
+    philox = 0 if type(u) is not tuple else 1 if len(u) == 4 else 2
+    call = sample_call(x, greedy, kk if isinstance(kk, int) else None, t_mode, knobs, stream, philox)
     if call is None:
         return None
     return call(x, tt, _param(kk, 0), _param(pp, 1.0), _param(qq, 0.0), u, stream, capturing)

@@ -1,0 +1,244 @@
+"""Probe of ``sample`` under CUDA-graph replay (issue 28): the in-kernel draw in a captured call
+(``SampleKnobs(graph_draw="kernel")``: no ``torch.rand`` node per replay) and the index order without a sort
+(``order="matrix"``), against the default (fused merge, fixed masses, kernel draw eager / torch.rand captured) and
+``softmax_topk`` alone, in one process. Reuses tools/probe_sample.py's harness (imported).
+
+    PYTHONPATH=src python tools/probe_sample3.py --out DIR
+
+Variants: ``default`` (SampleKnobs()), ``gdraw`` (graph_draw="kernel"), ``matrix`` (order="matrix"), ``gd+mat``
+(both). 1. checks at 8 x 128256 fp32 (outputs poisoned): ``matrix`` variants against the fp64 reference
+(``probe_sample.check_ref``) and bit-equal to the default for the same ``uniform=``; ``gdraw`` variants: a call
+captured with a generator at (seed 1234, offset 28), replayed 6 times with per-row temperature / top_p / min_p
+changed in place before each replay, with ``set_sync_debug_mode("error")`` around capture and replays: replay n
+equals the eager call with ``uniform=`` the Python Philox at (seed, 28 + 4n, row) (so distinct uniforms per replay),
+the generator's offset moved by 4·2^32 at capture; χ² of 8 replays of 25000 copies of a 64-token row. 2. graph
+replay (do_bench median of a 20-call graph over inputs rotated past L2) and eager µs per call at B = 1 / 8 / 64 /
+256, V = 128256 (then B = 8 at V = 151936 / 262144 while the budget lasts), T = 0.8, top_k = 50, top_p = 0.9;
+ratio = sample graph / softmax_topk graph (goal <= 1.3 at B = 8). 3. DIR/probe_sample3.json, the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import numpy as np
+import probe_sample as PS
+import torch
+
+from onlinesoftmax.reference import sample_distribution
+from onlinesoftmax.topk import sample, softmax_topk
+from onlinesoftmax.topk.plan import SampleKnobs
+
+T, K, P = PS.T, PS.K, PS.P
+VARIANTS = {"default": SampleKnobs(), "gdraw": SampleKnobs(graph_draw="kernel"),
+            "matrix": SampleKnobs(order="matrix"), "gd+mat": SampleKnobs(graph_draw="kernel", order="matrix")}
+SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 128256), (8, 151936), (8, 262144)]
+BUDGET_S = 120
+T0 = time.time()
+DEV = "cuda"
+say, err = PS.say, PS.err
+
+
+def _logits(B, Vn, kind="peaked"):
+    x = torch.randn(B, Vn, device=DEV)
+    if kind == "peaked":
+        x.scatter_add_(1, torch.randint(0, Vn, (B, 20), device=DEV), 8 + 4 * torch.rand(B, 20, device=DEV))
+    return x
+
+
+def warm_graph_draw(x, knobs, **kw):
+    """Compile the kernels a captured ``graph_draw="kernel"`` call launches (``PHILOX`` 2) with an eager call of
+    theirs on zeroed slots: a first launch inside a capture would compile (and load a module) there."""
+    from onlinesoftmax.topk.sampling_launch import sample_2d
+
+    def val(v):
+        return v.reshape(-1, 1).expand(x.shape[0], 1) if isinstance(v, torch.Tensor) else v
+    slots = torch.zeros(x.shape[0], dtype=torch.int64, device=DEV)
+    sample_2d(x, val(kw.get("temperature", 1.0)), kw.get("top_k"), val(kw.get("top_p")), val(kw.get("min_p")),
+              (slots, 1, 2, 3, 4, 5, 6), knobs)
+    torch.cuda.synchronize()
+
+
+def order_checks(name, knobs) -> bool:
+    ok = True
+    for kind in ("peaked", "flat"):
+        x = _logits(8, PS.V, kind)
+        u = torch.rand(8, device=DEV)
+        for kw in (dict(temperature=T, top_k=K, top_p=P), dict(top_k=K),
+                   dict(temperature=1.3, top_k=K, top_p=0.95, min_p=0.05)):
+            label = f"{kind} {sorted(kw)}"
+            try:
+                bad, near = PS.check_ref(x, u, kw, knobs)
+                if bad:
+                    ok = False
+                    say(f"  WRONG {name} {label}: {bad[:3]} near={near}")
+                a = PS._poisoned_call(lambda: sample(x, uniform=u, knobs=knobs, **kw), 8)
+                b = sample(x, uniform=u, **kw)
+                if not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])):
+                    ok = False
+                    say(f"  WRONG {name} {label}: not bit-equal to the default (sort)")
+            except Exception as e:
+                ok = False
+                err(name, label, e)
+    return ok
+
+
+def graph_draw_checks(name, knobs) -> bool:
+    ok = True
+    B, seed, off, R = 8, 1234, 28, 6
+    try:
+        x = _logits(B, PS.V, "flat")
+        t, p, q = (torch.full((B,), 0.8, device=DEV), torch.full((B,), 0.9, device=DEV),
+                   torch.zeros(B, device=DEV))
+        kw = dict(temperature=t, top_k=K, top_p=p, min_p=q)
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        warm_graph_draw(x, knobs, **kw)
+        g.set_offset(off)
+        gr = torch.cuda.CUDAGraph()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with torch.cuda.graph(gr):
+                gi, gl = sample(x, generator=g, knobs=knobs, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        if g.get_offset() != off + (4 << 32):
+            ok = False
+            say(f"  WRONG {name}: generator offset {g.get_offset()} after capture, want {off + (4 << 32)}")
+        seen = set()
+        for n in range(R):
+            t.copy_(torch.rand(B, device=DEV) + 0.3)
+            t[0] = 0.0
+            p.copy_(torch.rand(B, device=DEV) * 0.9 + 0.1)
+            q.copy_(torch.rand(B, device=DEV) * 0.05)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                gi.fill_(-7)
+                gr.replay()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            u = torch.tensor([PS._philox_u(seed, off + 4 * n, r) for r in range(B)], device=DEV)
+            ei, el = sample(x, uniform=u, knobs=knobs, **kw)
+            torch.cuda.synchronize()
+            seen.add(tuple(u.tolist()))
+            if not (torch.equal(gi, ei) and torch.equal(gl.nan_to_num(-9), el.nan_to_num(-9))):
+                ok = False
+                say(f"  WRONG {name}: replay {n} != eager with the Philox u of counter base + {n} "
+                    f"({gi.tolist()} vs {ei.tolist()})")
+                break
+        # χ²: 8 replays of 25000 copies of a 64-token row
+        row = torch.randn(64, device=DEV) * 1.5
+        n_rows, reps = 25000, 8
+        xs = row.expand(n_rows, -1).contiguous()
+        warm_graph_draw(xs, knobs, temperature=0.9, top_k=20, top_p=0.95)
+        gr2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr2):
+            ci, _ = sample(xs, temperature=0.9, top_k=20, top_p=0.95, knobs=knobs,
+                           generator=torch.Generator(device=DEV).manual_seed(11))
+        ids, firsts = [], set()
+        for _ in range(reps):
+            gr2.replay()
+            torch.cuda.synchronize()
+            ids.append(ci.cpu().numpy().copy())
+            firsts.add(tuple(ids[-1][:64].tolist()))
+        if len(firsts) != reps:
+            ok = False
+            say(f"  WRONG {name}: replays repeat draws ({len(firsts)} distinct of {reps})")
+        ids = np.concatenate(ids)
+        probs = sample_distribution(row.double().cpu().numpy(), 0.9, 20, 0.95, None)
+        cnt, exp = np.bincount(ids, minlength=64), probs * ids.size
+        keep = exp > 0
+        chi2 = float((((cnt - exp) ** 2)[keep] / exp[keep]).sum())
+        dof = int(keep.sum()) - 1
+        z = (chi2 - dof) / math.sqrt(2 * dof)
+        if cnt[~keep].sum() or z > 5:
+            ok = False
+            say(f"  WRONG {name}: replays' chi2 {chi2:.1f} dof {dof} (z {z:.1f}), {int(cnt[~keep].sum())} not kept")
+        else:
+            say(f"  {name} replays' chi2 {chi2:.1f} dof {dof} z {z:.2f}")
+    except Exception as e:
+        ok = False
+        err(name, "graph draw", e)
+    return ok
+
+
+def time_shape(B, Vn, good, res):
+    n_sets = max(2, min(16, -(-2 * 60 * 2**20 // (B * Vn * 4))))
+    sets = [_logits(B, Vn) for _ in range(n_sets)]
+    row = dict(B=B, V=Vn)
+    try:
+        row["softmax_topk graph"] = PS.graph_us(lambda x: softmax_topk(x, K), sets)
+        row["softmax_topk eager"] = PS.eager_us(lambda x: softmax_topk(x, K), sets)
+    except Exception as e:
+        err("softmax_topk", f"B={B} V={Vn}", e)
+    for name, knobs in VARIANTS.items():
+        if not good.get(name):
+            continue
+
+        def fn(x, knobs=knobs):
+            return sample(x, temperature=T, top_k=K, top_p=P, knobs=knobs)
+        try:
+            if knobs.graph_draw == "kernel":
+                warm_graph_draw(sets[0], knobs, temperature=T, top_k=K, top_p=P)
+            row[f"{name} graph"] = PS.graph_us(fn, sets)
+            if name in ("default", "matrix"):       # eager: the same launches with and without graph_draw
+                row[f"{name} eager"] = PS.eager_us(fn, sets)
+            if row.get("softmax_topk graph"):
+                row[f"{name} ratio"] = row[f"{name} graph"] / row["softmax_topk graph"]
+        except Exception as e:
+            err(name, f"B={B} V={Vn}", e)
+    res["rows"].append(row)
+    say(f"B={B} V={Vn}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items() if isinstance(v, float))
+        + f" ({time.time() - T0:.0f} s)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, checks={}, rows=[])
+    good = {"default": True}
+    for name, knobs in VARIANTS.items():
+        if name == "default":
+            continue
+        try:
+            ok = True
+            if knobs.order == "matrix":
+                ok = order_checks(name, knobs) and ok
+            if knobs.graph_draw == "kernel":
+                ok = graph_draw_checks(name, knobs) and ok
+        except Exception as e:
+            err(name, "checks", e)
+            ok = False
+        good[name] = res["checks"][name] = ok
+        say(f"check {name}: {'ok' if ok else 'WRONG'} ({time.time() - T0:.0f} s)")
+    for B, Vn in SHAPES:
+        if time.time() - T0 > BUDGET_S:
+            say(f"budget: stopping before B={B} V={Vn}")
+            break
+        time_shape(B, Vn, good, res)
+    with open(os.path.join(args.out, "probe_sample3.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    names = list(VARIANTS)
+    cols = ["softmax_topk graph", *(f"{n} graph" for n in names), *(f"{n} ratio" for n in names),
+            "softmax_topk eager", "default eager", "matrix eager"]
+    short = ["stk g", *(f"{n[:6]} g" for n in names), *(f"{n[:6]} r" for n in names), "stk e", "dflt e", "matrx e"]
+    say("")
+    say(f"probe_sample3  T = {T}, top_k = {K}, top_p = {P}, fp32; us per call (g: graph replay, do_bench median / "
+        f"calls; e: eager mean); r = sample graph / softmax_topk graph (goal <= 1.3 at B = 8); default = fuse + "
+        f"fixed + kernel draw eager, torch.rand captured; gdraw = graph_draw kernel; matrix = order matrix")
+    say(f"checks: {res['checks']}")
+    say(f"{'B':>4}{'V':>8} " + "".join(f"{s:>9}" for s in short))
+    for row in res["rows"]:
+        say(f"{row['B']:>4}{row['V']:>8} " + "".join(f"{row[c]:9.2f}" if c in row else f"{'-':>9}" for c in cols))
+    say(f"total {time.time() - T0:.0f} s")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
