@@ -19,16 +19,14 @@ Works on the tree on PYTHONPATH, this branch or main (``PYTHONPATH=/work/main/sr
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
-import time
 import types
 
 os.environ.setdefault("TRITON_INTERPRET", "1")      # resolve_backend's backend="triton" on CPU tensors
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from hostcost_util import AtenOps, timed  # noqa: E402
 
 import onlinesoftmax as oss  # noqa: E402
 from onlinesoftmax._triton import launch  # noqa: E402
@@ -42,39 +40,11 @@ CUDA0 = torch.device("cuda", 0)
 LAUNCHES = [0]
 
 
-def timed(fn, n: int, reps: int = 7) -> float:
-    """µs per call: the best of ``reps`` runs of ``n`` calls (the least disturbed by other work on the machine)."""
-    for _ in range(min(n, 200)):
-        fn()
-    gc.collect()
-    gc.disable()
-    best = float("inf")
-    try:
-        for _ in range(reps):
-            t0 = time.perf_counter_ns()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter_ns() - t0) / n / 1e3)
-    finally:
-        gc.enable()
-    return best
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
-
-
 def counts(fn) -> tuple[int, int, list]:
     """(ATen ops, Triton launches, op names) of one call of ``fn``."""
     fn()
     before = LAUNCHES[0]
-    with _Count() as c:
+    with AtenOps() as c:
         fn()
     return len(c.ops), LAUNCHES[0] - before, c.ops
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import os
-import time
 import types
 
 os.environ.setdefault("TRITON_INTERPRET", "1")      # resolve_backend's backend="triton" on CPU tensors
 
 import torch  # noqa: E402
 import triton.runtime  # noqa: E402
+from hostcost_util import timed  # noqa: E402
 from triton.backends.nvidia import driver  # noqa: E402
 
 import onlinesoftmax as oss  # noqa: E402
@@ -32,24 +31,6 @@ from onlinesoftmax.attention.plan import plan_attention  # noqa: E402
 from onlinesoftmax.target import H200  # noqa: E402
 
 CUDA0 = torch.device("cuda", 0)
-
-
-def timed(fn, n: int, reps: int = 7) -> float:
-    """µs per call: the best of ``reps`` runs of ``n`` calls (the least disturbed by other work on the machine)."""
-    for _ in range(min(n, 200)):
-        fn()
-    gc.collect()
-    gc.disable()
-    best = float("inf")
-    try:
-        for _ in range(reps):
-            t0 = time.perf_counter_ns()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter_ns() - t0) / n / 1e3)
-    finally:
-        gc.enable()
-    return best
 
 
 def fake_gpu():

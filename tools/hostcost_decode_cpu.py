@@ -286,18 +286,12 @@ def mean_us(ns: list) -> float:
 
 def op_counts(fn, q, calls) -> dict:
     """aten ops per call (allocations, fills, copies: each a CUDA allocation or kernel on the GPU)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from hostcost_util import AtenOps
 
-    seen = collections.Counter()
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-            seen[str(func.overloadpacket.__name__)] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
+    with AtenOps() as mode:
         for _, k, v in calls:
             fn(q, k, v)
+    seen = collections.Counter(mode.ops)
     return {k: round(n / len(calls), 3) for k, n in sorted(seen.items())}
 
 

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
 import os
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")      # resolve_backend's backend="triton" on CPU tensors
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from hostcost_util import AtenOps, timed  # noqa: E402
 
 import onlinesoftmax as oss  # noqa: E402
 from onlinesoftmax._triton import launch as tl  # noqa: E402
@@ -41,40 +39,12 @@ V, K = 128256, 50
 LAUNCHES = [0]
 
 
-def timed(fn, n: int, reps: int = 7) -> float:
-    """µs per call: the best of ``reps`` runs of ``n`` calls (the least disturbed by other work on the machine)."""
-    for _ in range(min(n, 200)):
-        fn()
-    gc.collect()
-    gc.disable()
-    best = float("inf")
-    try:
-        for _ in range(reps):
-            t0 = time.perf_counter_ns()
-            for _ in range(n):
-                fn()
-            best = min(best, (time.perf_counter_ns() - t0) / n / 1e3)
-    finally:
-        gc.enable()
-    return best
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def counts(fn) -> tuple[int, dict]:
     """(launches, ATen ops by name) of one call of ``fn``."""
     before = LAUNCHES[0]
-    with _Ops() as mode:
+    with AtenOps() as mode:
         fn()
-    return LAUNCHES[0] - before, dict(mode.ops)
+    return LAUNCHES[0] - before, dict(collections.Counter(mode.ops))
 
 
 def noop(*args):

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
-from probe_util import err_line, poisoned, rel_norm
+from probe_util import err_line, forward, inputs, poisoned, ref_backward, rel_norm
 
 T0 = time.time()
 BUDGET_S = 135          # stop timing past this (the whole run must end within 150 s)
@@ -83,50 +82,11 @@ def bwd_plan(p, name):
     return plan_backward(p, H200, Knobs(backward=knobs))
 
 
-def inputs(B, H, Hkv, Sq, Sk, D, device, seed=0):
-    import torch
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, H, Sq, D, device=device, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hkv, Sk, D, device=device, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hkv, Sk, D, device=device, dtype=torch.bfloat16, generator=g)
-    do = torch.randn(B, H, Sq, D, device=device, dtype=torch.bfloat16, generator=g)
-    return q, k, v, do
-
-
 def backward(name, q, k, v, do, o, lse, causal, window=None):
     from onlinesoftmax.attention import api
     B, H, Sq, D = q.shape
     p = problem(B, H, k.shape[1], Sq, k.shape[2], D, causal, window)
     return api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, name), D ** -0.5, 0.0)
-
-
-def forward(q, k, v, causal, window=None):
-    """(o, lse) by the public call (whatever forward the plan picks: only the backward is probed)."""
-    import onlinesoftmax as oss
-    return oss.attention(q, k, v, causal=causal, window=window, return_lse=True, backend="triton")
-
-
-def ref_backward(q, k, v, do, causal, window=None):
-    """fp32 torch backward from the bf16 inputs (GQA by repeating k / v; the band aligned bottom-right)."""
-    import torch
-    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    s = (qf @ kf.repeat_interleave(g, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
-    Sq, Sk = q.shape[2], k.shape[2]
-    i = torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
-    j = torch.arange(Sk, device=q.device)[None, :]
-    keep = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
-    if causal:
-        keep &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            keep &= j >= i - left
-        if right >= 0:
-            keep &= j <= i + right
-    s = s.masked_fill(~keep, -math.inf)
-    o = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(g, 1)
-    return torch.autograd.grad(o, (qf, kf, vf), do.float())
 
 
 def varlen_case(name, H, Hkv, D, kw, seed):

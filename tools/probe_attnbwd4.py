@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import threading
 import time
-import traceback
+
+from probe_util import err_line, forward, inputs, poisoned, ref_backward, rel_norm
 
 T0 = time.time()
 BUDGET_S = 138          # stop timing past this (the whole run must end within 150 s)
@@ -99,50 +99,11 @@ def bwd_plan(p, name):
     return plan_backward(p, H200, Knobs(backward=knobs))
 
 
-def inputs(B, H, Hkv, Sq, Sk, D, device, seed=0):
-    import torch
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, H, Sq, D, device=device, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hkv, Sk, D, device=device, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hkv, Sk, D, device=device, dtype=torch.bfloat16, generator=g)
-    do = torch.randn(B, H, Sq, D, device=device, dtype=torch.bfloat16, generator=g)
-    return q, k, v, do
-
-
 def backward(name, q, k, v, do, o, lse, causal, window=None):
     from onlinesoftmax.attention import api
     B, H, Sq, D = q.shape
     p = problem(B, H, k.shape[1], Sq, k.shape[2], D, causal, window)
     return api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, name), D ** -0.5, 0.0)
-
-
-def forward(q, k, v, causal, window=None):
-    """(o, lse) by the public call (whatever forward the plan picks: only the backward is probed)."""
-    import onlinesoftmax as oss
-    return oss.attention(q, k, v, causal=causal, window=window, return_lse=True, backend="triton")
-
-
-def ref_backward(q, k, v, do, causal, window=None):
-    """fp32 torch backward from the bf16 inputs (GQA by repeating k / v; the band aligned bottom-right)."""
-    import torch
-    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    s = (qf @ kf.repeat_interleave(g, 1).transpose(-1, -2)) * q.shape[-1] ** -0.5
-    Sq, Sk = q.shape[2], k.shape[2]
-    i = torch.arange(Sq, device=q.device)[:, None] + (Sk - Sq)
-    j = torch.arange(Sk, device=q.device)[None, :]
-    keep = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device)
-    if causal:
-        keep &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            keep &= j >= i - left
-        if right >= 0:
-            keep &= j <= i + right
-    s = s.masked_fill(~keep, -math.inf)
-    o = torch.softmax(s, -1).nan_to_num(0.0) @ vf.repeat_interleave(g, 1)
-    return torch.autograd.grad(o, (qf, kf, vf), do.float())
 
 
 def varlen_case(name, H, Hkv, D, kw, seed):
@@ -174,28 +135,6 @@ def varlen_case(name, H, Hkv, D, kw, seed):
         for w, gi in zip(want, ref_backward(qs, ks, vs, ds, causal, kw.get("window"))):
             w[sl] = gi[0].transpose(0, 1)
     return got, want
-
-
-def err_head(e: BaseException) -> str:
-    lines = [ln for ln in traceback.format_exception_only(type(e), e)[-1].splitlines() if ln.strip()]
-    return " | ".join(lines[:3])[:300]
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
-def poisoned(fn, shapes):
-    """fn() after NaN-filled blocks of the outputs' sizes went back to the caching allocator (its torch.empty
-    outputs reuse them); raises if any output has a NaN / inf."""
-    import torch
-    junk = [torch.full(s, float("nan"), device="cuda", dtype=dt) for s, dt in shapes]
-    del junk
-    out = fn()
-    for n, t in zip(("dq", "dk", "dv"), out):
-        if not torch.isfinite(t).all():
-            raise RuntimeError(f"{n} has NaN / inf (unwritten or wrong)")
-    return out
 
 
 # ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
@@ -232,7 +171,7 @@ def compile_only():
             try:
                 backward(name, q, k, v, do, o, lse, causal)
             except Exception as e:
-                print(f"{name:18} D={D} causal={causal!s:5}: {err_head(e)}", flush=True)
+                print(f"{name:18} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
                 continue
             for fn, args, meta in recorded:
                 sig, const, attrs = {}, {}, {}
@@ -271,7 +210,7 @@ def compile_only():
                     regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
                     out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB"
                 except Exception as e:
-                    out = f"FAILED {err_head(e)}"
+                    out = f"FAILED {err_line(e)}"
                 print(f"{name:18} D={D:3} causal={causal!s:5} {fn.__name__:28} {out}", flush=True)
 
 
@@ -294,14 +233,14 @@ def _warm(job):
                 backward(name, q, k, v, do, o, lse, causal, window)
             torch.cuda.synchronize()
         except Exception as e:
-            errors.append(f"D={D} {(Sq, Sk, causal, window)}: {err_head(e)}")
+            errors.append(f"D={D} {(Sq, Sk, causal, window)}: {err_line(e)}")
     if name != "forward":
         for ci, (H, Hkv, kw) in enumerate(VARLEN_CASES):
             try:
                 varlen_case(name, H, Hkv, D, kw, ci)
                 torch.cuda.synchronize()
             except Exception as e:
-                errors.append(f"varlen D={D} {kw}: {err_head(e)}")
+                errors.append(f"varlen D={D} {kw}: {err_line(e)}")
     return job, time.time() - t0, errors
 
 
@@ -368,7 +307,7 @@ def device_run(out_dir):
             try:
                 job, secs, errors = it.next(timeout=max(1.0, deadline - time.time()))
             except Exception as e:
-                print(f"warm-up incomplete: {err_head(e)}", flush=True)
+                print(f"warm-up incomplete: {err_line(e)}", flush=True)
                 break
             report["warm"][f"{job[0]} D{job[1]}"] = dict(s=round(secs, 1), errors=errors)
             if errors and job[0] != "forward":
@@ -391,15 +330,15 @@ def device_run(out_dir):
     def record(key, job, fn):
         try:
             got, want = fn()
-            errs = [rel(x, y) for x, y in zip(got, want)]
+            errs = [rel_norm(x, y) for x, y in zip(got, want)]
             report["check"][key] = errs
             if not max(errs) < 2e-2:
                 bad.add(job)
                 print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
         except Exception as e:
             bad.add(job)
-            report["check"][key] = err_head(e)
-            print(f"FAILED {key}: {err_head(e)}", flush=True)
+            report["check"][key] = err_line(e)
+            print(f"FAILED {key}: {err_line(e)}", flush=True)
 
     for D in dims:
         for ci, (B, H, Hkv, Sq, Sk, causal, window) in enumerate(CHECKS):
@@ -408,7 +347,7 @@ def device_run(out_dir):
                 g_ref = ref_backward(q, k, v, do, causal, window)
                 o, lse = forward(q, k, v, causal, window)
             except Exception as e:
-                print(f"check D={D} {CHECKS[ci]}: reference / forward failed: {err_head(e)}", flush=True)
+                print(f"check D={D} {CHECKS[ci]}: reference / forward failed: {err_line(e)}", flush=True)
                 continue
             shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype), ((B, H, Sq, D), torch.float32)]
             for name in VARIANTS:
@@ -437,7 +376,7 @@ def device_run(out_dir):
             q, k, v, do = inputs(B, H, Hkv, S, S, D, "cuda", seed=si)
             o, lse = forward(q, k, v, causal)
         except Exception as e:
-            print(f"{SHAPES[si]}: inputs / forward failed: {err_head(e)}", flush=True)
+            print(f"{SHAPES[si]}: inputs / forward failed: {err_line(e)}", flush=True)
             continue
         base = None
         row = dict(shape=(B, H, Hkv, S, D), causal=causal, ms={}, tflops={}, err={}, launches={})
@@ -451,7 +390,7 @@ def device_run(out_dir):
                 f()
                 row["ms"][pname] = do_bench(f, rep=60, return_mode="median")
             except Exception as e:
-                row["err"][pname] = err_head(e)
+                row["err"][pname] = err_line(e)
             og = qg = kg = vg = f = None
         for name in VARIANTS:
             if (name, D) in bad or not runs(name, D) or time.time() - T0 > BUDGET_S:
@@ -464,7 +403,7 @@ def device_run(out_dir):
                 if base is None:
                     base = g
                 else:
-                    e = max(rel(x, y) for x, y in zip(g, base))
+                    e = max(rel_norm(x, y) for x, y in zip(g, base))
                     row["err"][name] = e
                     if not e < 1e-2:
                         raise RuntimeError(f"differs from the default by {e:.2e}")
@@ -472,15 +411,15 @@ def device_run(out_dir):
                 row["ms"][name] = do_bench(lambda: backward(name, q, k, v, do, o, lse, causal), rep=60,
                                            return_mode="median")
             except Exception as e:
-                row["err"][name] = err_head(e)
-                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_head(e)}", flush=True)
+                row["err"][name] = err_line(e)
+                print(f"FAILED {name} at {row['shape']} causal={causal}: {err_line(e)}", flush=True)
         for name in BREAKDOWN:
             if name not in row["ms"] or time.time() - T0 > BUDGET_S:
                 continue
             try:
                 row["launches"][name] = launch_times(name, q, k, v, do, o, lse, causal, do_bench)
             except Exception as e:
-                row["err"][f"{name} launches"] = err_head(e)
+                row["err"][f"{name} launches"] = err_line(e)
         row["tflops"] = {n: fl / ms / 1e9 for n, ms in row["ms"].items()}
         report["rows"].append(row)
         print(f"[{time.time() - T0:5.1f} s] {row['shape']} causal={causal}: "

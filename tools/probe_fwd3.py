@@ -21,7 +21,7 @@ import os
 import time
 import traceback
 
-from probe_util import err_head, rel
+from probe_util import bad_result, bench_ms, err_head, poison, ref_attention, rel
 
 T0 = time.time()
 SM90 = {"kernel": "sm90"}
@@ -53,13 +53,6 @@ CASES = [  # name, B, H, Hkv, Sq, Sk, causal, window, softcap, dtype, layout
 ]
 
 
-def poison():
-    """NaN through the caching allocator's free blocks: an output the kernel leaves unwritten shows."""
-    import torch
-    x = torch.full((96 << 20,), float("nan"), dtype=torch.float32, device="cuda")
-    del x
-
-
 def forward(q, k, v, causal, window, softcap, knobs):
     """(o, lse) of the plan with ``knobs`` (None: the default plan), launched as oss.attention's op does."""
     import torch
@@ -71,13 +64,6 @@ def forward(q, k, v, causal, window, softcap, knobs):
     p = api._op_problem(q, k, v, causal, left, right, softcap or 0.0)
     plan = plan_forward(p, target_of(torch.device("cuda")), Knobs(forward=knobs or {}))
     return api._forward_triton(q, k, v, p, plan, q.shape[-1] ** -0.5, softcap or 0.0)
-
-
-def ref(q, k, v, causal, window, softcap):
-    from onlinesoftmax.attention import api
-    left, right = window
-    return api._torch_attention(q.float(), k.float(), v.float(), q.shape[-1] ** -0.5, left, 0 if causal else right,
-                                softcap)
 
 
 def _check(job):
@@ -95,7 +81,7 @@ def _check(job):
                        for h, s in ((H, Sq), (Hkv, Sk), (Hkv, Sk)))
             if layout == "bshd":
                 q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            ro, rl = ref(q, k, v, causal, window, softcap)
+            ro, rl = ref_attention(q, k, v, causal, window, softcap)
             poison()
             o, lse = forward(q, k, v, causal, window, softcap, knobs)
             torch.cuda.synchronize()
@@ -103,21 +89,6 @@ def _check(job):
         except Exception as e:  # noqa: BLE001
             out[cname] = err_head(e)
     return name, round(time.time() - t0, 1), out
-
-
-def bad_result(r) -> bool:
-    return isinstance(r, str) or not (max(r) <= 2e-2)
-
-
-def bench_ms(fn, sets, warmup=10, rep=40):
-    """do_bench median (ms) of fn over the input sets in turn (eager: host and device time)."""
-    from triton.testing import do_bench
-    state = [0]
-
-    def call():
-        state[0] += 1
-        return fn(*sets[state[0] % len(sets)])
-    return do_bench(call, warmup=warmup, rep=rep, return_mode="median")
 
 
 def graph_ms(fn, sets, warmup=10, rep=40):

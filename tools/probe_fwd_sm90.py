@@ -19,7 +19,7 @@ import os
 import time
 import traceback
 
-from probe_util import err_head, rel
+from probe_util import bad_result, err_head, poison, ref_attention, rel
 
 T0 = time.time()
 D128, D64 = (128,), (64,)
@@ -49,12 +49,6 @@ CASES = [  # name, B, H, Hkv, Sq, Sk, causal, window, softcap, dtype, layout
 ]
 
 
-def poison():
-    import torch
-    x = torch.full((96 << 20,), float("nan"), dtype=torch.float32, device="cuda")
-    del x
-
-
 def forward(q, k, v, causal, window, softcap, knobs, cu=None, max_q=0, max_k=0):
     """(o, lse) of the plan with ``knobs`` (None: the default plan)."""
     import torch
@@ -75,13 +69,6 @@ def forward(q, k, v, causal, window, softcap, knobs, cu=None, max_q=0, max_k=0):
     return api._forward_triton(q, k, v, p, plan, D ** -0.5, softcap or 0.0, cu)
 
 
-def ref(q, k, v, causal, window, softcap):
-    from onlinesoftmax.attention import api
-    left, right = window
-    return api._torch_attention(q.float(), k.float(), v.float(), q.shape[-1] ** -0.5, left, 0 if causal else right,
-                                softcap)
-
-
 def _check(job):
     """Worker: one variant (or the default) on every check case of its head dims: compiles and checks."""
     import torch
@@ -99,7 +86,7 @@ def _check(job):
                            for h, s in ((H, Sq), (Hkv, Sk), (Hkv, Sk)))
                 if layout == "bshd":
                     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-                ro, rl = ref(q, k, v, causal, window, softcap)
+                ro, rl = ref_attention(q, k, v, causal, window, softcap)
                 poison()
                 o, lse = forward(q, k, v, causal, window, softcap, knobs)
                 torch.cuda.synchronize()
@@ -128,17 +115,13 @@ def _check(job):
                     e = max(e, float(o[a0:a1].abs().max()), 0.0 if bool((lse[:, a0:a1] == -math.inf).all())
                             else math.inf)
                     continue
-                ro, rl = ref(*(t.transpose(0, 1)[None] for t in (q[a0:a1], k[c0:c1], v[c0:c1])), True, (-1, -1),
-                             None)
+                ro, rl = ref_attention(*(t.transpose(0, 1)[None] for t in (q[a0:a1], k[c0:c1], v[c0:c1])), True,
+                                       (-1, -1), None)
                 e = max(e, rel(o[a0:a1], ro[0].transpose(0, 1)), rel(lse[:, a0:a1], rl[0]))
             out[f"D{D} varlen causal"] = (e, e)
         except Exception as ex:  # noqa: BLE001
             out[f"D{D} varlen causal"] = err_head(ex)
     return name, round(time.time() - t0, 1), out
-
-
-def bad_result(r) -> bool:
-    return isinstance(r, str) or not (max(r) <= 2e-2)
 
 
 def main():

@@ -44,7 +44,7 @@ import traceback
 import numpy as np
 import torch
 
-from onlinesoftmax.reference import sample_distribution, sample_draw
+from onlinesoftmax.reference import philox_uniform, sample_distribution, sample_draw
 from onlinesoftmax.topk import sample, softmax_topk
 from onlinesoftmax.topk.plan import SampleKnobs
 
@@ -136,17 +136,6 @@ def check_ref(x, u, kw, knobs, gap=2e-6):
     return bad, len(near)
 
 
-def _philox_u(seed: int, offset: int, row: int) -> float:
-    """The u the kernels draw for ``row`` (Philox-4x32-10, key = seed, counter = (offset / 4, row, 0))."""
-    c, (k0, k1) = [(offset >> 2) & 0xFFFFFFFF, offset >> 34, row, 0], (seed & 0xFFFFFFFF, seed >> 32)
-    for _ in range(10):
-        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
-        c = [((p1 >> 32) ^ c[1] ^ k0) & 0xFFFFFFFF, p1 & 0xFFFFFFFF, ((p0 >> 32) ^ c[3] ^ k1) & 0xFFFFFFFF,
-             p0 & 0xFFFFFFFF]
-        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
-    return (c[0] >> 8) / 2**24
-
-
 def kdraw_checks(name, knobs) -> bool:
     """The kernel draw: Philox's u, χ², reproducibility, graph replays draw anew; ``both`` bit-equal to fixed +
     kernel draw for the same seed."""
@@ -160,7 +149,7 @@ def kdraw_checks(name, knobs) -> bool:
         g = torch.Generator(device=DEV).manual_seed(1234)
         g.set_offset(4 * 7)
         ids, logp = _poisoned_call(lambda: sample(x, generator=g, knobs=knobs, **kw), B)
-        u = torch.tensor([_philox_u(1234, 28, r) for r in range(B)], device=DEV)
+        u = torch.tensor([philox_uniform(1234, 28, r) for r in range(B)], device=DEV)
         ui, ul = sample(x, uniform=u, knobs=knobs, **kw)
         if not (torch.equal(ids, ui) and torch.equal(logp, ul)) or g.get_offset() != 32:
             ok = False
@@ -172,7 +161,7 @@ def kdraw_checks(name, knobs) -> bool:
             gd = gen if gen is not None else torch.cuda.default_generators[torch.cuda.current_device()]
             seed, off = gd.initial_seed(), gd.get_offset()
             ids, logp = _poisoned_call(lambda: sample(y, generator=gen, knobs=knobs, **kw), B)
-            u = torch.tensor([_philox_u(seed, off, r) for r in range(B)], device=DEV)
+            u = torch.tensor([philox_uniform(seed, off, r) for r in range(B)], device=DEV)
             ui, ul = sample(y, uniform=u, knobs=knobs, **kw)
             if not (torch.equal(ids, ui) and torch.equal(logp, ul)) or gd.get_offset() != off + 4:
                 ok = False

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from onlinesoftmax.reference import sample_distribution, sample_draw
+from onlinesoftmax.reference import philox_uniform, sample_distribution, sample_draw
 from onlinesoftmax.topk import sample
 
 BACKENDS = ("torch", "triton")
@@ -247,21 +247,9 @@ def test_explain_sample_names_the_launches():
     assert explain_sample(torch.randn(3, 12), target=H200).row_chunks == 0      # K = V: the candidates hold the row
 
 
-def _philox_u(seed: int, offset: int, row: int) -> float:
-    """Philox-4x32-10 (Random123's constants; key = the seed's words, counter = (offset / 4, row, 0)), the first
-    word's top 24 bits · 2^-24: the u the kernels draw for ``row``."""
-    c, (k0, k1) = [(offset >> 2) & 0xFFFFFFFF, offset >> 34, row, 0], (seed & 0xFFFFFFFF, seed >> 32)
-    for _ in range(10):
-        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
-        c = [((p1 >> 32) ^ c[1] ^ k0) & 0xFFFFFFFF, p1 & 0xFFFFFFFF, ((p0 >> 32) ^ c[3] ^ k1) & 0xFFFFFFFF,
-             p0 & 0xFFFFFFFF]
-        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
-    return (c[0] >> 8) / 2**24
-
-
 def test_philox_reference_known_answer():
-    """The Python Philox of these tests against Random123's known answer (key 0, counter 0: 6627e8d5 ...)."""
-    assert _philox_u(0, 0, 0) == (0x6627e8d5 >> 8) / 2**24
+    """reference.philox_uniform against Random123's known answer (key 0, counter 0: 6627e8d5 ...)."""
+    assert philox_uniform(0, 0, 0) == (0x6627e8d5 >> 8) / 2**24
 
 
 @pytest.mark.parametrize("kw", [dict(top_k=5), dict(top_p=0.9), dict(top_k=5, min_p=0.1)], ids=str)
@@ -280,7 +268,7 @@ def test_kernel_draw_is_philox_of_the_generator_words(kernel_device, kw, fuse):
     knobs = SampleKnobs(draw="kernel", fuse=fuse, mass="fixed")
     k, p, q = kw.get("top_k"), kw.get("top_p"), kw.get("min_p")
     ids, logp = sample_2d(x, 1.0, k, p, q, philox_words(seed, offset), knobs)
-    u = torch.tensor([_philox_u(seed, offset, r) for r in range(B)], device=kernel_device)
+    u = torch.tensor([philox_uniform(seed, offset, r) for r in range(B)], device=kernel_device)
     ref = sample_2d(x, 1.0, k, p, q, u, knobs)
     assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1])
     check_draws(x, u, backend="triton", knobs=knobs, **kw)

@@ -3,6 +3,7 @@
 Optimised code never imports this package; tests compare every backend against it.
 """
 
+from .sampling import philox_uniform as philox_uniform
 from .sampling import sample_distribution as sample_distribution
 from .sampling import sample_draw as sample_draw
 from .softmax import (
@@ -26,6 +27,7 @@ __all__ = [
     "naive_softmax",
     "online_normalizer",
     "online_softmax",
+    "philox_uniform",
     "safe_softmax",
     "sample_distribution",
     "sample_draw",

@@ -6,6 +6,7 @@ k (``k <= 0`` or ``k >= V``: off); top-p the positions whose mass before them (a
 ``softmax(x / T)`` over the whole row; the kept ones are renormalised. The draw for a uniform ``u``: the first kept
 token in index order whose running probability exceeds ``u``. T = 0: the first token of the order, probability 1.
 A row with a NaN or ``+inf`` logit, or none above ``-inf``: no distribution (None).
+``philox_uniform``: the uniform ``u`` an eager CUDA call draws in its kernels for a row (``draw="kernel"``).
 """
 
 from __future__ import annotations
@@ -49,3 +50,15 @@ def sample_draw(probs, u):
     i = min(i, int(np.nonzero(probs > 0)[0].max()))
     edges = cs[probs > 0]
     return i, float(np.abs(edges - u).min()) if u > 0 else 1.0
+
+
+def philox_uniform(seed: int, offset: int, row: int) -> float:
+    """The u the sampling kernels draw for ``row``: Philox-4x32-10 (Random123's constants; key = the seed's two
+    32-bit words, counter = (offset / 4 as two words, row, 0)), the first output word's top 24 bits · 2^-24."""
+    c, (k0, k1) = [(offset >> 2) & 0xFFFFFFFF, offset >> 34, row, 0], (seed & 0xFFFFFFFF, seed >> 32)
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k0) & 0xFFFFFFFF, p1 & 0xFFFFFFFF, ((p0 >> 32) ^ c[3] ^ k1) & 0xFFFFFFFF,
+             p0 & 0xFFFFFFFF]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return (c[0] >> 8) / 2**24

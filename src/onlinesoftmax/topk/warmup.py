@@ -20,7 +20,8 @@ BATCH_CLASSES = (1, 256)        # one B on each side of the merge's few-rows rul
 
 def warmup(vocab_size: int, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(torch.float32,),
            sampling: bool = True, device=None) -> int:
-    """Run ``softmax_topk`` (and with ``sampling``, ``sample``'s kernel paths: a temperature with an int top_k;
+    """Run ``softmax_topk`` (and with ``sampling``, ``sample``'s kernel paths: an int top_k with and without a
+    temperature (the fused merge and step 2 compile per temperature mode);
     top-p, min-p and per-row top-k on 64 candidates; the exact row kernel) once per k bucket of ``top_k``, batch
     size and dtype, on ``device`` (default: the current CUDA device). Returns the number of calls made.
     """
