@@ -29,7 +29,7 @@ import numpy as np
 import probe_sample as PS
 import torch
 
-from onlinesoftmax.reference import sample_distribution
+from onlinesoftmax.reference import philox_uniform, sample_distribution
 from onlinesoftmax.topk import sample, softmax_topk
 from onlinesoftmax.topk.plan import SampleKnobs
 
@@ -121,7 +121,7 @@ def graph_draw_checks(name, knobs) -> bool:
                 gr.replay()
             finally:
                 torch.cuda.set_sync_debug_mode(0)
-            u = torch.tensor([PS._philox_u(seed, off + 4 * n, r) for r in range(B)], device=DEV)
+            u = torch.tensor([philox_uniform(seed, off + 4 * n, r) for r in range(B)], device=DEV)
             ei, el = sample(x, uniform=u, knobs=knobs, **kw)
             torch.cuda.synchronize()
             seen.add(tuple(u.tolist()))

@@ -448,7 +448,7 @@ def test_graph_draw_counts_replays(kernel_device, kw, fuse):
     for n in range(3):
         ids, logp = sample_2d(x, 1.0, k, p, q, words, knobs)
         assert slots.tolist() == [tag + n + 1] * B, n
-        u = torch.tensor([_philox_u(seed, offset + 4 * n, r) for r in range(B)], device=kernel_device)
+        u = torch.tensor([philox_uniform(seed, offset + 4 * n, r) for r in range(B)], device=kernel_device)
         ref = sample_2d(x, 1.0, k, p, q, u, knobs)
         assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1]), n
 

@@ -379,9 +379,7 @@ def test_gpu_graph_draw_replays(order):
     host synchronisation at capture or replay; replay n equals the eager call with ``uniform=`` the Philox u at
     counter (offset at capture) / 4 + n (distinct uniforms per replay, per-row tensors changed between replays); the
     generator's offset moved on by ``GRAPH_RESERVE``; χ² of the replays' ids against the exact distribution."""
-    from test_sample_kernels import _philox_u
-
-    from onlinesoftmax.reference import sample_distribution
+    from onlinesoftmax.reference import philox_uniform, sample_distribution
     from onlinesoftmax.topk.plan import SampleKnobs
     from onlinesoftmax.topk.sampling import GRAPH_RESERVE
     from onlinesoftmax.topk.sampling_launch import sample_2d
@@ -413,7 +411,7 @@ def test_gpu_graph_draw_replays(order):
             graph.replay()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        u = torch.tensor([_philox_u(seed, off + 4 * n, r) for r in range(B)], device="cuda")
+        u = torch.tensor([philox_uniform(seed, off + 4 * n, r) for r in range(B)], device="cuda")
         e_ids, e_logp = sample(x, uniform=u, knobs=knobs, **kw)
         torch.cuda.synchronize()
         assert torch.equal(g_ids, e_ids) and torch.equal(g_logp, e_logp), n
