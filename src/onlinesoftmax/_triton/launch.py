@@ -84,10 +84,11 @@ def stream_scratch(tag, device: torch.device, layout: tuple, zeroed: int | None 
         _top_up_reserve(device)
     key = (tag, device, current_stream(current_device()) if device.type == "cuda" else None)
     views = _scratch.get(key)
-    if views is not None and len(views) == len(layout) and all(v.dtype == dt for v, (_, dt) in zip(views, layout)):
-        if all(v.numel() >= n for v, (n, _) in zip(views, layout)):
+    if views is not None and len(views) == len(layout):
+        if all(v.numel() >= n and v.dtype == dt for v, (n, dt) in zip(views, layout)):
             return views
-        layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
+        if all(v.dtype == dt for v, (_, dt) in zip(views, layout)):      # outgrown: carved again, no smaller
+            layout = tuple((max(n, v.numel()), dt) for v, (n, dt) in zip(views, layout))
     views = _scratch[key] = _carve(_buffer(layout, device, zeroed=True), layout)
     return views
 
