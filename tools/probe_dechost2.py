@@ -126,7 +126,7 @@ def check_loop(res):
         try:
             set_plan(balanced)
             q = torch.randn(B, 1, H, D, device=DEV).bfloat16().transpose(1, 2)
-            k = torch.randn(B, HKV, 2040, D, device=DEV).bfloat16()
+            k = torch.randn(B, HKV, 2047, D, device=DEV).bfloat16()
             v = torch.randn_like(k)
             bits = True
             for _ in range(40):

@@ -224,7 +224,7 @@ def test_gpu_growing_cache_loop(monkeypatch, balanced):
     dev, B, H, Hkv, D = torch.device("cuda"), 8, 32, 8, 128
     _gpu_plan(monkeypatch, balanced)
     q = torch.randn(B, 1, H, D, device=dev).bfloat16().transpose(1, 2)
-    k = torch.randn(B, Hkv, 2040, D, device=dev).bfloat16()
+    k = torch.randn(B, Hkv, 2047, D, device=dev).bfloat16()
     v = torch.randn_like(k)
     for _ in range(40):
         k = torch.cat([k, torch.randn(B, Hkv, 1, D, device=dev).bfloat16()], 2)

@@ -323,13 +323,16 @@ def test_knobs():
     assert not decode_plan(wide, H200).cross and not decode_plan(wide, H200, Knobs.of(cross=True, balanced=False)).cross
     assert decode_plan(Problem(2, 300, 300, 1, 128, 4096), H200, Knobs.of(balanced=True)).splits == 1
     # dense_tiles: a paged cache takes the dense cache's tiles and schedule, page numbers one per page (ahead 3);
-    # the candidate rule picks it where a page holds whole dense tiles
+    # the default on sm_90 where a page holds whole dense tiles (page 256); dense_tiles=False keeps the paged tiles
     for page in (16, 256):
         pp = Problem(8, 32, 8, 1, 128, 16384, page)
         dt = decode_plan(pp, H200, Knobs.of(dense_tiles=True))
         dense = decode_plan(dataclasses.replace(pp, page=0), H200)
-        assert dataclasses.replace(dt, ahead=0) == dense and dt.ahead == 3 and decode_plan(pp, H200).ahead == 2
+        assert dataclasses.replace(dt, ahead=0) == dense and dt.ahead == 3
         assert dense_tiles_fit(pp, H200) == (page == 256)
+        assert (decode_plan(pp, H200) == dt) == (page == 256)
+        assert decode_plan(pp, H200, Knobs.of(dense_tiles=False)).ahead == 2
+    assert not dense_tiles_fit(Problem(8, 32, 8, 1, 128, 16384, 256), INTERPRETER)
     assert decode_plan(Problem(8, 32, 8, 1, 128, 16384, 16), INTERPRETER, Knobs.of(dense_tiles=True)).ahead == 3
     with pytest.raises(ValueError):         # one page number per page: 48-key pages against 64-key tiles
         decode_plan(Problem(8, 32, 8, 1, 128, 16368, 48), H200, Knobs.of(ahead=3))
