@@ -49,7 +49,7 @@ if "--time-only" in sys.argv:     # checks passed in an earlier run: time every 
     base.CHECKS = []
     for name in ("pers head", "pers p7"):
         base.VARIANTS.pop(name)
-    base.BUDGET_S, base.WATCHDOG_S = 230, 250
+    base.BUDGET_S, base.WATCHDOG_S = 190, 210
 
 if __name__ == "__main__":
     sys.exit(base.main())
