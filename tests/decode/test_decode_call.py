@@ -133,6 +133,15 @@ def test_calls_cached_per_shape_class(fake_gpu):
     assert len(launch._calls) == 1
     call = next(iter(launch._calls.values()))
     assert len(call.bound) == 4          # classes 32, 48 (S % 16 == 0 and not), 64; 30 and 31 share one
+    launch_kept = launch.BOUND_KEPT
+    try:                                  # a long generation's classes are kept up to BOUND_KEPT, then dropped
+        launch.BOUND_KEPT = 5
+        for S in (65, 81, 97):
+            launch.attention_decode(q, torch.randn(B, Hkv, S, D), torch.randn(B, Hkv, S, D), None, None, True, 0.25,
+                                    -1, -1, 0.0, False)
+        assert len(call.bound) == 2       # 4 + 65's class = 5 kept; 81's class found them full: 81, 97
+    finally:
+        launch.BOUND_KEPT = launch_kept
     k = torch.randn(B, Hkv, 50, D)
     for args in ((q, None, None, True, 0.5, -1, -1, 0.0, False), (q, None, None, False, 0.25, -1, -1, 0.0, False),
                  (q, None, None, True, 0.25, 7, -1, 0.0, False), (q, None, None, True, 0.25, -1, -1, 0.0, True),

@@ -173,6 +173,7 @@ def attention_split_kv(q, k, v, seqlens, block_table, causal: bool, scale: float
 
 
 LENGTHS_TABLE_BYTES = 1 << 18   # a full cache's lengths: rows of lengths S, S + 1, ... kept per bound call
+BOUND_KEPT = 1024               # a DecodeCall's classes of 16 lengths kept (then all dropped): 16K keys of growth
 
 
 class _Bound:
@@ -233,6 +234,8 @@ class DecodeCall:
             key = (s_max + 15) >> 4, int_spec(s_max, *kst, *vst, bts)
             bound = self.bound.get(key)
             if bound is None:
+                if len(self.bound) >= BOUND_KEPT:
+                    self.bound.clear()
                 bound = self.bound[key] = self._bind(s_max, kst, vst, bts)
             self.last = (ints, bound)
         lanes = bound.lanes
