@@ -1,20 +1,19 @@
 """Probe of ``sample`` under CUDA-graph replay (issue 28): the in-kernel draw in a captured call
-(``SampleKnobs(graph_draw="kernel")``: no ``torch.rand`` node per replay) and the index order without a sort
-(``order="matrix"``), against the default (fused merge, fixed masses, kernel draw eager / torch.rand captured) and
-``softmax_topk`` alone, in one process. Reuses tools/probe_sample.py's harness (imported).
+(``SampleKnobs(graph_draw="kernel")``: no ``torch.rand`` node per replay) against the default (fused merge, fixed
+masses, kernel draw eager / torch.rand captured) and ``softmax_topk`` alone, in one process. Reuses
+tools/probe_sample.py's harness (imported).
 
     PYTHONPATH=src python tools/probe_sample3.py --out DIR
 
-Variants: ``default`` (SampleKnobs()), ``gdraw`` (graph_draw="kernel"), ``matrix`` (order="matrix"), ``gd+mat``
-(both). 1. checks at 8 x 128256 fp32 (outputs poisoned): ``matrix`` variants against the fp64 reference
-(``probe_sample.check_ref``) and bit-equal to the default for the same ``uniform=``; ``gdraw`` variants: a call
-captured with a generator at (seed 1234, offset 28), replayed 6 times with per-row temperature / top_p / min_p
-changed in place before each replay, with ``set_sync_debug_mode("error")`` around capture and replays: replay n
-equals the eager call with ``uniform=`` the Python Philox at (seed, 28 + 4n, row) (so distinct uniforms per replay),
-the generator's offset moved by 4·2^32 at capture; χ² of 8 replays of 25000 copies of a 64-token row. 2. graph
-replay (do_bench median of a 20-call graph over inputs rotated past L2) and eager µs per call at B = 1 / 8 / 64 /
-256, V = 128256 (then B = 8 at V = 151936 / 262144 while the budget lasts), T = 0.8, top_k = 50, top_p = 0.9;
-ratio = sample graph / softmax_topk graph (goal <= 1.3 at B = 8). 3. DIR/probe_sample3.json, the table last.
+Variants: ``default`` (SampleKnobs()), ``gdraw`` (graph_draw="kernel"). 1. checks of ``gdraw`` at 8 x 128256 fp32:
+a call captured with a generator at (seed 1234, offset 28), replayed 6 times with per-row temperature / top_p /
+min_p changed in place before each replay (ids poisoned before each), with ``set_sync_debug_mode("error")`` around
+capture and replays: replay n equals the eager call with ``uniform=`` the Python Philox at (seed, 28 + 4n, row) (so
+distinct uniforms per replay), the generator's offset moved by 4·2^32 at capture; χ² of 8 replays of 25000 copies
+of a 64-token row. 2. graph replay (do_bench median of a 20-call graph over inputs rotated past L2) and eager µs
+per call at B = 1 / 8 / 64 / 256, V = 128256 (then B = 8 at V = 151936 / 262144 while the budget lasts), T = 0.8,
+top_k = 50, top_p = 0.9; ratio = sample graph / softmax_topk graph (goal <= 1.3 at B = 8). 3. DIR/probe_sample3.json,
+the table last.
 """
 
 from __future__ import annotations
@@ -60,30 +59,6 @@ def warm_graph_draw(x, knobs, **kw):
     sample_2d(x, val(kw.get("temperature", 1.0)), kw.get("top_k"), val(kw.get("top_p")), val(kw.get("min_p")),
               (slots, 1, 2, 3, 4, 5, 6), knobs)
     torch.cuda.synchronize()
-
-
-def order_checks(name, knobs) -> bool:
-    ok = True
-    for kind in ("peaked", "flat"):
-        x = _logits(8, PS.V, kind)
-        u = torch.rand(8, device=DEV)
-        for kw in (dict(temperature=T, top_k=K, top_p=P), dict(top_k=K),
-                   dict(temperature=1.3, top_k=K, top_p=0.95, min_p=0.05)):
-            label = f"{kind} {sorted(kw)}"
-            try:
-                bad, near = PS.check_ref(x, u, kw, knobs)
-                if bad:
-                    ok = False
-                    say(f"  WRONG {name} {label}: {bad[:3]} near={near}")
-                a = PS._poisoned_call(lambda: sample(x, uniform=u, knobs=knobs, **kw), 8)
-                b = sample(x, uniform=u, **kw)
-                if not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])):
-                    ok = False
-                    say(f"  WRONG {name} {label}: not bit-equal to the default (sort)")
-            except Exception as e:
-                ok = False
-                err(name, label, e)
-    return ok
 
 
 def graph_draw_checks(name, knobs) -> bool:
@@ -184,7 +159,7 @@ def time_shape(B, Vn, good, res):
             if knobs.graph_draw == "kernel":
                 warm_graph_draw(sets[0], knobs, temperature=T, top_k=K, top_p=P)
             row[f"{name} graph"] = PS.graph_us(fn, sets)
-            if name in ("default", "matrix"):       # eager: the same launches with and without graph_draw
+            if name == "default":       # eager: gdraw's eager launches are the default's
                 row[f"{name} eager"] = PS.eager_us(fn, sets)
             if row.get("softmax_topk graph"):
                 row[f"{name} ratio"] = row[f"{name} graph"] / row["softmax_topk graph"]
@@ -206,11 +181,7 @@ def main():
         if name == "default":
             continue
         try:
-            ok = True
-            if knobs.order == "matrix":
-                ok = order_checks(name, knobs) and ok
-            if knobs.graph_draw == "kernel":
-                ok = graph_draw_checks(name, knobs) and ok
+            ok = graph_draw_checks(name, knobs) if knobs.graph_draw == "kernel" else True
         except Exception as e:
             err(name, "checks", e)
             ok = False
@@ -225,12 +196,12 @@ def main():
         json.dump(res, f, indent=1)
     names = list(VARIANTS)
     cols = ["softmax_topk graph", *(f"{n} graph" for n in names), *(f"{n} ratio" for n in names),
-            "softmax_topk eager", "default eager", "matrix eager"]
-    short = ["stk g", *(f"{n[:6]} g" for n in names), *(f"{n[:6]} r" for n in names), "stk e", "dflt e", "matrx e"]
+            "softmax_topk eager", "default eager"]
+    short = ["stk g", *(f"{n[:6]} g" for n in names), *(f"{n[:6]} r" for n in names), "stk e", "dflt e"]
     say("")
     say(f"probe_sample3  T = {T}, top_k = {K}, top_p = {P}, fp32; us per call (g: graph replay, do_bench median / "
         f"calls; e: eager mean); r = sample graph / softmax_topk graph (goal <= 1.3 at B = 8); default = fuse + "
-        f"fixed + kernel draw eager, torch.rand captured; gdraw = graph_draw kernel; matrix = order matrix")
+        f"fixed + kernel draw eager, torch.rand captured; gdraw = graph_draw kernel")
     say(f"checks: {res['checks']}")
     say(f"{'B':>4}{'V':>8} " + "".join(f"{s:>9}" for s in short))
     for row in res["rows"]:

@@ -98,15 +98,13 @@ for B, V, K in itertools.product((1, 3), (1, 3, 300), (1, 3, 64)):
         continue
     vals, inds, lse = M((B * K,), f32), M((B * K,), i64), M((B,), f32)
     ids, logp, flag = M((B,), i64), M((B,), f32), M((B,), i32)
-    for per_row, fixed, philox, matrix in ((False, False, 0, False), (True, False, 0, False), (True, True, 1, False),
-                                           (True, True, 2, True), (False, False, 0, True)):
+    for per_row, fixed, philox in ((False, False, 0), (True, False, 0), (True, True, 1), (True, True, 2)):
         s = 1 if per_row else -1            # scalars (stride -1) and per-row tensors (stride 1)
         params = (vals, 0.8, s, inds, 5, s, vals, 0.9, s, vals, 0.1, s)
         rng = (-5, 7, -2**31, 1, 3, -9)
         u = M((B,), i64 if philox == 2 else f32)        # philox 2: the capture's slots
         launches = [(_sample_kernel, (vals, inds, lse, u, ids, logp, flag, *params, *rng, K, V),
-                     dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1, FIXED=fixed, PHILOX=philox,
-                          MATRIX=matrix)),
+                     dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1, FIXED=fixed, PHILOX=philox)),
                     (_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, *rng, K,
                                           M((B,), i32), M((B,), i32), M((64 * B,), i32), M((64 * B,), f32),
                                           M((3 * B,), i32), M((4 * B,), f32), 2, 1024),
@@ -139,15 +137,14 @@ from onlinesoftmax.topk.sampling_launch import SampleCall
 
 M = CR._meta
 failed, n, seen, worst = [], 0, set(), {}
-for (B, V, K), (fuse, mass, philox, order), t_mode, per_row in itertools.product(
+for (B, V, K), (fuse, mass, philox), t_mode, per_row in itertools.product(
         ((1, 3, 1), (3, 300, 3), (1, 128256, 50), (8, 128256, 50), (256, 128256, 50), (64, 262144, 50),
          (2, 151936, 256), (1, 128256, 1)),
-        ((False, "fp32", 0, "sort"), (True, "fp32", 0, "sort"), (True, "fixed", 1, "sort"),
-         (False, "fixed", 1, "sort"), (True, "fixed", 2, "sort"), (True, "fixed", 1, "matrix"),
-         (True, "fixed", 2, "matrix")), (0, 1), (False, True)):
+        ((False, "fp32", 0), (True, "fp32", 0), (True, "fixed", 1), (False, "fixed", 1), (True, "fixed", 2)),
+        (0, 1), (False, True)):
     if philox and (t_mode, per_row) != (1, False):
         continue
-    plan = sample_plan(B, V, 4, H200, top_k=K, knobs=SampleKnobs(fuse=fuse, mass=mass, order=order))
+    plan = sample_plan(B, V, 4, H200, top_k=K, knobs=SampleKnobs(fuse=fuse, mass=mass))
     call = SampleCall(plan, B, V, V, 1, t_mode, torch.device("meta"), torch.bfloat16 if per_row else torch.float32,
                       philox)
     x = M((B, V), call.dtypes[0])
@@ -169,11 +166,11 @@ for (B, V, K), (fuse, mass, philox, order), t_mode, per_row in itertools.product
             r = CR.compile_launch(kern.fn, a, kern.meta, 90)
             n += 1
             if kern.fn.__name__ == "_sample_merge_kernel":
-                worst[f"B={B} V={V} K={K} philox={philox} {order}"] = (r["regs"], r["stack"])
+                worst[f"B={B} V={V} K={K} philox={philox}"] = (r["regs"], r["stack"])
             if r["stack"] and B <= 8 and K <= 50:     # (the merges spill a little at B >= 64 or K = 256 already)
                 failed.append(f"{kern.fn.__name__} B={B} V={V} K={K}: spills ({r['stack']} bytes of stack)")
         except Exception as e:
-            failed.append(f"{kern.fn.__name__} B={B} V={V} K={K} fuse={fuse} {mass} philox={philox} {order}: "
+            failed.append(f"{kern.fn.__name__} B={B} V={V} K={K} fuse={fuse} {mass} philox={philox}: "
                           f"{type(e).__name__}: {str(e)[-300:]}")
 print(json.dumps(dict(compiled=n, failed=failed, fused=worst)))
 """

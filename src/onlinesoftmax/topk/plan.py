@@ -227,11 +227,6 @@ class SampleKnobs:
 
     ``draw``: see :func:`sample_draw_of`; ``graph_draw``: see :func:`sample_graph_draw_of`.
 
-    ``order``: how step 1 puts the kept candidates in index order for the draw: ``sort`` (one ``tl.sort`` of the
-    candidates packed as int64 ``index << 32 | p bits``) or ``matrix`` (no sort: every candidate's running mass in
-    index order from a [CAP, CAP] comparison, c_i = Σ_j keep_j · w_j · [ind_j <= ind_i], and the kept i of smallest
-    index with c_i > u · W_kept; bit-equal to ``sort`` with ``mass="fixed"``, whose sums are exact in any order).
-
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
     1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
@@ -241,7 +236,6 @@ class SampleKnobs:
     draw: str | None = None
     one_buffer: bool | None = None
     graph_draw: str | None = None
-    order: str | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -258,8 +252,6 @@ DRAW = "kernel"                 # default of ``draw``
 ONE_BUFFER = False              # default of ``one_buffer``
 GRAPH_DRAWS = ("torch", "kernel")
 GRAPH_DRAW = "torch"            # default of ``graph_draw`` (the kernel's, unmeasured: tools/probe_sample3.py)
-ORDERS = ("sort", "matrix")
-ORDER = "sort"                  # default of ``order`` (the matrix, unmeasured: tools/probe_sample3.py)
 
 
 def sample_draw_of(knobs: SampleKnobs) -> str:
@@ -298,7 +290,6 @@ class SamplePlan:
     draw: str = DRAW            # the uniforms: "torch" (torch.rand) or "kernel" (Philox in step 1, eager calls)
     one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
     graph_draw: str = GRAPH_DRAW    # the uniforms of a captured call: "torch" (torch.rand) or "kernel" (Philox)
-    order: str = ORDER          # step 1's index order for the draw: "sort" (tl.sort) or "matrix" (comparisons)
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -315,15 +306,12 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
         raise ValueError(f"SampleKnobs: mass must be one of {MASSES}, got {mass!r}")
     draw = sample_draw_of(knobs)
     graph_draw = sample_graph_draw_of(knobs)
-    order = ORDER if knobs.order is None else knobs.order
-    if order not in ORDERS:
-        raise ValueError(f"SampleKnobs: order must be one of {ORDERS}, got {order!r}")
     one = ONE_BUFFER if knobs.one_buffer is None else knobs.one_buffer
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
     if greedy or top_k is not None or K == V:
         return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
-                          one_buffer=one, graph_draw=graph_draw, order=order)
+                          one_buffer=one, graph_draw=graph_draw)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
-                      graph_draw=graph_draw, order=order)
+                      graph_draw=graph_draw)

@@ -128,8 +128,7 @@ def _prob(w, FIXED: tl.constexpr):
                                "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                    t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                   s0, s1, c0, c1, g0, g1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr,
-                   MATRIX: tl.constexpr):
+                   s0, s1, c0, c1, g0, g1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
     """Step 1 on row ``pid``'s K candidates (``p`` sorted descending, their indices, the row's lse of x / T);
     (s0, s1, c0, c1, g0, g1): the Philox seed, counter and capture tag where ``PHILOX`` (else unused). A row the
     candidates decide advances its replay count here (``PHILOX`` 2), a flagged one in the row kernel."""
@@ -140,8 +139,7 @@ def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr
     ind = tl.load(ind_ptr + row.to(tl.int64) * K + j, mask=live, other=0)
     u, n = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
     decided = _draw(p, ind, j, K, tl.load(lse_ptr + row), row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val,
-                    t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, True, FIXED,
-                    MATRIX)
+                    t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, True, FIXED)
     if decided:
         _advance(u_ptr, row, n, g0, g1, PHILOX)
 
@@ -152,8 +150,7 @@ def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, 
                          t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                          q_stride, s0, s1, c0, c1, g0, g1, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr,
                          SP: tl.constexpr, CT: tl.constexpr, FAST: tl.constexpr, EXACT: tl.constexpr,
-                         W: tl.constexpr, T_MODE: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr,
-                         MATRIX: tl.constexpr):
+                         W: tl.constexpr, T_MODE: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
     """Step 1 fused into the last merge of ``softmax_topk(x / T, k)`` (``fuse``): the row's k sorted candidates
     go from the merge's registers to the filters and the draw, not through memory (no values, indices or lse
     written and read back, one launch less). Only where step 1 decides every row (an int top_k, or greedy): no
@@ -166,19 +163,17 @@ def _sample_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, k, S, BS, u_ptr, 
     u, n_u = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
     _draw(tl.where(live, p, 0.0), tl.where(live, ind, 0).to(tl.int64), j, k, (m + tl.log2(d)) * LN2, row, u,
           ids_ptr, logp_ptr, logp_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
-          q_ptr, q_val, q_stride, V, False, FIXED, MATRIX)
+          q_ptr, q_val, q_stride, V, False, FIXED)
     _advance(u_ptr, row, n_u, g0, g1, PHILOX)
 
 
 @triton.jit
 def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride,
-          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr, FIXED: tl.constexpr,
-          MATRIX: tl.constexpr):
+          p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, V, FLAG: tl.constexpr, FIXED: tl.constexpr):
     """Step 1 on row ``row``'s candidates ``p`` (sorted descending, 0 at positions ``j >= K``), their int64
     indices ``ind``, the row's lse and its uniform ``u``: the id and log-probability, stored where the candidates
     decide the row; ``FLAG``: the row's flag for step 2 stored (else every row must be decided: the fused merge).
-    Masses in :func:`_mass`'s unit (``FIXED``). The index order of the draw by a sort, or (``MATRIX``) by
-    comparisons (``SampleKnobs.order``). Returns whether the candidates decide the row."""
+    Masses in :func:`_mass`'s unit (``FIXED``). Returns whether the candidates decide the row."""
     live = j < K
     t, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                      q_ptr, q_val, q_stride, row, V)
@@ -214,36 +209,22 @@ def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, 
     n = tl.where(all_in, tl.minimum(n, K), n)          # no filter on a row the candidates hold: all of it
     decided = ((n < big) & ~(p_on & ~w_known)) | greedy | undefined
     n = tl.minimum(n, K)
-    # d. the draw: the first kept candidate in index order whose running mass exceeds u · W_kept (never one of
-    # p = 0; rounding past the last: the last of p > 0; none of p > 0: the first)
+    # d. the draw: the kept candidates in index order (one int64 sort: index, then p's bits), the first whose
+    # running mass exceeds u · W_kept (never one of p = 0; rounding past the last: the last of p > 0; none of
+    # p > 0: the first)
     keep = j < n
-    if MATRIX:
-        # no sort: c_i = Σ_j w_j · [ind_j <= ind_i] over the kept j (w = p in _mass's unit): i's running mass in
-        # index order; the draw is the smallest kept index with c_i > u · W_kept
-        w_k = tl.where(keep, pm, 0)
-        ind32 = ind.to(tl.int32)
-        c_run = tl.sum(tl.where(ind32[None, :] <= ind32[:, None], w_k[None, :], 0), axis=1)
-        w_kept = tl.sum(w_k)
-        none = 2147483647
-        pick = tl.min(tl.where(keep & (c_run > _scaled(u, w_kept, FIXED)), ind32, none))
-        last = tl.max(tl.where(keep & (w_k > 0), ind32, -1))
-        last = tl.where(last < 0, tl.min(tl.where(keep, ind32, none)), last)
-        pick = tl.where(pick == none, last, pick).to(tl.int64)
-        p_pick = tl.sum(tl.where(keep & (ind == pick), p, 0.0))
-    else:
-        # the kept candidates in index order (one int64 sort: index, then p's bits)
-        packed = tl.where(keep, (ind << 32) | (p.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF),
-                          9223372036854775807)
-        packed = tl.sort(packed)
-        kept = packed != 9223372036854775807
-        ps = tl.where(kept, (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-        psm = _mass(ps, FIXED)
-        w_kept = tl.sum(psm)
-        pos = tl.sum(((tl.cumsum(psm, 0) <= _scaled(u, w_kept, FIXED)) & kept).to(tl.int32))
-        pos = tl.minimum(pos, tl.max(tl.where(kept & (psm > 0), j, 0)))
-        sel = j == pos
-        pick = tl.sum(tl.where(sel, packed >> 32, 0))
-        p_pick = tl.sum(tl.where(sel, ps, 0.0))
+    packed = tl.where(keep, (ind << 32) | (p.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF),
+                      9223372036854775807)
+    packed = tl.sort(packed)
+    kept = packed != 9223372036854775807
+    ps = tl.where(kept, (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    psm = _mass(ps, FIXED)
+    w_kept = tl.sum(psm)
+    pos = tl.sum(((tl.cumsum(psm, 0) <= _scaled(u, w_kept, FIXED)) & kept).to(tl.int32))
+    pos = tl.minimum(pos, tl.max(tl.where(kept & (psm > 0), j, 0)))
+    sel = j == pos
+    pick = tl.sum(tl.where(sel, packed >> 32, 0))
+    p_pick = tl.sum(tl.where(sel, ps, 0.0))
     logp = tl.log(p_pick) - tl.log(_prob(w_kept, FIXED))
     # greedy: the first candidate (the argmax, lowest index among ties), probability 1
     first = tl.sum(tl.where(j == 0, ind, 0))

@@ -68,7 +68,7 @@ class SampleCall:
         head = (stride_b, stride_v, V)
         top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode)
         kernels, args = [kern for kern, _ in top], [a for _, a in top]
-        draw = dict(FIXED=plan.mass == "fixed", PHILOX=philox, MATRIX=plan.order == "matrix")
+        draw = dict(FIXED=plan.mass == "fixed", PHILOX=philox)
         if plan.fuse:
             kernels[-1] = BoundKernel(_sample_merge_kernel, (B,), dict(final_meta(cfg, t_mode), **draw))
             S2 = -(-cfg.splits // cfg.tree) if cfg.tree else cfg.splits
