@@ -251,7 +251,7 @@ DRAWS = ("torch", "kernel")
 DRAW = "kernel"                 # default of ``draw``
 ONE_BUFFER = False              # default of ``one_buffer``
 GRAPH_DRAWS = ("torch", "kernel")
-GRAPH_DRAW = "torch"            # default of ``graph_draw`` (the kernel's, unmeasured: tools/probe_sample3.py)
+GRAPH_DRAW = "torch"            # default of ``graph_draw`` (the kernel's figures: docs/topk.md)
 
 
 def sample_draw_of(knobs: SampleKnobs) -> str:
