@@ -839,6 +839,32 @@ def test_sm90_backward_plan():
             plan_backward(base, target, sm90)
 
 
+def test_sm90_backward_persistent_default():
+    """Dense D = 64 / 128 problems of at most 2048 query rows and keys run the sm90 backward on the persistent grid
+    (the SM count), causal ones with pairs (in place of lpt_heads); longer, varlen and D = 256 stay one program per
+    key block; a knob naming the tiles (block_m, num_stages, dq_tma) or programs = 0 leaves no grid and no pairs."""
+    from onlinesoftmax.attention.plan import Problem, plan_backward
+
+    short = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
+    nc = dataclasses.replace(short, causal=False, window=(-1, -1))
+    for p, want in ((short, (132, True, 0)), (nc, (132, False, 0)), (dataclasses.replace(short, Hkv=8), (132, True, 0)),
+                    (dataclasses.replace(short, D=64, Sq=2048, Sk=2048), (132, True, 0)),
+                    (dataclasses.replace(short, window=(100, 0)), (132, True, 0)),
+                    (dataclasses.replace(nc, window=(100, 100)), (132, False, 0)),
+                    (dataclasses.replace(short, Sq=16, Sk=4096), (0, False, 0)),
+                    (dataclasses.replace(short, Sq=4096, Sk=4096), (0, False, 0)),
+                    (dataclasses.replace(short, Hkv=8, Sq=4096, Sk=4096), (0, False, 132)),
+                    (dataclasses.replace(short, varlen=True), (0, False, 0)),
+                    (dataclasses.replace(short, D=256), (0, False, 16))):
+        plan = plan_backward(p, H200)
+        assert (plan.kernel, plan.programs, plan.pairs, plan.lpt_heads) == ("sm90", *want), p
+    for knobs in ({"programs": 0}, {"block_m": 64}, {"num_stages": 3}, {"dq_tma": False}):
+        plan = plan_backward(short, H200, Knobs(backward=knobs))
+        assert (plan.programs, plan.pairs) == (0, False), knobs
+    assert plan_backward(short, H200, Knobs(backward={"num_stages": 2, "programs": -1})).programs == 132
+    assert plan_backward(short, A100).programs == 0
+
+
 def test_sm90_backward_knobs_dq_slot_lpt_rows():
     """dq_slot (dQ's TMA reduce through the drained Q / dO slot), lpt_heads and dq_rows are sm90 knobs, on by
     default where they measured faster (D = 256: dq_slot, causal lpt_heads 16; causal D = 64: dq_rows; causal GQA
@@ -847,7 +873,7 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
     from onlinesoftmax.attention import api
     from onlinesoftmax.attention.plan import Problem, plan_backward
 
-    base = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
+    base = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
     nc = dataclasses.replace(base, causal=False, window=(-1, -1))
     for p, want in (((base, (False, 0, False))), (dataclasses.replace(base, Hkv=8), (False, 132, False)),
                     (dataclasses.replace(nc, Hkv=8), (False, 0, False)),
@@ -883,7 +909,7 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
     assert not plan_backward(wide, H200, Knobs(backward={"dq_tma": False})).dq_slot
     strides = (1,) * 27
     bk = api._caches()[1](base, slot, strides, False)[1]
-    assert bk.fn.__name__ == "attention_bwd_sm90_kernel" and bk.grid == (8, 16 * 32)
+    assert bk.fn.__name__ == "attention_bwd_sm90_kernel" and bk.grid == (32, 4 * 32)
     assert (bk.meta["DQ_SLOT"], bk.meta["LPT_HEADS"], bk.meta["STAGES"]) == (True, 16, 3), bk.meta
     assert api._caches()[1](base, plan_backward(base, H200), strides, False)[1].meta["LPT_HEADS"] == 0
     assert api._caches()[1](d64, rows, strides, False)[1].meta["DQ_ROWS"]
@@ -1078,10 +1104,10 @@ def test_gpu_sm90_backward_varlen(D, Hkv, knobs, backward_knobs):
 def test_sm90_backward_persistent_plan():
     """``programs = -1`` asks for one program per SM; the sm90 kernel on dense inputs only; pairs needs the
     persistent grid and replaces a default lpt_heads (both named raise); tiles past 227 KB raise naming the knob;
-    every default fits and stays per program."""
+    every default fits; at 4096 keys the defaults stay per program."""
     from onlinesoftmax.attention.plan import SM90_SHARED, Problem, plan_backward, sm90_bwd_shared
 
-    base = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
+    base = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
     pers = Knobs(backward={"programs": -1})
     plan = plan_backward(base, H200, pers)
     assert (plan.kernel, plan.programs, plan.pairs) == ("sm90", H200.sm_count, False)
@@ -1122,7 +1148,8 @@ def test_sm90_backward_persistent_launch():
 
     strides = (1,) * 27
     p = Problem(16, 32, 32, 1024, 1024, 128, "bfloat16", True, (-1, 0), tma=True)
-    bk = api._caches()[1](p, plan_backward(p, H200, Knobs(backward={"programs": -1})), strides, False)[1]
+    bk = api._caches()[1](p, plan_backward(p, H200, Knobs(backward={"programs": -1, "pairs": False})), strides,
+                          False)[1]
     assert bk.fn.__name__ == "attention_bwd_sm90_persistent_kernel" and bk.grid == (H200.sm_count,)
     assert (bk.meta["PAIRS"], bk.meta["STAGE_ROWS"], bk.meta["DQ_TMA"], "VARLEN" in bk.meta) == (
         False, True, True, False), bk.meta

@@ -312,6 +312,7 @@ SM90_BACKWARD = {          # H200, bf16
 # 4 query heads, so the causal tail is long; MHA causal measured 319 against 413 there (L2 reuse across a head's
 # key blocks lost) and stays head by head. dq_slot at D = 128 (room for a third slot) measured 0.87-0.96x.
 SM90_WS_LPT = {128: 132, 256: 16}
+SM90_WS_PERSISTENT_MAX_S = 2048     # sm90_bwd_persistent
 SM90_WS_BACKWARD = {
     64: (128, 128, 4, 2),
     128: (64, 128, 4, 2),
@@ -344,11 +345,21 @@ def sm90_bwd_eligible(p: Problem) -> bool:
 def _backward_sm90_ws(p: Problem) -> BackwardPlan:
     """The table row, lse / Δ staged by the producer (stage_rows), dQ by TMA reduce (dq_tma); at D = 256 through
     the drained Q / dO slot (dq_slot); causal D = 64 with dQ split by query rows (dq_rows); causal programs launched
-    longest first where they are long (SM90_WS_LPT)."""
+    longest first where they are long (SM90_WS_LPT); short sequences on the persistent grid (pairs when causal)."""
     bm, bn, w, st = SM90_WS_BACKWARD[p.D]
+    short = sm90_bwd_persistent(p)
     return BackwardPlan("sm90", bm, bn, w, st, bm, bn, w, st, dq_atomic=True, stage_rows=True, dq_tma=True,
                         dq_slot=p.D == 256, dq_rows=p.D == 64 and p.banded,
-                        lpt_heads=_sm90_lpt_heads(p))
+                        lpt_heads=_sm90_lpt_heads(p), programs=-1 if short else 0, pairs=short and p.causal)
+
+
+def sm90_bwd_persistent(p: Problem) -> bool:
+    """The persistent grid by default (``programs`` = the SM count): dense D = 64 / 128 with at most
+    SM90_WS_PERSISTENT_MAX_S query rows and keys, where a program per key block spends a large share of its time
+    on set-up and dK / dV epilogue (H200, tools/probe_bwdpers.py: 16 x 32 x 1024 x 128 causal 281 against 251
+    TFLOP/s with pairs, non-causal 402 against 373; 8 x 16 x 2048 x 64 causal 293 against 266, non-causal 369
+    against 345; at 4096 keys causal pairs 415 against 413, GQA 449 against 455: left per program)."""
+    return not p.varlen and p.D in (64, 128) and max(p.Sq, p.Sk) <= SM90_WS_PERSISTENT_MAX_S
 
 
 def _sm90_lpt_heads(p: Problem) -> int:
@@ -396,10 +407,15 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
     else:
         plan = backward_tl(p, target)
     plan = dataclasses.replace(plan, **over)
-    # dq_rows and dq_slot were measured (and fit in shared memory) at the table's rows and slots with dq_tma: a knob
-    # that names one of those fields turns them off unless it names them too
+    # dq_rows, dq_slot and the persistent grid were measured (and fit in shared memory) at the table's rows and
+    # slots with dq_tma: a knob that names one of those fields turns them off unless it names them too; without a
+    # persistent grid, no pairs
     if any(f in over for f in ("block_m", "num_stages", "dq_tma")):
-        plan = dataclasses.replace(plan, **{f: False for f in ("dq_rows", "dq_slot") if f not in over})
+        plan = dataclasses.replace(plan, **{f: False for f in ("dq_rows", "dq_slot", "pairs") if f not in over})
+        if "programs" not in over:
+            plan = dataclasses.replace(plan, programs=0)
+    if not plan.programs and "pairs" not in over:
+        plan = dataclasses.replace(plan, pairs=False)
     if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
         raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
     if plan.dq_rows and (p.D != 64 or plan.block_m != 128):
