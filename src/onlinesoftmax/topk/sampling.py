@@ -16,12 +16,12 @@ running probability exceeds ``u`` times the kept mass (inverse CDF; the same rul
 ``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids. An eager call on CUDA
 draws u in the kernels (Philox-4x32-10 keyed by the generator's seed at its offset, which advances by 4 per call,
 as torch's own kernels take it): no ``torch.rand`` launch, but not the ids ``torch.rand`` would give for that
-state (another stream of the same generator). A call captured into a CUDA graph draws
-``u = torch.rand(B, generator=generator)`` (only a launch of torch's moves the generator's offset on every
-replay), or with ``knobs=SampleKnobs(graph_draw="kernel")`` in the kernels too (the key and a base counter from the
-generator at capture, a per-row replay count on the device: fresh uniforms on every replay, the same sequence
-for the same generator state at capture; :func:`_graph_philox`). Elsewhere and with
-``knobs=SampleKnobs(draw="torch")``: ``torch.rand``.
+state (another stream of the same generator). A call captured into a CUDA graph draws u in the kernels too (the
+key and a base counter from the generator at capture, a per-row replay count on the device: fresh uniforms on every
+replay with no ``torch.rand`` node, the same sequence for the same generator state at capture; :func:`_graph_philox`;
+``onlinesoftmax.warmup`` compiles these kernels), or with ``knobs=SampleKnobs(graph_draw="torch")``
+``u = torch.rand(B, generator=generator)`` captured (a launch of torch's, which moves the generator's offset on
+every replay). Elsewhere and with ``knobs=SampleKnobs(draw="torch")``: ``torch.rand``.
 
 On CUDA (``topk/sampling_kernels.py``): ``softmax_topk`` with the temperature folded into its one read of the
 logits gives K sorted candidates (K = ``top_k`` for an int, else 64); one small kernel applies the filters and
@@ -33,9 +33,9 @@ Arguments are checked where that needs no host synchronisation: Python values al
 ``>= 0``, ``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``, ``top_k`` an int ``>= 1``), a tensor's dtype and size
 always, and a tensor's values when it is on the CPU (``ValueError``). The values of a tensor on another device are
 not read by the host (the call stays sync-free and graph-safe): a row whose ``temperature``, ``top_p`` or ``min_p``
-is out of range there gets the result of a row with no distribution, below. A CUDA graph that captures a call
-with a ``generator`` other than the default one needs it registered with the graph
-(``torch.cuda.CUDAGraph.register_generator_state``).
+is out of range there gets the result of a row with no distribution, below. With ``graph_draw="torch"``, a CUDA
+graph that captures a call with a ``generator`` other than the default one needs it registered with the graph
+(``torch.cuda.CUDAGraph.register_generator_state``; the kernels' draw reads the generator at capture only).
 
 A row with no distribution (after temperature: a NaN logit, a ``+inf`` logit or no logit above ``-inf``, where
 ``torch.softmax`` is NaN) gets id ``-1`` and log-probability NaN, greedy or not.
@@ -232,7 +232,7 @@ _side_streams: dict = {}    # per device: a stream not being captured, to read t
 
 
 def _graph_philox(generator, dev: torch.device, B: int) -> tuple | None:
-    """The kernels' draw in a call being captured into a CUDA graph (``SampleKnobs(graph_draw="kernel")``):
+    """The kernels' draw in a call being captured into a CUDA graph (``graph_draw`` "kernel", the default):
     ``(slots, s0, s1, c0, c1, g0, g1)``, or None (the caller's ``torch.rand`` then, as for a CPU generator).
 
     The key is the generator's seed at capture and the base counter its offset / 4 then; the generator's offset
