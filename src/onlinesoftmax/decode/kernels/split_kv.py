@@ -54,18 +54,24 @@ def _key_offsets(BT, b, n0, offs_n, n_ok, stride_btb, stride_page, stride_s, PAG
 
 
 @triton.jit
-def _page_numbers(BT, b, offs_n, end, stride_btb, PAGE: tl.constexpr, FAST: tl.constexpr):
-    """int64 page number of each key offs_n of sequence b, keys past end clamped to the last one (< end, so
-    always a table entry in use; their loads are masked off). FAST: an ld.global.nc the pipeliner does not see as
-    a load, so the K / V loads it addresses are pipelined as dense ones are."""
-    idx = tl.maximum(tl.minimum(offs_n, end - 1), 0) // PAGE
-    ptrs = BT + b.to(tl.int64) * stride_btb + idx
+def _load_pages(ptrs, FAST: tl.constexpr):
+    """int64 block-table entries at ``ptrs``. FAST: an ld.global.nc the pipeliner does not see as a load, so the
+    K / V loads it addresses are pipelined as dense ones are."""
     if FAST:
         page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
                                          is_pure=True, pack=1)
     else:
         page = tl.load(ptrs)
     return page.to(tl.int64)
+
+
+@triton.jit
+def _page_numbers(BT, b, offs_n, end, stride_btb, PAGE: tl.constexpr, FAST: tl.constexpr):
+    """int64 page number of each key offs_n of sequence b, keys past end clamped to the last one (< end, so
+    always a table entry in use; their loads are masked off); FAST as :func:`_load_pages`."""
+    idx = tl.maximum(tl.minimum(offs_n, end - 1), 0) // PAGE
+    ptrs = BT + b.to(tl.int64) * stride_btb + idx
+    return _load_pages(ptrs, FAST)
 
 
 @triton.jit
@@ -80,12 +86,7 @@ def _page_numbers_of_tile(BT, b, n0, end, stride_btb, PAGE: tl.constexpr, BLOCK_
     else:
         idx = tl.minimum(n0 // PAGE + tl.arange(0, BLOCK_N) // PAGE, last)
     ptrs = BT + b.to(tl.int64) * stride_btb + idx
-    if FAST:
-        page = tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-    else:
-        page = tl.load(ptrs)
-    return page.to(tl.int64)
+    return _load_pages(ptrs, FAST)
 
 
 @triton.jit
