@@ -47,6 +47,49 @@ def test_warmup_argument_checks():
         oss.warmup(softmax_ops=("softmaxx",), device="cpu")
 
 
+def test_warmup_warms_each_drawing_sample_call_in_its_captured_form(monkeypatch):
+    """Beside each ``sample`` call that draws, ``warmup`` launches the kernels of that call captured into a CUDA
+    graph under the default ``graph_draw`` ("kernel"): the same parameters, u in the capture's form (zeroed int64
+    slots per row and six words: ``philox`` 2). Recorded at ``sample_2d`` on CPU tensors that take the kernels'
+    path (``resolve_backend`` patched; the recorder returns None: the torch path finishes each call)."""
+    from onlinesoftmax.topk import sampling
+
+    seen = []
+
+    def record(x, t, kk, pp, qq, u, knobs):
+        seen.append((x.shape[0], t, kk, pp, qq, u))
+
+    monkeypatch.setattr(sampling, "resolve_backend", lambda backend, x, op: "triton")
+    monkeypatch.setattr(sampling, "_sample_2d", record)
+    oss.warmup(300, top_k=(5, 50), batch_sizes=(1, 3), device="cpu")
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.stride() == b.stride() and torch.equal(a, b)
+        return type(a) is type(b) and a == b
+
+    pairs, greedy, i = [], 0, 0
+    while i < len(seen):
+        B, t, kk, pp, qq, u = seen[i]
+        if u is None:                               # all greedy: a capture launches the eager call's kernels
+            assert t == 0.0
+            greedy += 1
+            i += 1
+            continue
+        assert isinstance(u, torch.Tensor) and u.dtype == torch.float32 and u.shape == (B,), i
+        w = seen[i + 1]
+        assert all(same(a, b) for a, b in zip(seen[i][:5], w[:5])), (seen[i], w)
+        assert type(w[5]) is tuple and len(w[5]) == 7, w
+        slots = w[5][0]
+        assert slots.dtype == torch.int64 and slots.shape == (B,) and not slots.any()
+        pairs.append((B, type(t).__name__, type(kk).__name__, pp is not None, qq is not None))
+        i += 2
+    # per batch size: int top_k 16 and 64 with and without a temperature, top-p + min-p, per-row tensors; greedy
+    assert greedy == 2 and sorted(pairs) == sorted(
+        [(B, *m) for B in (1, 3) for m in [("float", "int", True, False), ("float", "int", False, False)] * 2
+         + [("float", "NoneType", True, True), ("Tensor", "Tensor", False, False)]])
+
+
 @pytest.mark.gpu
 def test_gpu_softmax_no_compile_stall_after_warmup():
     N = 128256

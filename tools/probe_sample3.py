@@ -1,11 +1,12 @@
-"""Probe of ``sample`` under CUDA-graph replay (issue 28): the in-kernel draw in a captured call
-(``SampleKnobs(graph_draw="kernel")``: no ``torch.rand`` node per replay) against the default (fused merge, fixed
-masses, kernel draw eager / torch.rand captured) and ``softmax_topk`` alone, in one process. Reuses
-tools/probe_sample.py's harness (imported).
+"""Probe of ``sample`` under CUDA-graph replay (issue 28): the default (fused merge, fixed masses, the kernel's
+draw eager and captured: ``graph_draw="kernel"``, no ``torch.rand`` node per replay) against a captured
+``torch.rand`` (``SampleKnobs(graph_draw="torch")``, the default before) and ``softmax_topk`` alone, in one process.
+Reuses tools/probe_sample.py's harness (imported). Each variant's captured kernels are compiled before its capture
+by ``sampling._warm_capture_draw`` (as ``onlinesoftmax.warmup`` does).
 
     PYTHONPATH=src python tools/probe_sample3.py --out DIR
 
-Variants: ``default`` (SampleKnobs()), ``gdraw`` (graph_draw="kernel"). 1. checks of ``gdraw`` at 8 x 128256 fp32:
+Variants: ``default`` (SampleKnobs()), ``gtorch`` (graph_draw="torch"). 1. checks of ``default`` at 8 x 128256 fp32:
 a call captured with a generator at (seed 1234, offset 28), replayed 6 times with per-row temperature / top_p /
 min_p changed in place before each replay (ids poisoned before each), with ``set_sync_debug_mode("error")`` around
 capture and replays: replay n equals the eager call with ``uniform=`` the Python Philox at (seed, 28 + 4n, row) (so
@@ -30,10 +31,11 @@ import torch
 
 from onlinesoftmax.reference import philox_uniform, sample_distribution
 from onlinesoftmax.topk import sample, softmax_topk
-from onlinesoftmax.topk.plan import SampleKnobs
+from onlinesoftmax.topk.plan import SampleKnobs, sample_graph_draw_of
+from onlinesoftmax.topk.sampling import _warm_capture_draw
 
 T, K, P = PS.T, PS.K, PS.P
-VARIANTS = {"default": SampleKnobs(), "gdraw": SampleKnobs(graph_draw="kernel")}
+VARIANTS = {"default": SampleKnobs(), "gtorch": SampleKnobs(graph_draw="torch")}
 SHAPES = [(1, 128256), (8, 128256), (64, 128256), (256, 128256), (8, 151936), (8, 262144)]
 BUDGET_S = 120
 T0 = time.time()
@@ -48,19 +50,6 @@ def _logits(B, Vn, kind="peaked"):
     return x
 
 
-def warm_graph_draw(x, knobs, **kw):
-    """Compile the kernels a captured ``graph_draw="kernel"`` call launches (``PHILOX`` 2) with an eager call of
-    theirs on zeroed slots: a first launch inside a capture would compile (and load a module) there."""
-    from onlinesoftmax.topk.sampling_launch import sample_2d
-
-    def val(v):
-        return v.reshape(-1, 1).expand(x.shape[0], 1) if isinstance(v, torch.Tensor) else v
-    slots = torch.zeros(x.shape[0], dtype=torch.int64, device=DEV)
-    sample_2d(x, val(kw.get("temperature", 1.0)), kw.get("top_k"), val(kw.get("top_p")), val(kw.get("min_p")),
-              (slots, 1, 2, 3, 4, 5, 6), knobs)
-    torch.cuda.synchronize()
-
-
 def graph_draw_checks(name, knobs) -> bool:
     ok = True
     B, seed, off, R = 8, 1234, 28, 6
@@ -70,7 +59,7 @@ def graph_draw_checks(name, knobs) -> bool:
                    torch.zeros(B, device=DEV))
         kw = dict(temperature=t, top_k=K, top_p=p, min_p=q)
         g = torch.Generator(device=DEV).manual_seed(seed)
-        warm_graph_draw(x, knobs, **kw)
+        _warm_capture_draw(x, knobs=knobs, **kw)
         g.set_offset(off)
         gr = torch.cuda.CUDAGraph()
         torch.cuda.set_sync_debug_mode("error")
@@ -108,7 +97,7 @@ def graph_draw_checks(name, knobs) -> bool:
         row = torch.randn(64, device=DEV) * 1.5
         n_rows, reps = 25000, 8
         xs = row.expand(n_rows, -1).contiguous()
-        warm_graph_draw(xs, knobs, temperature=0.9, top_k=20, top_p=0.95)
+        _warm_capture_draw(xs, knobs=knobs, temperature=0.9, top_k=20, top_p=0.95)
         g2 = torch.Generator(device=DEV).manual_seed(11)     # a generator cannot be made during a capture
         gr2 = torch.cuda.CUDAGraph()
         with torch.cuda.graph(gr2):
@@ -156,10 +145,9 @@ def time_shape(B, Vn, good, res):
         def fn(x, knobs=knobs):
             return sample(x, temperature=T, top_k=K, top_p=P, knobs=knobs)
         try:
-            if knobs.graph_draw == "kernel":
-                warm_graph_draw(sets[0], knobs, temperature=T, top_k=K, top_p=P)
+            _warm_capture_draw(sets[0], knobs=knobs, temperature=T, top_k=K, top_p=P)
             row[f"{name} graph"] = PS.graph_us(fn, sets)
-            if name == "default":       # eager: gdraw's eager launches are the default's
+            if name == "default":       # eager: gtorch's eager launches are the default's
                 row[f"{name} eager"] = PS.eager_us(fn, sets)
             if row.get("softmax_topk graph"):
                 row[f"{name} ratio"] = row[f"{name} graph"] / row["softmax_topk graph"]
@@ -176,12 +164,10 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, checks={}, rows=[])
-    good = {"default": True}
+    good = {}
     for name, knobs in VARIANTS.items():
-        if name == "default":
-            continue
         try:
-            ok = graph_draw_checks(name, knobs) if knobs.graph_draw == "kernel" else True
+            ok = graph_draw_checks(name, knobs) if sample_graph_draw_of(knobs) == "kernel" else True
         except Exception as e:
             err(name, "checks", e)
             ok = False
@@ -201,7 +187,7 @@ def main():
     say("")
     say(f"probe_sample3  T = {T}, top_k = {K}, top_p = {P}, fp32; us per call (g: graph replay, do_bench median / "
         f"calls; e: eager mean); r = sample graph / softmax_topk graph (goal <= 1.3 at B = 8); default = fuse + "
-        f"fixed + kernel draw eager, torch.rand captured; gdraw = graph_draw kernel")
+        f"fixed + kernel draw eager and captured; gtorch = torch.rand captured")
     say(f"checks: {res['checks']}")
     say(f"{'B':>4}{'V':>8} " + "".join(f"{s:>9}" for s in short))
     for row in res["rows"]:

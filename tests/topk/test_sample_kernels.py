@@ -458,5 +458,31 @@ def test_new_sample_knobs_are_checked():
 
     with pytest.raises(ValueError, match="graph_draw"):
         sample_plan(8, 1000, 4, H200, top_k=5, knobs=SampleKnobs(graph_draw="host"))
-    assert sample_plan(8, 1000, 4, H200, top_k=5).graph_draw == "torch"
-    assert sample_plan(8, 1000, 4, H200, knobs=SampleKnobs(graph_draw="kernel")).graph_draw == "kernel"
+    assert sample_plan(8, 1000, 4, H200, top_k=5).graph_draw == "kernel"
+    assert sample_plan(8, 1000, 4, H200).graph_draw == "kernel"
+    assert sample_plan(8, 1000, 4, H200, knobs=SampleKnobs(graph_draw="torch")).graph_draw == "torch"
+
+
+WARM_MIXES = [(dict(temperature=0.7, top_k=5, top_p=0.9), "kernel"), (dict(top_p=0.9, min_p=0.05), "kernel"),
+              (dict(top_k=5), "torch")]
+
+
+@pytest.mark.parametrize("kw,graph_draw", WARM_MIXES, ids=str)
+def test_warm_capture_draw_runs_the_captured_launches(kernel_device, kw, graph_draw):
+    """``sampling._warm_capture_draw`` launches, eagerly, the kernels ``sample`` launches under a capture: the bound
+    problem of ``philox`` 2 (``graph_draw`` "kernel", the default: the fused merge, or step 1 and the row kernel)
+    or of loaded uniforms (``philox`` 0, "torch"), not the eager call's (``philox`` 1); nothing for an all-greedy
+    call, nor on the torch path."""
+    from onlinesoftmax.topk import sampling_launch
+    from onlinesoftmax.topk.plan import SampleKnobs
+    from onlinesoftmax.topk.sampling import _warm_capture_draw
+
+    x = _logits(3, 300, device=kernel_device)
+    knobs = SampleKnobs() if graph_draw == "kernel" else SampleKnobs(graph_draw="torch")
+    sampling_launch._calls.clear()
+    assert _warm_capture_draw(x, backend="triton", knobs=knobs, **kw)
+    assert [key[-1] for key in sampling_launch._calls] == [2 if graph_draw == "kernel" else 0]
+    sampling_launch._calls.clear()
+    assert not _warm_capture_draw(x, backend="triton", knobs=knobs, **dict(kw, temperature=0.0))
+    assert not _warm_capture_draw(x, backend="torch", knobs=knobs, **kw)
+    assert not sampling_launch._calls

@@ -340,14 +340,64 @@ def test_gpu_no_compile_stall_after_warmup():
 
 
 @pytest.mark.gpu
+def test_gpu_default_capture_after_warmup():
+    """The default knobs and generator: after ``warmup``, a first capture of ``sample`` compiles nothing (Triton's
+    in-process caches of the sampling kernels cleared first, so earlier tests cannot have compiled them; the capture
+    takes < 1 s and adds no compiled kernel), draws in the kernels (its replay slots held: ``graph_draw`` "kernel"),
+    and its replays draw fresh ids of the kept set with their log-probabilities."""
+    import time
+
+    from onlinesoftmax.reference import sample_distribution
+    from onlinesoftmax.topk import sampling, sampling_launch
+    from onlinesoftmax.topk.sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
+
+    kernels = (_sample_kernel, _sample_merge_kernel, _sample_row_kernel)
+
+    def compiled():
+        return sum(len(c[0]) for fn in kernels for c in fn.device_caches.values())
+
+    for fn in kernels:
+        fn.device_caches.clear()
+    sampling_launch._calls.clear()
+    V, B = 128256, 8
+    onlinesoftmax.warmup(V, top_k=(50,), batch_sizes=(B,))
+    x = torch.randn(B, V, device="cuda")
+    n_compiled, n_slots = compiled(), len(sampling._graph_slots)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    with torch.cuda.graph(graph):
+        ids, logp = sample(x, temperature=0.8, top_k=50, top_p=0.9)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t0
+    assert took < 1.0 and compiled() == n_compiled, (took, compiled(), n_compiled)
+    assert len(sampling._graph_slots) == n_slots + 1
+    xs = x.double().cpu().numpy()
+    probs = [sample_distribution(xs[r], 0.8, 50, 0.9, None) for r in range(B)]
+    seen = set()
+    for n in range(6):
+        ids.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        got, lp = ids.cpu().tolist(), logp.cpu().tolist()
+        for r in range(B):
+            assert 0 <= got[r] < V and probs[r][got[r]] > 0, (n, r, got[r])
+            assert abs(lp[r] - math.log(probs[r][got[r]])) <= 1e-4, (n, r, lp[r])
+        seen.add(tuple(got))
+    assert len(seen) == 6, seen
+
+
+@pytest.mark.gpu
 def test_gpu_kernel_draw_chi2_reproducible_and_graph_safe():
     """``SampleKnobs(draw="kernel")``: χ² against the exact distribution over many rows, the same ids for the same
-    generator seed (other ids for another, and the generator's offset moved on), and a captured call (which keeps
-    ``torch.rand``) draws anew on every replay."""
+    generator seed (other ids for another, and the generator's offset moved on), and a captured call (pinned to
+    ``graph_draw="torch"``: a captured ``torch.rand``; the default's captured draw is tested below) draws anew on
+    every replay."""
     from onlinesoftmax.reference import sample_distribution
     from onlinesoftmax.topk.plan import SampleKnobs
+    from onlinesoftmax.topk.sampling import _warm_capture_draw
 
-    knobs = SampleKnobs(draw="kernel")
+    knobs = SampleKnobs(draw="kernel", graph_draw="torch")
     n = 60000
     x = LOGITS.cuda().expand(n, -1).contiguous()
     kw = dict(temperature=0.9, top_k=8, top_p=0.95)
@@ -360,6 +410,7 @@ def test_gpu_kernel_draw_chi2_reproducible_and_graph_safe():
     assert torch.equal(a, ids) and not torch.equal(sample(x, generator=g, knobs=knobs, **kw)[0], ids)
     y = torch.randn(64, 128256, device="cuda")
     sample(y, top_k=50, knobs=knobs)
+    _warm_capture_draw(y, top_k=50, knobs=knobs)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -374,14 +425,14 @@ def test_gpu_kernel_draw_chi2_reproducible_and_graph_safe():
 
 @pytest.mark.gpu
 def test_gpu_graph_draw_replays():
-    """``SampleKnobs(graph_draw="kernel")``: a captured call draws in the kernel (no ``torch.rand`` node), with no
-    host synchronisation at capture or replay; replay n equals the eager call with ``uniform=`` the Philox u at
-    counter (offset at capture) / 4 + n (distinct uniforms per replay, per-row tensors changed between replays); the
-    generator's offset moved on by ``GRAPH_RESERVE``; χ² of the replays' ids against the exact distribution."""
+    """``SampleKnobs(graph_draw="kernel")`` (the default): a captured call draws in the kernel (no ``torch.rand``
+    node), with no host synchronisation at capture or replay; replay n equals the eager call with ``uniform=`` the
+    Philox u at counter (offset at capture) / 4 + n (distinct uniforms per replay, per-row tensors changed between
+    replays); the generator's offset moved on by ``GRAPH_RESERVE``; χ² of the replays' ids against the exact
+    distribution."""
     from onlinesoftmax.reference import philox_uniform, sample_distribution
     from onlinesoftmax.topk.plan import SampleKnobs
-    from onlinesoftmax.topk.sampling import GRAPH_RESERVE
-    from onlinesoftmax.topk.sampling_launch import sample_2d
+    from onlinesoftmax.topk.sampling import GRAPH_RESERVE, _warm_capture_draw
 
     knobs = SampleKnobs(graph_draw="kernel")
     B, V, seed, off = 8, 128256, 1234, 28
@@ -389,7 +440,7 @@ def test_gpu_graph_draw_replays():
     t, p, q = (torch.full((B, 1), 0.8, device="cuda"), torch.full((B, 1), 0.9, device="cuda"),
                torch.zeros(B, 1, device="cuda"))
     kw = dict(temperature=t.view(-1), top_k=50, top_p=p.view(-1), min_p=q.view(-1))
-    sample_2d(x, t, 50, p, q, (torch.zeros(B, dtype=torch.long, device="cuda"), 1, 2, 3, 4, 5, 6), knobs)   # compile
+    assert _warm_capture_draw(x, knobs=knobs, **kw)         # compiles the captured kernels (PHILOX 2)
     g = torch.Generator(device="cuda").manual_seed(seed)
     g.set_offset(off)
     torch.cuda.synchronize()
@@ -416,7 +467,7 @@ def test_gpu_graph_draw_replays():
         assert torch.equal(g_ids, e_ids) and torch.equal(g_logp, e_logp), n
     n_rows = 30000
     xs = LOGITS.cuda().expand(n_rows, -1).contiguous()
-    sample_2d(xs, 0.9, 8, 0.95, None, (torch.zeros(n_rows, dtype=torch.long, device="cuda"), 1, 2, 3, 4, 5, 6), knobs)
+    assert _warm_capture_draw(xs, temperature=0.9, top_k=8, top_p=0.95, knobs=knobs)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -251,7 +251,10 @@ DRAWS = ("torch", "kernel")
 DRAW = "kernel"                 # default of ``draw``
 ONE_BUFFER = False              # default of ``one_buffer``
 GRAPH_DRAWS = ("torch", "kernel")
-GRAPH_DRAW = "torch"            # default of ``graph_draw`` (the kernel's figures: docs/topk.md)
+GRAPH_DRAW = "kernel"           # default of ``graph_draw``: tools/probe_sample3.py at 565ffee (H200, same problem,
+                                # µs per graph replay at B = 1 / 8 / 64 / 256): 14.8 / 16.7 / 26.9 / 58.3 against
+                                # 17.0 / 18.7 / 28.6 / 60.0 with torch.rand, i.e. 1.30 / 1.23 / 1.23 / 1.19x
+                                # softmax_topk's replay against 1.49 / 1.38 / 1.31 / 1.23x
 
 
 def sample_draw_of(knobs: SampleKnobs) -> str:

@@ -16,12 +16,12 @@ running probability exceeds ``u`` times the kept mass (inverse CDF; the same rul
 ``u`` gives the same ids up to rounding at a boundary). Same generator state, same ids. An eager call on CUDA
 draws u in the kernels (Philox-4x32-10 keyed by the generator's seed at its offset, which advances by 4 per call,
 as torch's own kernels take it): no ``torch.rand`` launch, but not the ids ``torch.rand`` would give for that
-state (another stream of the same generator). A call captured into a CUDA graph draws
-``u = torch.rand(B, generator=generator)`` (only a launch of torch's moves the generator's offset on every
-replay), or with ``knobs=SampleKnobs(graph_draw="kernel")`` in the kernels too (the key and a base counter from the
-generator at capture, a per-row replay count on the device: fresh uniforms on every replay, the same sequence
-for the same generator state at capture; :func:`_graph_philox`). Elsewhere and with
-``knobs=SampleKnobs(draw="torch")``: ``torch.rand``.
+state (another stream of the same generator). A call captured into a CUDA graph draws u in the kernels too (the
+key and a base counter from the generator at capture, a per-row replay count on the device: fresh uniforms on every
+replay with no ``torch.rand`` node, the same sequence for the same generator state at capture; :func:`_graph_philox`;
+``onlinesoftmax.warmup`` compiles these kernels), or with ``knobs=SampleKnobs(graph_draw="torch")``
+``u = torch.rand(B, generator=generator)`` captured (a launch of torch's, which moves the generator's offset on
+every replay). Elsewhere and with ``knobs=SampleKnobs(draw="torch")``: ``torch.rand``.
 
 On CUDA (``topk/sampling_kernels.py``): ``softmax_topk`` with the temperature folded into its one read of the
 logits gives K sorted candidates (K = ``top_k`` for an int, else 64); one small kernel applies the filters and
@@ -33,9 +33,9 @@ Arguments are checked where that needs no host synchronisation: Python values al
 ``>= 0``, ``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``, ``top_k`` an int ``>= 1``), a tensor's dtype and size
 always, and a tensor's values when it is on the CPU (``ValueError``). The values of a tensor on another device are
 not read by the host (the call stays sync-free and graph-safe): a row whose ``temperature``, ``top_p`` or ``min_p``
-is out of range there gets the result of a row with no distribution, below. A CUDA graph that captures a call
-with a ``generator`` other than the default one needs it registered with the graph
-(``torch.cuda.CUDAGraph.register_generator_state``).
+is out of range there gets the result of a row with no distribution, below. With ``graph_draw="torch"``, a CUDA
+graph that captures a call with a ``generator`` other than the default one needs it registered with the graph
+(``torch.cuda.CUDAGraph.register_generator_state``; the kernels' draw reads the generator at capture only).
 
 A row with no distribution (after temperature: a NaN logit, a ``+inf`` logit or no logit above ``-inf``, where
 ``torch.softmax`` is NaN) gets id ``-1`` and log-probability NaN, greedy or not.
@@ -107,21 +107,10 @@ def _q_ok(q):
     return (q >= 0) & (q <= 1)
 
 
-def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
-           generator: torch.Generator | None = None, uniform: torch.Tensor | None = None,
-           backend: str | None = None, knobs=None):
-    """Draw one token id per row of ``logits`` (``[..., V]``). Returns ``(ids, logprobs)``: int64 ids of shape
-    ``logits.shape[:-1]`` and float32 log-probabilities of those ids under the distribution sampled from
-    (after temperature, top-k, top-p, min-p and renormalisation; 0 for greedy rows). A row with no distribution
-    (a NaN or ``+inf`` logit, or every logit ``-inf``), or with a parameter out of range on a device tensor,
-    gets id -1 and log-probability NaN (see the module's docstring for what is checked where).
-
-    ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all), in place
-    of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose running mass
-    reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device). ``backend``:
-    ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
-    ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests).
-    """
+def _arguments(logits, temperature, top_k, top_p, min_p, backend) -> tuple:
+    """``sample``'s arguments checked and normalised (see the module's docstring for what is checked where):
+    ``(backend, lead, x, B, device, t, kk, pp, qq)``, ``x`` the logits as ``[B, V]``, ``lead`` their leading shape,
+    each parameter a Python value (``top_k`` at most V), None, or a ``[B, 1]`` tensor on x's device."""
     check_float_tensor(logits, "sample: logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError("sample: logits must have a non-empty last dimension")
@@ -148,6 +137,25 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         if isinstance(top_p, torch.Tensor) else top_p
     qq = _per_row(min_p, B, dev, torch.float32, "min_p", _q_ok, "in [0, 1]") \
         if isinstance(min_p, torch.Tensor) else min_p
+    return which, lead, x, B, dev, t, kk, pp, qq
+
+
+def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
+           generator: torch.Generator | None = None, uniform: torch.Tensor | None = None,
+           backend: str | None = None, knobs=None):
+    """Draw one token id per row of ``logits`` (``[..., V]``). Returns ``(ids, logprobs)``: int64 ids of shape
+    ``logits.shape[:-1]`` and float32 log-probabilities of those ids under the distribution sampled from
+    (after temperature, top-k, top-p, min-p and renormalisation; 0 for greedy rows). A row with no distribution
+    (a NaN or ``+inf`` logit, or every logit ``-inf``), or with a parameter out of range on a device tensor,
+    gets id -1 and log-probability NaN (see the module's docstring for what is checked where).
+
+    ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all), in place
+    of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose running mass
+    reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device). ``backend``:
+    ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
+    ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests).
+    """
+    which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
     knobs = knobs or NO_SAMPLE_KNOBS
     if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
         if not isinstance(t, torch.Tensor) and t == 0:
@@ -224,7 +232,7 @@ _side_streams: dict = {}    # per device: a stream not being captured, to read t
 
 
 def _graph_philox(generator, dev: torch.device, B: int) -> tuple | None:
-    """The kernels' draw in a call being captured into a CUDA graph (``SampleKnobs(graph_draw="kernel")``):
+    """The kernels' draw in a call being captured into a CUDA graph (``graph_draw`` "kernel", the default):
     ``(slots, s0, s1, c0, c1, g0, g1)``, or None (the caller's ``torch.rand`` then, as for a CPU generator).
 
     The key is the generator's seed at capture and the base counter its offset / 4 then; the generator's offset
@@ -239,9 +247,8 @@ def _graph_philox(generator, dev: torch.device, B: int) -> tuple | None:
     torch exposes no device pointer to its own graph-safe Philox state (``PhiloxCudaState``'s seed and offset
     tensors live in the C++ generator's per-capture state; ``graphsafe_get_state`` returns a ``Generator``), and
     a generator's seed and offset cannot be read on a capturing stream: they are read with a side stream current.
-    The kernels of this draw (``PHILOX`` 2) are not those of an eager call: the first capture of a problem compiles
-    them inside the capture unless they were run before (``sampling_launch.sample_2d`` with zeroed slots, as
-    tools/probe_sample3.py's ``warm_graph_draw``; ``onlinesoftmax.warmup`` does not cover them yet)."""
+    The kernels of this draw (``PHILOX`` 2) are not those of an eager call: ``onlinesoftmax.warmup`` compiles them
+    (:func:`_warm_capture_draw`); a problem it did not warm compiles them inside its first capture."""
     gen = generator if generator is not None else torch.cuda.default_generators[dev.index]
     if gen.device.type != dev.type:
         return None
@@ -257,6 +264,28 @@ def _graph_philox(generator, dev: torch.device, B: int) -> tuple | None:
     _graph_slots.append(slots)
     tag = int.from_bytes(os.urandom(8), "little") >> 2
     return (slots, *philox_words(seed, offset), _int32(tag & 0xFFFFFFFF), _int32(tag >> 32))
+
+
+def _warm_capture_draw(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min_p=None,
+                       backend: str | None = None, knobs=None) -> bool:
+    """Compile, without capturing a graph, the kernels that ``sample(logits, ...)`` launches while being captured
+    into a CUDA graph (:func:`onlinesoftmax.warmup` calls it beside each of its ``sample`` calls): one eager launch
+    of them with the capture's form of u, ``(slots, s0, s1, c0, c1, g0, g1)`` with zeroed slots (``graph_draw``
+    "kernel": ``PHILOX`` 2, not the eager call's 1) or a float32 u (``graph_draw`` "torch"). Returns whether it
+    launched: not for an all-greedy call (nothing drawn: a capture launches the eager call's kernels), nor off the
+    kernels (the torch path compiles nothing). Its ids are not a draw of any generator's."""
+    which, _, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
+    if which != "triton" or B == 0 or (not isinstance(t, torch.Tensor) and t == 0):
+        return False
+    knobs = knobs or NO_SAMPLE_KNOBS
+    if sample_graph_draw_of(knobs) == "kernel":
+        u = (torch.zeros(B, device=dev, dtype=torch.int64), 1, 2, 3, 4, 5, 6)
+    else:
+        u = torch.zeros(B, device=dev)
+    global _sample_2d
+    if _sample_2d is None:
+        from .sampling_launch import sample_2d as _sample_2d
+    return _sample_2d(x, t, kk, pp, qq, u, knobs) is not None
 
 
 def _int32(w: int) -> int:

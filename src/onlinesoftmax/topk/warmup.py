@@ -13,7 +13,7 @@ import torch
 from .._triton.host import pow2
 from .api import softmax_topk
 from .plan import MIN_KP
-from .sampling import sample
+from .sampling import _warm_capture_draw, sample
 
 BATCH_CLASSES = (1, 256)        # one B on each side of the merge's few-rows rule (plan.MERGE_FEW_ROWS = 128)
 
@@ -23,7 +23,9 @@ def warmup(vocab_size: int, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(t
     """Run ``softmax_topk`` (and with ``sampling``, ``sample``'s kernel paths: an int top_k with and without a
     temperature (the fused merge and step 2 compile per temperature mode);
     top-p, min-p and per-row top-k on 64 candidates; the exact row kernel) once per k bucket of ``top_k``, batch
-    size and dtype, on ``device`` (default: the current CUDA device). Returns the number of calls made.
+    size and dtype, on ``device`` (default: the current CUDA device). Each ``sample`` call that draws is followed by
+    an eager launch of the kernels the same call launches when captured into a CUDA graph (their draw differs:
+    ``sampling._warm_capture_draw``), so a first capture compiles nothing either. Returns the number of calls made.
     """
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -33,20 +35,21 @@ def warmup(vocab_size: int, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(t
     for dtype in dtypes:
         for B in batch_sizes:
             x = torch.randn(B, vocab_size, device=device).to(dtype)
+            mixes = []
             for kp in buckets:
                 k = min(kp, vocab_size)
                 softmax_topk(x, k)
                 calls += 1
                 if sampling:        # the fused merge + step 2 with and without a temperature folded in
-                    sample(x, temperature=0.7, top_k=k, top_p=0.9)
-                    sample(x, top_k=k)
-                    calls += 2
+                    mixes += [dict(temperature=0.7, top_k=k, top_p=0.9), dict(top_k=k)]
             if sampling:
-                t = torch.full((B,), 0.7, device=device)
-                sample(x, temperature=0.7, top_p=0.9, min_p=0.05)
-                sample(x, temperature=t, top_k=torch.full((B,), 100, device=device))
-                sample(x, temperature=0.0)
-                calls += 3
+                mixes += [dict(temperature=0.7, top_p=0.9, min_p=0.05),
+                          dict(temperature=torch.full((B,), 0.7, device=device),
+                               top_k=torch.full((B,), 100, device=device)),
+                          dict(temperature=0.0)]
+            for kw in mixes:
+                sample(x, **kw)
+                calls += 1 + _warm_capture_draw(x, **kw)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return calls
