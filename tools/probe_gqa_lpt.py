@@ -77,7 +77,6 @@ def main():
             ms = do_bench(step, warmup=50, rep=300)
             res.setdefault(name, []).append(flops / ms / 1e9)
             print(f"round {rnd} {name}: {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s  {plan[:200]}", flush=True)
-            del outs
     summary = {n: round(sorted(v)[len(v) // 2], 1) for n, v in res.items()}
     print("median TFLOP/s:", summary)
     with open(os.path.join(args.out, "probe_gqa_lpt.json"), "w") as f:
