@@ -7,9 +7,11 @@ loss, against transformers' "sdpa" attention and the model's own loss: prefill, 
 Prints one table; ``--json PATH`` also writes it (with the device and versions) for ``benchmarks/results/``.
 Rows: prefill of B x S tokens (forward, no cache), a training step (forward + backward: ``causal_lm_loss``, which never
 builds the [tokens, vocab] logits, against ``model(input_ids, labels=labels).loss``), greedy decoding of N new tokens
-from a P-token prompt (tokens/s). Time: median of ``--reps`` runs after one warm-up run; peak: the CUDA allocator's
-peak over one run, above what the model and inputs hold. ``--breakdown`` also profiles one training step of each
-implementation (torch.profiler) and prints its GPU time by kind of kernel: attention, matmul, loss, other.
+from a P-token prompt (tokens/s). Time: median of ``--reps`` rounds after one warm-up call each, every round calling
+both implementations in alternating order (a shared machine's host speed drifts over seconds); peak: the CUDA
+allocator's peak over one call, above what the models and inputs hold. ``--breakdown`` also profiles one training
+step of each implementation (torch.profiler) and prints its GPU time by kind of kernel: attention, matmul, loss,
+other.
 """
 
 from __future__ import annotations
@@ -43,24 +45,31 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def measure(fn, device, reps: int):
-    """(median seconds, peak bytes above the start) of ``fn()``."""
-    fn()
+def measure(fns: dict, device, reps: int) -> dict:
+    """{name: (median seconds, peak bytes above the start)} of each ``fns[name]()``: one warm-up call each, then
+    ``reps`` rounds that call every function once, in alternating order (the host's speed drifts by up to 2x over
+    seconds on a shared machine: interleaving gives every implementation the same drift)."""
+    for fn in fns.values():
+        fn()
     _sync(device)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        _sync(device)
-        peak = torch.cuda.max_memory_allocated(device) - base
-    return statistics.median(times), peak
+    times = {name: [] for name in fns}
+    for r in range(reps):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            t0 = time.perf_counter()
+            fns[name]()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, fn in fns.items():
+        peak = None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            fn()
+            _sync(device)
+            peak = torch.cuda.max_memory_allocated(device) - base
+        out[name] = (statistics.median(times[name]), peak)
+    return out
 
 
 # kernel (or, on CPU, aten op) name -> kind, first match wins: ours, FlashAttention's, cuDNN's, cuBLAS's, CUTLASS's
@@ -90,48 +99,59 @@ def breakdown(step, device) -> dict:
     return out
 
 
-def run_impl(impl: str, args, ids, prompt, device, dtype) -> tuple[list[dict], torch.Tensor]:
-    """The three measurements for one attention implementation, and its greedy tokens."""
+IMPLS = ("sdpa", "onlinesoftmax")
+
+
+def measure_all(args, ids, prompt, device, dtype) -> tuple[list[dict], dict]:
+    """The three measurements, each interleaving the two attention implementations, and their greedy tokens."""
     from onlinesoftmax.integrations import transformers as osst
 
     B, S = ids.shape
-    model = build(impl, args.small, args.layers, dtype, device)
+    models = {impl: build(impl, args.small, args.layers, dtype, device) for impl in IMPLS}
     rows = []
-    model.eval()
-    with torch.no_grad():
-        t, peak = measure(lambda: model(ids, use_cache=False).logits, device, args.reps)
-    rows.append(dict(case=f"prefill {B}x{S}", impl=impl, seconds=t, peak_bytes=peak, tokens_per_s=B * S / t))
-    model.train()
 
-    def step():
+    def add(case, res, tokens):
+        for impl, (t, peak) in res.items():
+            rows.append(dict(case=case, impl=impl, seconds=t, peak_bytes=peak, tokens_per_s=tokens / t))
+
+    for m in models.values():
+        m.eval()
+    with torch.no_grad():
+        res = measure({impl: (lambda m=m: m(ids, use_cache=False).logits) for impl, m in models.items()}, device,
+                      args.reps)
+    add(f"prefill {B}x{S}", res, B * S)
+
+    def step(impl):
+        model = models[impl]
         if impl == "onlinesoftmax":
             loss = osst.causal_lm_loss(model, ids, ids, use_cache=False)
         else:
             loss = model(ids, labels=ids, use_cache=False).loss
         loss.backward()
+        model.zero_grad(set_to_none=True)
         return loss
 
-    model.zero_grad(set_to_none=True)
-    t, peak = measure(step, device, args.reps)
-    model.zero_grad(set_to_none=True)
-    rows.append(dict(case=f"training step {B}x{S}", impl=impl, seconds=t, peak_bytes=peak, tokens_per_s=B * S / t))
+    for m in models.values():
+        m.train()
+    add(f"training step {B}x{S}", measure({impl: (lambda i=impl: step(i)) for impl in IMPLS}, device, args.reps),
+        B * S)
     if args.breakdown:
-        rows[-1]["gpu ms by kind"] = breakdown(step, device)
-        model.zero_grad(set_to_none=True)
-    model.eval()
-    out = {}
+        for r in rows[-len(IMPLS):]:
+            r["gpu ms by kind"] = breakdown(lambda i=r["impl"]: step(i), device)
+    tokens = {}
 
-    def gen():
+    def gen(impl):
         with torch.no_grad():
-            out["ids"] = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                        max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                        pad_token_id=0)
+            tokens[impl] = models[impl].generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                                 max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                                 pad_token_id=0)
 
-    t, peak = measure(gen, device, max(1, args.reps // 2))
-    n = prompt.shape[0] * args.new_tokens
-    rows.append(dict(case=f"greedy decode {prompt.shape[0]}x{args.new_tokens} from {prompt.shape[1]}", impl=impl,
-                     seconds=t, peak_bytes=peak, tokens_per_s=n / t))
-    return rows, out["ids"]
+    for m in models.values():
+        m.eval()
+    res = measure({impl: (lambda i=impl: gen(i)) for impl in IMPLS}, device, args.reps)
+    add(f"greedy decode {prompt.shape[0]}x{args.new_tokens} from {prompt.shape[1]}", res,
+        prompt.shape[0] * args.new_tokens)
+    return rows, tokens
 
 
 def run(args) -> list[dict]:
@@ -144,12 +164,7 @@ def run(args) -> list[dict]:
     vocab = (SMALL if args.small else LLAMA3_8B)["vocab_size"]
     ids = torch.randint(0, vocab, (args.batch, args.seq), generator=g).to(device)
     prompt = torch.randint(0, vocab, (args.decode_batch, args.prompt), generator=g).to(device)
-    rows, tokens = [], {}
-    for impl in ("sdpa", "onlinesoftmax"):
-        r, tokens[impl] = run_impl(impl, args, ids, prompt, device, dtype)
-        rows += r
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    rows, tokens = measure_all(args, ids, prompt, device, dtype)
     same = torch.equal(tokens["sdpa"], tokens["onlinesoftmax"])
     # bf16 greedy decoding of random weights meets near-ties of the argmax: one rounding apart, the sequences part
     # there. Reported: the new tokens each sequence shares with sdpa's before they part (all = identical)
