@@ -271,12 +271,13 @@ def _in_prefixes(key, o, tk, uk, tb, ub):
 @triton.jit
 def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk [lo, hi)'s 16-bin histogram (counts, or with ``BY_MASS`` masses p = 2^(x·c − lse2)) of digit
-    ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``."""
+    ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``: a ``[BLOCK, 16]`` accumulator
+    over the chunk, reduced once at the end (a reduction per step costs a cross-warp exchange each)."""
     bins = tl.arange(0, 16)
     if BY_MASS:
-        h = tl.zeros([16], tl.float32)
+        h = tl.zeros([BLOCK, 16], tl.float32)
     else:
-        h = tl.zeros([16], tl.int32)
+        h = tl.zeros([BLOCK, 16], tl.int32)
     for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
         x = _load_chunk(x_row, stride_v, o, hi)
@@ -284,28 +285,33 @@ def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.cons
         sel = (o < hi) & ((u >> (shift + 4).to(tl.int64)) == prefix)
         hit = (((u >> shift.to(tl.int64)) & 15)[:, None] == bins[None, :]) & sel[:, None]
         if BY_MASS:
-            h += tl.sum(tl.where(hit, tl.exp2(x * c - lse2)[:, None], 0.0), axis=0)
+            h += tl.where(hit, tl.exp2(x * c - lse2)[:, None], 0.0)
         else:
-            h += tl.sum(hit.to(tl.int32), axis=0)
-    return h
+            h += hit.to(tl.int32)
+    return tl.sum(h, axis=0)
 
 
 @triton.jit
 def _at_and_above(x_row, stride_v, lo, hi, c, lse2, t, WM, ARRIVE, GEN, row, chunk, C, BLOCK: tl.constexpr,
                   CP: tl.constexpr):
-    """(count, mass) of the row's keys > t and == t: per-chunk sums, a barrier, summed in chunk order."""
-    n_gt = 0
-    n_eq = 0
-    m_gt = 0.0
-    m_eq = 0.0
+    """(count, mass) of the row's keys > t and == t: per-chunk sums (per-lane accumulators over the chunk, reduced
+    once), a barrier, summed in chunk order."""
+    a_gt = tl.zeros([BLOCK], tl.int32)
+    a_eq = tl.zeros([BLOCK], tl.int32)
+    w_gt = tl.zeros([BLOCK], tl.float32)
+    w_eq = tl.zeros([BLOCK], tl.float32)
     for s in range(lo, hi, BLOCK):
         o, key, p, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
         gt = (key > t) & live
         eq = (key == t) & live
-        n_gt += tl.sum(gt.to(tl.int32))
-        n_eq += tl.sum(eq.to(tl.int32))
-        m_gt += tl.sum(tl.where(gt, p, 0.0))
-        m_eq += tl.sum(tl.where(eq, p, 0.0))
+        a_gt += gt.to(tl.int32)
+        a_eq += eq.to(tl.int32)
+        w_gt += tl.where(gt, p, 0.0)
+        w_eq += tl.where(eq, p, 0.0)
+    n_gt = tl.sum(a_gt)
+    n_eq = tl.sum(a_eq)
+    m_gt = tl.sum(w_gt)
+    m_eq = tl.sum(w_eq)
     q = tl.arange(0, 4)
     base = WM + 2 * tl.num_programs(0) + (row * C + chunk) * 4
     tl.store(base + q, tl.where(q == 0, n_gt.to(tl.float32), tl.where(q == 1, n_eq.to(tl.float32),
@@ -317,16 +323,6 @@ def _at_and_above(x_row, stride_v, lo, hi, c, lse2, t, WM, ARRIVE, GEN, row, chu
     v = tl.sum(v, axis=0)
     return (tl.sum(tl.where(q == 0, v, 0.0)).to(tl.int32), tl.sum(tl.where(q == 1, v, 0.0)).to(tl.int32),
             tl.sum(tl.where(q == 2, v, 0.0)), tl.sum(tl.where(q == 3, v, 0.0)))
-
-
-@triton.jit
-def _chunk_mass(x_row, stride_v, lo, hi, c, lse2, BLOCK: tl.constexpr):
-    """Σ p over the chunk [lo, hi)."""
-    mass = 0.0
-    for s in range(lo, hi, BLOCK):
-        o, key, p, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
-        mass += tl.sum(tl.where(live, p, 0.0))
-    return mass
 
 
 @triton.jit
@@ -348,8 +344,9 @@ def _barrier(ARRIVE, GEN, row, C):
 
 @triton.jit
 def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, HM, ARRIVE, GEN, row, chunk, C,
-           level0, BLOCK: tl.constexpr, CP: tl.constexpr):
-    """The largest key t whose count (``BY_MASS`` off) or mass of elements ``>= t`` reaches ``target``: 8 levels
+           level0, rel, BLOCK: tl.constexpr, CP: tl.constexpr):
+    """(t, target): the largest key t whose count (``BY_MASS`` off) or mass of elements ``>= t`` reaches
+    ``target`` (``rel`` != 0: ``target`` times the row's total, which the first level's histogram sums): 8 levels
     of 4 bits, a barrier each (histogram buffers alternate by level parity from ``level0``: a fast program never
     overwrites one a slow program still reads). The chosen digit is the largest whose total from the top reaches
     the target and whose bin is not empty (of positive mass, by mass: the boundary holds mass)."""
@@ -373,12 +370,14 @@ def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, 
             h = _gather16(HM + buf, row, C, CP)
         else:
             h = _gather16(HC + buf, row, C, CP)
+        if (lv == 0) & (rel != 0):
+            target = target * tl.sum(h)
         ge = tl.sum(h) - (tl.cumsum(h, 0) - h)          # what is >= each digit (suffix sums from the top)
         d = tl.max(tl.where((above + ge >= target) & (h > 0), bins, 0))
         sel = bins == d
         above += tl.sum(tl.where(sel, ge - h, 0))
         prefix = prefix * 16 + d
-    return (prefix - 2147483648).to(tl.int32)
+    return (prefix - 2147483648).to(tl.int32), target
 
 
 @triton.jit
@@ -386,10 +385,11 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
              CP: tl.constexpr):
     """The index of the n-th (n >= 1) element of key t in index order: each chunk's count of them, a barrier, the
     chunk holding it finds it and publishes it, a barrier."""
-    cnt = 0
+    lanes = tl.zeros([BLOCK], tl.int32)
     for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
-        cnt += tl.sum(((_key_of(_load_chunk(x_row, stride_v, o, hi)) == t) & (o < hi)).to(tl.int32))
+        lanes += ((_key_of(_load_chunk(x_row, stride_v, o, hi)) == t) & (o < hi)).to(tl.int32)
+    cnt = tl.sum(lanes)
     tl.store(WC + row * C + chunk, cnt)
     _barrier(ARRIVE, GEN, row, C)
     j = tl.arange(0, CP)
@@ -450,7 +450,8 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     m_tk = 0.0              # the mass above tk, and p of one tie at tk
     p_tk = 1.0
     if kk < V:
-        tk = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row, chunk, C, level, BLOCK, CP)
+        tk, _n = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row, chunk, C, level, 0,
+                        BLOCK, CP)
         level += 8
         n_gt, n_eq, m_gt, m_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tk, WM, ARRIVE, GEN, row, chunk, C,
                                                BLOCK, CP)
@@ -460,20 +461,17 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
         w = m_gt + n_tk.to(tl.float32) * p_tk
         if n_tk < n_eq:
             uk = _tie_cut(x_row, stride_v, lo, hi, tk, n_tk, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
-    elif tp < 1.0:
-        tl.store(WM + tl.num_programs(0) + row * C + chunk, _chunk_mass(x_row, stride_v, lo, hi, c, lse2, BLOCK))
-        _barrier(ARRIVE, GEN, row, C)
-        j = tl.arange(0, CP)
-        w = tl.sum(tl.load(WM + tl.num_programs(0) + row * C + j, mask=j < C, other=0.0, cache_modifier=".cg"))
+        rel = 0
     else:
-        w = 1.0             # (unused: no top-p)
+        w = 1.0             # top-p's W is the row's mass: its radix's first level sums it (or no top-p)
+        rel = 1
     # b. top-p inside the top-k: the boundary key tb (largest with mass(key >= tb) >= top_p · W, at least tk) and
     # how many of its ties have mass before them below top_p · W
     tb = tl.full([], INT32_MIN, tl.int32)
     ub = 2147483647
     if tp < 1.0:
-        P = tp * w
-        tb = _radix(x_row, stride_v, lo, hi, c, lse2, P, True, HC, HM, ARRIVE, GEN, row, chunk, C, level, BLOCK, CP)
+        tb, P = _radix(x_row, stride_v, lo, hi, c, lse2, tp * w, True, HC, HM, ARRIVE, GEN, row, chunk, C, level,
+                       rel, BLOCK, CP)
         if tb <= tk:        # the nucleus ends in the top-k's last run of ties (tb >= tk: mass(key >= tk) >= W)
             tb = tk
             n_incl = tl.minimum(tl.maximum(tl.ceil((P - m_tk) / tl.maximum(p_tk, 1e-38)).to(tl.int32), 1), n_tk)
@@ -490,10 +488,11 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     # c. the kept set (every filter's prefix; min-p: p >= min_p · p_max): each chunk's kept mass, a barrier, then
     # the chunk holding u · W_kept scans for the first kept token (index order) whose running mass passes it
     thr = mp * p_max
-    mine = 0.0
+    lanes = tl.zeros([BLOCK], tl.float32)
     for s in range(lo, hi, BLOCK):
         o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
-        mine += tl.sum(tl.where(_in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live, pr, 0.0))
+        lanes += tl.where(_in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live, pr, 0.0)
+    mine = tl.sum(lanes)
     tl.store(WM + row * C + chunk, mine)
     _barrier(ARRIVE, GEN, row, C)
     j = tl.arange(0, CP)
