@@ -1,0 +1,71 @@
+"""A/B of the sample row kernel (``sampling_kernels._sample_row_kernel``, step 3 of ``sample``: top-p / min-p /
+top-k past the candidates) of this tree against another tree's, in one process on the same inputs. H200, <= 90 s.
+
+    git show 6163761:src/onlinesoftmax/topk/sampling_kernels.py > /tmp/old_sk.py
+    PYTHONPATH=src python tools/probe_rowacc.py --old /tmp/old_sk.py --out DIR
+
+``sample(x, temperature=0.8, top_p=0.9)`` (fp32; every row takes the row kernel on flat N(0, 1) logits; peaked
+rows, 20 tokens 8-12 above the floor, at V = 262144 where the nucleus often leaves the 64 candidates): do_bench
+medians, best of two rounds, and whether four draws from the same generator state give the same ids (the two
+kernels sum in different orders: a draw at a boundary may differ by rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+
+import torch
+from triton.testing import do_bench
+
+from onlinesoftmax.topk import sampling_launch as SL
+from onlinesoftmax.topk.sampling import sample
+
+CASES = (("flat", 1, 128256), ("flat", 8, 128256), ("flat", 64, 128256), ("flat", 256, 128256),
+         ("flat", 8, 262144), ("peaked", 8, 262144), ("peaked", 64, 262144))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", required=True, help="another tree's topk/sampling_kernels.py")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    spec = importlib.util.spec_from_file_location("onlinesoftmax.topk._ab_old", args.old)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    kernels = {"new": SL._sample_row_kernel, "old": old._sample_row_kernel}
+    torch.manual_seed(0)
+    cases = []
+    for kind, B, V in CASES:
+        x = torch.randn(B, V, device="cuda")
+        if kind == "peaked":
+            hot = torch.randint(0, V, (B, 20), device="cuda")
+            x.scatter_add_(1, hot, 8 + 4 * torch.rand(B, 20, device="cuda"))
+        cases.append((f"{kind} B{B} V{V}", x))
+    res, ids = {}, {}
+    for rnd in range(2):
+        for name, kern in kernels.items():
+            SL._sample_row_kernel = kern
+            SL._calls.clear()
+            for label, x in cases:
+                g = torch.Generator(device="cuda").manual_seed(5)
+                ids.setdefault(label, {})[name] = torch.stack(
+                    [sample(x, temperature=0.8, top_p=0.9, generator=g)[0] for _ in range(4)])
+                ms = do_bench(lambda: sample(x, temperature=0.8, top_p=0.9), warmup=10, rep=100)
+                res.setdefault(label, {}).setdefault(name, []).append(ms)
+                print(rnd, name, label, f"{ms * 1e3:.1f} us", flush=True)
+    summary = {}
+    for label, d in res.items():
+        n, o = min(d["new"]), min(d["old"])
+        summary[label] = dict(new_us=round(n * 1e3, 1), old_us=round(o * 1e3, 1), speedup=round(o / n, 2),
+                              same_ids=bool(torch.equal(ids[label]["new"], ids[label]["old"])))
+        print(label, summary[label], flush=True)
+    with open(os.path.join(args.out, "probe_rowacc.json"), "w") as f:
+        json.dump(dict(summary=summary, raw=res, commit=os.environ.get("ONLINESOFTMAX_COMMIT", ""),
+                       old=args.old), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
