@@ -104,7 +104,7 @@ class SampleCall:
         if plan.row_chunks:
             BC = B * plan.row_chunks
             # barrier words (zeroed, left as found), the levels' histograms (two buffers), tie counts and cuts,
-            # then per chunk: the kept mass, the row's mass, (count, mass) above and at a boundary
+            # then per chunk: the kept mass, a word no kernel reads, (count, mass) above and at a boundary
             row = stream_scratch("sample-row", device, ((B, torch.int32), (B, torch.int32), (32 * BC, torch.int32),
                                                         (32 * BC, torch.float32), (BC + B, torch.int32),
                                                         (6 * BC, torch.float32)), zeroed=2)
