@@ -486,3 +486,109 @@ def test_warm_capture_draw_runs_the_captured_launches(kernel_device, kw, graph_d
     assert not _warm_capture_draw(x, backend="triton", knobs=knobs, **dict(kw, temperature=0.0))
     assert not _warm_capture_draw(x, backend="torch", knobs=knobs, **kw)
     assert not sampling_launch._calls
+
+
+BINS_MIXES = [dict(top_p=0.9), dict(top_p=0.2), dict(top_p=0.999), dict(top_p=0.3, min_p=0.001),
+              dict(temperature=3.0, top_p=0.7), dict(temperature=0.5, top_p=0.95)]
+
+
+def _bins_list(x, knobs):
+    """The row kernel's lists of boundary-bin indices (row="bins"), ``[B, ROW_BINS_CAP]``: a view of the workspace
+    a call on ``x`` uses (which may be larger: the first call that needed it sized it)."""
+    from onlinesoftmax.topk import sampling_launch as SL
+
+    call = SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
+    B, cap = x.shape[0], SL.ROW_BINS_CAP
+    return call.workspace(x.device)[-1][:B * cap].view(B, cap)
+
+
+BINS_CASES = [(300, kw) for kw in BINS_MIXES] + [(3000, BINS_MIXES[0]), (3000, BINS_MIXES[3])]
+
+
+@pytest.mark.parametrize("V, kw", BINS_CASES, ids=[f"{V}-{kw}" for V, kw in BINS_CASES])
+def test_row_bins_draw_matches_reference(kernel_device, kw, V):
+    """SampleKnobs(row="bins"): top-p's boundary by the fine bins of x and the sorted list of the boundary's bin
+    draws the reference's ids; every row whose kept set runs past the 64 candidates (the row kernel's rows) had its
+    list written (the bins path ran, not the radix), and at V = 3000 there are such rows."""
+    from onlinesoftmax.topk.plan import FREE_K, SampleKnobs
+
+    B = 5
+    x = _logits(B, V, scale=1.0, device=kernel_device)
+    x[1] = torch.linspace(-3, 3, V)                      # sorted: the boundary bin is one run of the order
+    u = torch.rand(B, device=kernel_device)
+    knobs = SampleKnobs(row="bins", draw="torch")
+    lst = _bins_list(x, knobs)
+    lst.fill_(-7)
+    check_draws(x, u, backend="triton", knobs=knobs, **kw)
+    xs = x.double().cpu().numpy()
+    long = torch.tensor([int((sample_distribution(xs[r], kw.get("temperature", 1.0), None, kw.get("top_p"),
+                                                  kw.get("min_p")) > 0).sum()) > FREE_K for r in range(B)])
+    written = (lst != -7).any(1).cpu()
+    assert bool(written[long].all()), (written, long)
+    assert V < 3000 or bool(long.any())
+
+
+def test_row_bins_per_row_top_k_ties_and_overflow(kernel_device, monkeypatch):
+    """Rows with a per-row top-k take the radix select beside rows without (top_k 0) that take the bins; bf16
+    logits put runs of ties in the boundary bin; a bin holding more than the list's capacity (a row of equal logits,
+    or a capacity of 16) falls back to the radix select and draws the same ids."""
+    from onlinesoftmax.topk import sampling_launch as SL
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    B, V = 4, 2001                                       # (top_p · V not an integer: no knife edge on row 2)
+    x = _logits(B, V, dtype=torch.bfloat16, scale=1.0, device=kernel_device)
+    x[2] = 0.5                                           # every logit equal: one bin of V elements
+    u = torch.rand(B, device=kernel_device)
+    k = torch.tensor([0, 700, 0, 0], device=kernel_device)
+    knobs = SampleKnobs(row="bins", draw="torch")
+    lst = _bins_list(x, knobs)
+    lst.fill_(-7)
+    check_draws(x, u, top_k=k, top_p=0.8, backend="triton", knobs=knobs, max_near=0.5)
+    written = (lst != -7).any(1).cpu()
+    assert written.tolist() == [True, False, True, True]     # row 1's top-k: the radix; row 2: a list of 2001
+    check_draws(x, u, top_p=0.6, min_p=0.05, backend="triton", knobs=knobs, max_near=0.5)
+    monkeypatch.setattr(SL, "ROW_BINS_CAP", 16)          # row 2's bin overflows a list of 16: the radix there
+    SL._calls.clear()
+    try:
+        lst = _bins_list(x, knobs)
+        lst.fill_(-7)
+        check_draws(x, u, top_p=0.6, backend="triton", knobs=knobs, max_near=0.5)
+        assert bool((lst[2] == -7).all())
+    finally:
+        SL._calls.clear()
+
+
+def test_row_bins_knob_checked():
+    from onlinesoftmax.target import H200
+    from onlinesoftmax.topk import explain_sample
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    x = torch.empty(8, 128256, device="meta")
+    assert explain_sample(x, target=H200).row == "radix"
+    assert explain_sample(x, target=H200, knobs=SampleKnobs(row="bins")).row == "bins"
+    with pytest.raises(ValueError, match="row must be one of"):
+        explain_sample(x, target=H200, knobs=SampleKnobs(row="sort"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_row_bins_many_chunks_matches_reference(dtype):
+    """SampleKnobs(row="bins") on flat rows of a real vocabulary (C > 1 chunks at the row barrier): the reference's
+    ids, the boundary-bin list written for the rows without top-k."""
+    from onlinesoftmax.target import target_of
+    from onlinesoftmax.topk.plan import SampleKnobs, row_chunks
+
+    B, V = 16, 128256
+    assert row_chunks(B, V, target_of(torch.device("cuda")))[0] > 1
+    x = torch.randn(B, V, device="cuda").to(dtype)
+    u = torch.rand(B, device="cuda")
+    knobs = SampleKnobs(row="bins")
+    tol = dict(gap=2e-6, max_near=0.5, knobs=knobs)
+    lst = _bins_list(x, knobs)
+    lst.fill_(-7)
+    check_draws(x, u, top_p=0.9, backend="triton", **tol)
+    assert bool((lst != -7).any(1).all())
+    check_draws(x, u, temperature=0.7, top_p=0.5, min_p=0.02, backend="triton", **tol)
+    k = torch.tensor([0, 5000, 100, 70000] * 4, device="cuda")
+    check_draws(x, u, top_k=k, top_p=0.95, backend="triton", **tol)
+    check_draws(x.t().contiguous().t(), u, temperature=1.3, top_p=0.99, backend="triton", **tol)

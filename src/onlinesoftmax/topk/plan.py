@@ -194,6 +194,9 @@ FREE_K = 64                     # candidates when top_k is not a Python int (the
 ROW_BLOCK = 1024                # elements per step of the row kernel's passes over x
 ROW_WARPS = 8                   # (1024 x 4 warps spills: 255 registers, 160 bytes of stack)
 ROW_MIN_CHUNK = 2048            # the row kernel's chunks hold at least this many elements
+ROWS = ("radix", "bins")        # how the row kernel finds top-p's boundary without top-k (``SampleKnobs.row``)
+ROW = "radix"                   # default of ``row``
+ROW_BINS_CAP = 4096             # row="bins": the most elements of the boundary's fine bin (past it: the radix)
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -227,6 +230,12 @@ class SampleKnobs:
 
     ``draw``: see :func:`sample_draw_of`; ``graph_draw``: see :func:`sample_graph_draw_of`.
 
+    ``row``: how the row kernel finds top-p's boundary on a row without a top-k cut: ``radix`` (8 levels of a
+    4-bit radix select over the keys, a pass and a barrier each, then a pass for the count and mass at the
+    boundary) or ``bins`` (two levels of 16 fine bins of x between the row's max and the lowest x the nucleus can
+    reach, then the boundary bin's elements, at most ``ROW_BINS_CAP``, listed, sorted and cut: three passes and
+    barriers; the radix where the bin holds more; ``sampling_kernels._topp_bins``).
+
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
     1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
@@ -236,6 +245,7 @@ class SampleKnobs:
     draw: str | None = None
     one_buffer: bool | None = None
     graph_draw: str | None = None
+    row: str | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -293,6 +303,7 @@ class SamplePlan:
     draw: str = DRAW            # the uniforms: "torch" (torch.rand) or "kernel" (Philox in step 1, eager calls)
     one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
     graph_draw: str = GRAPH_DRAW    # the uniforms of a captured call: "torch" (torch.rand) or "kernel" (Philox)
+    row: str = ROW              # the row kernel's top-p boundary without top-k: "radix" or "bins"
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -310,6 +321,9 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     draw = sample_draw_of(knobs)
     graph_draw = sample_graph_draw_of(knobs)
     one = ONE_BUFFER if knobs.one_buffer is None else knobs.one_buffer
+    row = ROW if knobs.row is None else knobs.row
+    if row not in ROWS:
+        raise ValueError(f"SampleKnobs: row must be one of {ROWS}, got {row!r}")
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
@@ -317,4 +331,4 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
         return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
                           one_buffer=one, graph_draw=graph_draw)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
-                      graph_draw=graph_draw)
+                      graph_draw=graph_draw, row=row)

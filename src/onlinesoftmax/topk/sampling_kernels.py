@@ -410,12 +410,130 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
     return tl.load(WC + tl.num_programs(0) + row, cache_modifier=".cg")
 
 
+SHORT_LIST = tl.constexpr(512)      # row="bins": a boundary bin of at most this many elements is sorted in a tile this
+                                    # size (else in one of CAP)
+
+
+@triton.jit
+def _fine_bin(x, x_top, s):
+    """The fine bin ``f = floor((x_top − x) · s)`` as int32, 256 for x at or past the range's low end (−inf
+    included): non-increasing in x, so each bin holds a contiguous run of the row's order."""
+    return tl.minimum(tl.floor((x_top - x) * s), 256.0).to(tl.int32)
+
+
+@triton.jit
+def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, d1, LEVEL: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk [lo, hi)'s 16-bin mass histogram of the fine bins (per-lane accumulators, reduced once): ``LEVEL`` 1
+    by ``f >> 4`` over f < 256, with the mass past the range (f = 256); ``LEVEL`` 2 by ``f & 15`` over
+    ``f >> 4 == d1``, with the elements' counts."""
+    bins = tl.arange(0, 16)
+    h = tl.zeros([BLOCK, 16], tl.float32)
+    rest = tl.zeros([BLOCK], tl.float32)
+    cnt = tl.zeros([16], tl.int32)
+    for st in range(lo, hi, BLOCK):
+        o = st + tl.arange(0, BLOCK)
+        x = _load_chunk(x_row, stride_v, o, hi)
+        p = tl.exp2(x * c - lse2)
+        f = _fine_bin(x, x_top, s)
+        live = o < hi
+        if LEVEL == 1:
+            sel = live & (f < 256)
+            dg = f >> 4
+            rest += tl.where(live & (f >= 256), p, 0.0)
+        else:
+            sel = live & ((f >> 4) == d1)
+            dg = f & 15
+            cnt += tl.histogram(dg, 16, mask=sel)
+        h += tl.where((dg[:, None] == bins[None, :]) & sel[:, None], p[:, None], 0.0)
+    return tl.sum(h, axis=0), tl.sum(rest), cnt
+
+
+@triton.jit
+def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE, GEN, row, chunk, C, level0,
+               BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr):
+    """Top-p's boundary without top-k (``SampleKnobs(row="bins")``): ``(ok, levels, tb, ub)``, the nucleus the
+    prefix of keys > tb and of key tb up to index ub, or ok = 0 (the caller's radix select then, its histogram
+    buffers from parity ``level0 + levels``).
+
+    Every element of p < (1 − top_p) / (2V) lies past the nucleus (the mass above it exceeds top_p · W: at most V
+    elements of no more p lie at or below it). So the boundary's x lies in [x_lo, x_max], cut into 256 fine bins
+    of equal width, ``_fine_bin``. Two levels of 16 (each a pass, a barrier, the C chunks' histograms summed in chunk
+    order) find the fine bin F where the mass from the top reaches top_p · W (W: the row's mass, the first level's
+    total); every chunk writes the indices of its elements in F to the row's list at its offset (the counts of
+    chunks before it: the list in index order), a barrier, and every program reads the list (at most ``CAP``, else
+    ok = 0), sorts it by (key descending, index ascending) and cuts it where the running mass reaches top_p · W."""
+    x_lo = (lse2 + tl.log2((1.0 - tp) * 0.5 / V.to(tl.float32))) / c
+    s = 256.0 / (x_max - x_lo)
+    bins = tl.arange(0, 16)
+    j = tl.arange(0, CP)
+    npg = tl.num_programs(0)
+    mine = (row * C + chunk) * 16 + bins
+    h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK)
+    buf = (level0 % 2) * (npg * 16)
+    tl.store(HM + buf + mine, h)
+    tl.store(WM + npg + row * C + chunk, rest)
+    _barrier(ARRIVE, GEN, row, C)
+    h = _gather16(HM + buf, row, C, CP)
+    w = tl.sum(h) + tl.sum(tl.load(WM + npg + row * C + j, mask=j < C, other=0.0, cache_modifier=".cg"))
+    P = tp * w
+    d1 = tl.min(tl.where(tl.cumsum(h, 0) >= P, bins, 16))
+    above = tl.sum(tl.where(bins < d1, h, 0.0))
+    ok = ((d1 < 16) & (s > 0.0) & (s < float("inf"))).to(tl.int32)
+    levels = 1
+    tb = tl.full([], INT32_MIN, tl.int32)
+    ub = tl.full([], 2147483647, tl.int32)
+    if ok != 0:
+        h2, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, 2, BLOCK)
+        buf = ((level0 + 1) % 2) * (npg * 16)
+        tl.store(HM + buf + mine, h2)
+        tl.store(HC + buf + mine, cnt)
+        _barrier(ARRIVE, GEN, row, C)
+        levels = 2
+        h2 = _gather16(HM + buf, row, C, CP)
+        d2 = tl.min(tl.where(above + tl.cumsum(h2, 0) >= P, bins, 16))
+        counts = tl.load(HC + buf + (row * C + j) * 16 + d2, mask=(j < C) & (d2 < 16), other=0, cache_modifier=".cg")
+        n = tl.sum(counts)
+        ok = ((d2 < 16) & (n >= 1) & (n <= CAP)).to(tl.int32)
+        if ok != 0:
+            above += tl.sum(tl.where(bins < d2, h2, 0.0))
+            F = d1 * 16 + d2
+            run = tl.sum(tl.where(j < chunk, counts, 0))
+            for st in range(lo, hi, BLOCK):
+                o = st + tl.arange(0, BLOCK)
+                sel = (o < hi) & (_fine_bin(_load_chunk(x_row, stride_v, o, hi), x_max, s) == F)
+                tl.store(EB + row * CAP + run + tl.cumsum(sel.to(tl.int32), 0) - 1, o, mask=sel)
+                run += tl.sum(sel.to(tl.int32))
+            _barrier(ARRIVE, GEN, row, C)
+            if n <= SHORT_LIST:
+                tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, SHORT_LIST)
+            else:
+                tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, CAP)
+    return ok, levels, tb, ub
+
+
+@triton.jit
+def _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, N: tl.constexpr):
+    """The boundary ``(tb, ub)`` among the n (<= N) indices at ``lst``: sorted by (key descending, index
+    ascending), the first whose running mass from ``above`` reaches P (the last where rounding leaves it short)."""
+    e = tl.arange(0, N)
+    idx = tl.load(lst + e, mask=e < n, other=0, cache_modifier=".cg")
+    x = _load_chunk(x_row, stride_v, idx, tl.where(e < n, V, 0))
+    comp = tl.where(e < n, ((4294967295 - _u64(x)) << 31) | idx.to(tl.int64), 9223372036854775807)
+    comp = tl.sort(comp)
+    idx = (comp & 2147483647).to(tl.int32)
+    key = (2147483647 - (comp >> 31)).to(tl.int32)
+    p = tl.exp2(_load_chunk(x_row, stride_v, idx, tl.where(e < n, V, 0)) * c - lse2)
+    at = tl.min(tl.where((above + tl.cumsum(p, 0) >= P) & (e < n), e, n - 1))
+    return tl.sum(tl.where(e == at, key, 0)), tl.sum(tl.where(e == at, idx, 0))
+
+
 @triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
                                "p_val", "p_stride", "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                       q_stride, s0, s1, c0, c1, g0, g1, K, ARRIVE, GEN, HC, HM, WC, WM, C, CH, BLOCK: tl.constexpr,
-                       CP: tl.constexpr, PHILOX: tl.constexpr):
+                       q_stride, s0, s1, c0, c1, g0, g1, K, ARRIVE, GEN, HC, HM, WC, WM, EB, C, CH,
+                       BLOCK: tl.constexpr, CP: tl.constexpr, PHILOX: tl.constexpr, BINS: tl.constexpr,
+                       CAP: tl.constexpr):
     """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row (the
     row's u as step 1 drew it: :func:`_uniform`). ``PHILOX`` 2: chunk 0 advances the row's replay count once the
     row is done (every chunk read it before the row's first barrier, chunk 0 writes after the last)."""
@@ -425,7 +543,7 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
         u, n = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
         _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                     t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                    q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, row, pid % C, C, CH, BLOCK, CP)
+                    q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, EB, row, pid % C, C, CH, BLOCK, CP, BINS, CAP)
         if pid % C == 0:
             _advance(u_ptr, row, n, g0, g1, PHILOX)
 
@@ -433,7 +551,8 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
 @triton.jit
 def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                 t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                K, ARRIVE, GEN, HC, HM, WC, WM, row, chunk, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr):
+                K, ARRIVE, GEN, HC, HM, WC, WM, EB, row, chunk, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr,
+                BINS: tl.constexpr, CAP: tl.constexpr):
     t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                          q_ptr, q_val, q_stride, row, V)
     c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
@@ -442,7 +561,7 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     p_max = tl.exp2(x_max * c - lse2)                # as every p here: the min-p test is on this same form
     lo = chunk * CH
     hi = tl.minimum(lo + CH, V)
-    level = 0
+    level = tl.zeros([], tl.int32)
     # a. top-k: its boundary key tk and the mass W it keeps (else W = the row's); ties at tk cut by index
     tk = tl.full([], INT32_MIN, tl.int32)
     uk = 2147483647
@@ -469,7 +588,13 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     # how many of its ties have mass before them below top_p · W
     tb = tl.full([], INT32_MIN, tl.int32)
     ub = 2147483647
-    if tp < 1.0:
+    done = tl.zeros([], tl.int32)
+    if BINS:
+        if (tp < 1.0) & (kk >= V):  # no top-k cut: the fine bins of x (else, or where they overflow, the radix)
+            done, used, tb, ub = _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE,
+                                            GEN, row, chunk, C, level, BLOCK, CP, CAP)
+            level += used
+    if (tp < 1.0) & (done == 0):
         tb, P = _radix(x_row, stride_v, lo, hi, c, lse2, tp * w, True, HC, HM, ARRIVE, GEN, row, chunk, C, level,
                        rel, BLOCK, CP)
         if tb <= tk:        # the nucleus ends in the top-k's last run of ties (tb >= tk: mass(key >= tk) >= W)

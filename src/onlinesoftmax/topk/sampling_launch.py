@@ -30,7 +30,7 @@ from .._triton.launch import (
 from ..target import target_of
 from .launch import _launches as topk_launches
 from .launch import final_meta, workspaces
-from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
+from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BINS_CAP, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
 
 CALLS_KEPT = 256        # bound problems kept (then all dropped: a server sees a handful of (B, V, dtype) at a time)
@@ -80,8 +80,9 @@ class SampleCall:
             kernels.append(BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)),
                                                                   num_warps=1 if K <= 256 else 4, **draw)))
             if C:
-                kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(BLOCK=ROW_BLOCK, CP=plan.table,
-                                                                              num_warps=ROW_WARPS, PHILOX=philox)))
+                kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(
+                    BLOCK=ROW_BLOCK, CP=plan.table, num_warps=ROW_WARPS, PHILOX=philox, BINS=plan.row == "bins",
+                    CAP=ROW_BINS_CAP)))
         self.kernels, self.args = tuple(kernels), tuple(args)
         # the compile keys of BoundKernel for aligned pointers: x, then the parameters' dtypes (t, top_k, top_p,
         # min_p dummies or tensors, u)
@@ -104,10 +105,13 @@ class SampleCall:
         if plan.row_chunks:
             BC = B * plan.row_chunks
             # barrier words (zeroed, left as found), the levels' histograms (two buffers), tie counts and cuts,
-            # then per chunk: the kept mass, a word no kernel reads, (count, mass) above and at a boundary
+            # then per chunk: the kept mass, the mass past the fine bins, (count, mass) above and at a boundary;
+            # the rows' lists of a boundary bin (row="bins")
             row = stream_scratch("sample-row", device, ((B, torch.int32), (B, torch.int32), (32 * BC, torch.int32),
                                                         (32 * BC, torch.float32), (BC + B, torch.int32),
-                                                        (6 * BC, torch.float32)), zeroed=2)
+                                                        (6 * BC, torch.float32),
+                                                        (B * ROW_BINS_CAP if plan.row == "bins" else 1, torch.int32)),
+                                 zeroed=2)
         return (ws, ws2, *cand, *row)
 
     def __call__(self, x: torch.Tensor, tt: tuple, kt: tuple, pt: tuple, qt: tuple, u, stream, capturing: bool):
