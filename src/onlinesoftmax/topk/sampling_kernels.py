@@ -451,9 +451,9 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, d1, LEVEL: tl.constexp
 @triton.jit
 def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE, GEN, row, chunk, C, level0,
                BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr):
-    """Top-p's boundary without top-k (``SampleKnobs(row="bins")``): ``(ok, levels, tb, ub)``, the nucleus the
-    prefix of keys > tb and of key tb up to index ub, or ok = 0 (the caller's radix select then, its histogram
-    buffers from parity ``level0 + levels``).
+    """Top-p's boundary without top-k (``SampleKnobs(row="bins")``): ``(ok, levels, tb, ub, kept)``, the nucleus
+    the prefix of keys > tb and of key tb up to index ub, ``kept`` this chunk's mass of it; or ok = 0 (the
+    caller's radix select then, its histogram buffers from parity ``level0 + levels``).
 
     Every element of p < (1 − top_p) / (2V) lies past the nucleus (the mass above it exceeds top_p · W: at most V
     elements of no more p lie at or below it). So the boundary's x lies in [x_lo, x_max], cut into 256 fine bins
@@ -469,6 +469,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     npg = tl.num_programs(0)
     mine = (row * C + chunk) * 16 + bins
     h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK)
+    own = h                                         # this chunk's own histograms: its mass above the bin
     buf = (level0 % 2) * (npg * 16)
     tl.store(HM + buf + mine, h)
     tl.store(WM + npg + row * C + chunk, rest)
@@ -482,8 +483,10 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     levels = 1
     tb = tl.full([], INT32_MIN, tl.int32)
     ub = tl.full([], 2147483647, tl.int32)
+    kept = tl.zeros([], tl.float32)
     if ok != 0:
         h2, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, 2, BLOCK)
+        own2 = h2
         buf = ((level0 + 1) % 2) * (npg * 16)
         tl.store(HM + buf + mine, h2)
         tl.store(HC + buf + mine, cnt)
@@ -497,7 +500,8 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
         if ok != 0:
             above += tl.sum(tl.where(bins < d2, h2, 0.0))
             F = d1 * 16 + d2
-            run = tl.sum(tl.where(j < chunk, counts, 0))
+            base = tl.sum(tl.where(j < chunk, counts, 0))
+            run = base
             for st in range(lo, hi, BLOCK):
                 o = st + tl.arange(0, BLOCK)
                 sel = (o < hi) & (_fine_bin(_load_chunk(x_row, stride_v, o, hi), x_max, s) == F)
@@ -508,7 +512,18 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
                 tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, SHORT_LIST)
             else:
                 tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, CAP)
-    return ok, levels, tb, ub
+            # the chunk's kept mass without another pass over it: its bins above F, and its listed elements that
+            # the cut keeps (used where no min-p cuts the nucleus)
+            kept = tl.sum(tl.where(bins < d1, own, 0.0)) + tl.sum(tl.where(bins < d2, own2, 0.0))
+            lanes = tl.zeros([BLOCK], tl.float32)
+            for st in range(base, run, BLOCK):
+                e = st + tl.arange(0, BLOCK)
+                idx = tl.load(EB + row * CAP + e, mask=e < run, other=0)
+                x = _load_chunk(x_row, stride_v, idx, tl.where(e < run, V, 0))
+                key = _key_of(x)
+                lanes += tl.where(((key > tb) | ((key == tb) & (idx <= ub))) & (e < run), tl.exp2(x * c - lse2), 0.0)
+            kept += tl.sum(lanes)
+    return ok, levels, tb, ub, kept
 
 
 @triton.jit
@@ -589,10 +604,11 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     tb = tl.full([], INT32_MIN, tl.int32)
     ub = 2147483647
     done = tl.zeros([], tl.int32)
+    kept_bins = tl.zeros([], tl.float32)
     if BINS:
         if (tp < 1.0) & (kk >= V):  # no top-k cut: the fine bins of x (else, or where they overflow, the radix)
-            done, used, tb, ub = _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE,
-                                            GEN, row, chunk, C, level, BLOCK, CP, CAP)
+            done, used, tb, ub, kept_bins = _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB,
+                                                       ARRIVE, GEN, row, chunk, C, level, BLOCK, CP, CAP)
             level += used
     if (tp < 1.0) & (done == 0):
         tb, P = _radix(x_row, stride_v, lo, hi, c, lse2, tp * w, True, HC, HM, ARRIVE, GEN, row, chunk, C, level,
@@ -613,11 +629,13 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     # c. the kept set (every filter's prefix; min-p: p >= min_p · p_max): each chunk's kept mass, a barrier, then
     # the chunk holding u · W_kept scans for the first kept token (index order) whose running mass passes it
     thr = mp * p_max
-    lanes = tl.zeros([BLOCK], tl.float32)
-    for s in range(lo, hi, BLOCK):
-        o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
-        lanes += tl.where(_in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live, pr, 0.0)
-    mine = tl.sum(lanes)
+    mine = kept_bins            # the fine bins' count of it (no min-p), else a pass
+    if (done == 0) | (mp > 0.0):
+        lanes = tl.zeros([BLOCK], tl.float32)
+        for s in range(lo, hi, BLOCK):
+            o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
+            lanes += tl.where(_in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live, pr, 0.0)
+        mine = tl.sum(lanes)
     tl.store(WM + row * C + chunk, mine)
     _barrier(ARRIVE, GEN, row, C)
     j = tl.arange(0, CP)
