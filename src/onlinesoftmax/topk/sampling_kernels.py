@@ -518,7 +518,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
             lanes = tl.zeros([BLOCK], tl.float32)
             for st in range(base, run, BLOCK):
                 e = st + tl.arange(0, BLOCK)
-                idx = tl.load(EB + row * CAP + e, mask=e < run, other=0)
+                idx = tl.load(EB + row * CAP + e, mask=e < run, other=0, cache_modifier=".cg")
                 x = _load_chunk(x_row, stride_v, idx, tl.where(e < run, V, 0))
                 key = _key_of(x)
                 lanes += tl.where(((key > tb) | ((key == tb) & (idx <= ub))) & (e < run), tl.exp2(x * c - lse2), 0.0)
