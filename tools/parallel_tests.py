@@ -4,15 +4,21 @@ so no test here should time anything). Logs per process under OUT; a summary (fa
     PYTHONPATH=src python tools/parallel_tests.py 6 330 OUT -m gpu tests/attention tests/decode tests/topk
 
 Arguments: processes, seconds per process (timeout), the log folder, then pytest's selection. The node ids are
-dealt round-robin so each process gets a mix of slow and fast tests. Memory-hungry suites can run out of GPU
-memory when run side by side (the cross-entropy tests at 8192 x 256K classes did once): rerun a failure alone.
+dealt round-robin so each process gets a mix of slow and fast tests. Memory-hungry tests run out of GPU memory side
+by side (the decode goal shapes at 32K-128K keys: 7 failures beside six processes at 6163761; the cross-entropy tests
+at 8192 x 256K classes once): node ids containing one of ``ALONE`` (or of the comma-separated env var ALONE) run after
+the others, in one process (log ``alone.log``).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+
+ALONE = ("test_decode_gpu.py::test_goal_shapes", "test_decode_gpu.py::test_page_numbers_per_page",
+         "tests/losses/")
 
 
 def main() -> int:
@@ -20,7 +26,10 @@ def main() -> int:
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
                             capture_output=True, text=True).stdout.splitlines()
     ids = [line for line in listed if "::" in line]
-    print(len(ids), "tests", flush=True)
+    alone_pats = [a for a in os.environ.get("ALONE", ",".join(ALONE)).split(",") if a]
+    alone = [i for i in ids if any(a in i for a in alone_pats)]
+    ids = [i for i in ids if i not in alone]
+    print(len(ids), "tests in", P, "processes,", len(alone), "after them in one", flush=True)
     procs = []
     for i in range(P):
         log = open(f"{out}/tests{i}.log", "w")
@@ -33,9 +42,16 @@ def main() -> int:
         rc |= p.wait()
         log.close()
     print(f"{time.time() - t0:.0f} s", flush=True)
-    for i in range(P):
-        lines = open(f"{out}/tests{i}.log").read().splitlines()
-        print(f"-- {i}:", *[line for line in lines if "FAILED" in line][:10], *lines[-2:], sep="\n")
+    logs = [f"tests{i}" for i in range(P)]
+    if alone:
+        with open(f"{out}/alone.log", "w") as log:
+            rc |= subprocess.run(["timeout", str(T), sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-p",
+                                  "no:cacheprovider", *alone], stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"{time.time() - t0:.0f} s with the ones alone", flush=True)
+        logs.append("alone")
+    for name in logs:
+        lines = open(f"{out}/{name}.log").read().splitlines()
+        print(f"-- {name}:", *[line for line in lines if "FAILED" in line][:10], *lines[-2:], sep="\n")
     return rc
 
 
