@@ -21,7 +21,8 @@ from triton.testing import do_bench
 from onlinesoftmax.topk.plan import SampleKnobs
 from onlinesoftmax.topk.sampling import sample
 
-CASES = (("flat", 1, 128256, 0.8, 0.9), ("flat", 8, 128256, 0.8, 0.9), ("flat", 64, 128256, 0.8, 0.9),
+CASES = (("flat", 1, 128256, 0.8, 0.9), ("flat", 2, 128256, 0.8, 0.9), ("flat", 4, 128256, 0.8, 0.9),
+         ("flat", 8, 128256, 0.8, 0.9), ("flat", 64, 128256, 0.8, 0.9),
          ("flat", 256, 128256, 0.8, 0.9), ("flat", 8, 262144, 0.8, 0.9), ("flat", 8, 128256, 1.5, 0.99),
          ("flat", 8, 128256, 0.5, 0.5), ("peaked", 8, 262144, 0.8, 0.9), ("peaked", 64, 262144, 0.8, 0.9),
          ("peaked", 256, 151936, 0.8, 0.9))

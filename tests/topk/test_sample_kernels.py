@@ -558,6 +558,30 @@ def test_row_bins_per_row_top_k_ties_and_overflow(kernel_device, monkeypatch):
         SL._calls.clear()
 
 
+def test_row_bins_third_level(kernel_device, monkeypatch):
+    """A boundary group of 16 fine bins holding more than SHORT_LIST elements takes a third level (its fine bin):
+    with SHORT_LIST patched to 16 the lists come out shorter than the groups' and the draws are the reference's."""
+    import triton.language as tl
+
+    from onlinesoftmax.topk import sampling_kernels as SK
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    B, V = 3, 3000
+    x = _logits(B, V, scale=1.0, device=kernel_device)
+    u = torch.rand(B, device=kernel_device)
+    knobs = SampleKnobs(row="bins", draw="torch")
+    written = []
+    for short in (None, 16):
+        if short is not None:
+            monkeypatch.setattr(SK, "SHORT_LIST", tl.constexpr(short))
+        lst = _bins_list(x, knobs)
+        lst.fill_(-7)
+        check_draws(x, u, top_p=0.9, backend="triton", knobs=knobs, max_near=0.5)
+        written.append((lst != -7).sum(1).cpu())
+    assert bool((written[0] > 16).all()) and bool((written[1] < written[0]).all()), written
+    assert bool((written[1] >= 1).all())
+
+
 def test_row_bins_knob_checked():
     from onlinesoftmax.target import H200
     from onlinesoftmax.topk import explain_sample

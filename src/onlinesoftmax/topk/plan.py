@@ -232,9 +232,10 @@ class SampleKnobs:
 
     ``row``: how the row kernel finds top-p's boundary on a row without a top-k cut: ``radix`` (8 levels of a
     4-bit radix select over the keys, a pass and a barrier each, then a pass for the count and mass at the
-    boundary) or ``bins`` (two levels of 16 fine bins of x between the row's max and the lowest x the nucleus can
-    reach, then the boundary bin's elements, at most ``ROW_BINS_CAP``, listed, sorted and cut: three passes and
-    barriers; the radix where the bin holds more; ``sampling_kernels._topp_bins``).
+    boundary) or ``bins`` (two levels of 16 bins over 4096 fine bins of x between the row's max and the lowest x
+    the nucleus can reach, a third where the boundary's group holds more than 512 elements, then the boundary
+    group's or bin's elements, at most ``ROW_BINS_CAP``, listed, sorted and cut: three or four passes and barriers;
+    the radix where more; ``sampling_kernels._topp_bins``). Default: :func:`sample_row_of`.
 
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,

@@ -411,21 +411,22 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
 
 
 SHORT_LIST = tl.constexpr(512)      # row="bins": a boundary bin of at most this many elements is sorted in a tile this
-                                    # size (else in one of CAP)
+                                    # size (else in one of CAP); past it after the second level, a third
 
 
 @triton.jit
 def _fine_bin(x, x_top, s):
-    """The fine bin ``f = floor((x_top − x) · s)`` as int32, 256 for x at or past the range's low end (−inf
+    """The fine bin ``f = floor((x_top − x) · s)`` as int32, 4096 for x at or past the range's low end (−inf
     included): non-increasing in x, so each bin holds a contiguous run of the row's order."""
-    return tl.minimum(tl.floor((x_top - x) * s), 256.0).to(tl.int32)
+    return tl.minimum(tl.floor((x_top - x) * s), 4096.0).to(tl.int32)
 
 
 @triton.jit
-def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, d1, LEVEL: tl.constexpr, BLOCK: tl.constexpr):
+def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk [lo, hi)'s 16-bin mass histogram of the fine bins (per-lane accumulators, reduced once): ``LEVEL`` 1
-    by ``f >> 4`` over f < 256, with the mass past the range (f = 256); ``LEVEL`` 2 by ``f & 15`` over
-    ``f >> 4 == d1``, with the elements' counts."""
+    by ``f >> 8`` over f < 4096, with the mass past the range (f = 4096); ``LEVEL`` 2 by ``(f >> 4) & 15`` over
+    ``f >> 8 == sel``, ``LEVEL`` 3 by ``f & 15`` over ``f >> 4 == sel``, both with the elements' counts."""
+    SHIFT: tl.constexpr = 8 if LEVEL == 1 else 4 if LEVEL == 2 else 0
     bins = tl.arange(0, 16)
     h = tl.zeros([BLOCK, 16], tl.float32)
     rest = tl.zeros([BLOCK], tl.float32)
@@ -436,16 +437,39 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, d1, LEVEL: tl.constexp
         p = tl.exp2(x * c - lse2)
         f = _fine_bin(x, x_top, s)
         live = o < hi
+        dg = (f >> SHIFT) & 15
         if LEVEL == 1:
-            sel = live & (f < 256)
-            dg = f >> 4
-            rest += tl.where(live & (f >= 256), p, 0.0)
+            on = live & (f < 4096)
+            rest += tl.where(live & (f >= 4096), p, 0.0)
         else:
-            sel = live & ((f >> 4) == d1)
-            dg = f & 15
-            cnt += tl.histogram(dg, 16, mask=sel)
-        h += tl.where((dg[:, None] == bins[None, :]) & sel[:, None], p[:, None], 0.0)
+            on = live & ((f >> (SHIFT + 4)) == sel)
+            cnt += tl.histogram(dg, 16, mask=on)
+        h += tl.where((dg[:, None] == bins[None, :]) & on[:, None], p[:, None], 0.0)
     return tl.sum(h, axis=0), tl.sum(rest), cnt
+
+
+@triton.jit
+def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, HC, HM, ARRIVE, GEN, row, chunk, C,
+                parity, LEVEL: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr):
+    """One level below the first (``_bin_pass``'s LEVEL 2 or 3 inside bin G): a pass, a barrier, the bin d of the
+    16 where the mass from the top (``above`` before them) reaches P. Returns (G·16 + d, its elements' count, the
+    chunks' counts there, the mass above it, this chunk's own mass above it added to ``kept``, ok)."""
+    bins = tl.arange(0, 16)
+    j = tl.arange(0, CP)
+    buf = (parity % 2) * (tl.num_programs(0) * 16)
+    mine = (row * C + chunk) * 16 + bins
+    h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, LEVEL, BLOCK)
+    kept_own = h
+    tl.store(HM + buf + mine, h)
+    tl.store(HC + buf + mine, cnt)
+    _barrier(ARRIVE, GEN, row, C)
+    h = _gather16(HM + buf, row, C, CP)
+    d = tl.min(tl.where(above + tl.cumsum(h, 0) >= P, bins, 16))
+    counts = tl.load(HC + buf + (row * C + j) * 16 + d, mask=(j < C) & (d < 16), other=0, cache_modifier=".cg")
+    n = tl.sum(counts)
+    above += tl.sum(tl.where(bins < d, h, 0.0))
+    kept += tl.sum(tl.where(bins < d, kept_own, 0.0))
+    return G * 16 + d, n, counts, above, kept, ((d < 16) & (n >= 1)).to(tl.int32)
 
 
 @triton.jit
@@ -456,20 +480,23 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     caller's radix select then, its histogram buffers from parity ``level0 + levels``).
 
     Every element of p < (1 − top_p) / (2V) lies past the nucleus (the mass above it exceeds top_p · W: at most V
-    elements of no more p lie at or below it). So the boundary's x lies in [x_lo, x_max], cut into 256 fine bins
-    of equal width, ``_fine_bin``. Two levels of 16 (each a pass, a barrier, the C chunks' histograms summed in chunk
-    order) find the fine bin F where the mass from the top reaches top_p · W (W: the row's mass, the first level's
-    total); every chunk writes the indices of its elements in F to the row's list at its offset (the counts of
-    chunks before it: the list in index order), a barrier, and every program reads the list (at most ``CAP``, else
-    ok = 0), sorts it by (key descending, index ascending) and cuts it where the running mass reaches top_p · W."""
+    elements of no more p lie at or below it). So the boundary's x lies in [x_lo, x_max], cut into 4096 fine bins
+    of equal width, ``_fine_bin``. Levels of 16 (each a pass, a barrier, the C chunks' histograms summed in chunk
+    order) find the bin where the mass from the top reaches top_p · W (W: the row's mass, the first level's total):
+    two levels a group G of 16 fine bins, and where G holds more than SHORT_LIST elements a third its fine bin F;
+    every chunk writes the indices of its elements in G (F) to the row's list at its offset (the counts of chunks
+    before it: the list in index order), a barrier, and every program reads the list (at most ``CAP``, else ok =
+    0), sorts it by (key descending, index ascending) and cuts it where the running mass reaches top_p · W."""
     x_lo = (lse2 + tl.log2((1.0 - tp) * 0.5 / V.to(tl.float32))) / c
-    s = 256.0 / (x_max - x_lo)
+    s = 4096.0 / (x_max - x_lo)
     bins = tl.arange(0, 16)
     j = tl.arange(0, CP)
     npg = tl.num_programs(0)
     mine = (row * C + chunk) * 16 + bins
+    # 1. level 1: the row's mass W and the 16-group d1 where the mass from the top reaches P = top_p · W
     h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK)
-    own = h                                         # this chunk's own histograms: its mass above the bin
+    kept = tl.zeros([], tl.float32)
+    kept_own = h                                    # this chunk's own histograms: its mass above the boundary bin
     buf = (level0 % 2) * (npg * 16)
     tl.store(HM + buf + mine, h)
     tl.store(WM + npg + row * C + chunk, rest)
@@ -483,28 +510,27 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     levels = 1
     tb = tl.full([], INT32_MIN, tl.int32)
     ub = tl.full([], 2147483647, tl.int32)
-    kept = tl.zeros([], tl.float32)
     if ok != 0:
-        h2, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, 2, BLOCK)
-        own2 = h2
-        buf = ((level0 + 1) % 2) * (npg * 16)
-        tl.store(HM + buf + mine, h2)
-        tl.store(HC + buf + mine, cnt)
-        _barrier(ARRIVE, GEN, row, C)
+        kept = tl.sum(tl.where(bins < d1, kept_own, 0.0))
+        # 2. level 2, and level 3 where the group is long: the bin G of fine bins >> SH, its count n
+        G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, above, P, kept,
+                                                    HC, HM, ARRIVE, GEN, row, chunk, C, level0 + 1, 2, BLOCK, CP)
         levels = 2
-        h2 = _gather16(HM + buf, row, C, CP)
-        d2 = tl.min(tl.where(above + tl.cumsum(h2, 0) >= P, bins, 16))
-        counts = tl.load(HC + buf + (row * C + j) * 16 + d2, mask=(j < C) & (d2 < 16), other=0, cache_modifier=".cg")
-        n = tl.sum(counts)
-        ok = ((d2 < 16) & (n >= 1) & (n <= CAP)).to(tl.int32)
+        SH = 4
+        if (ok != 0) & (n > SHORT_LIST):
+            G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, above, P,
+                                                        kept, HC, HM, ARRIVE, GEN, row, chunk, C, level0, 3, BLOCK,
+                                                        CP)
+            levels = 3
+            SH = 0
+        ok = ok & (n <= CAP).to(tl.int32)
         if ok != 0:
-            above += tl.sum(tl.where(bins < d2, h2, 0.0))
-            F = d1 * 16 + d2
+            # 3. the list of G's elements in index order, sorted and cut
             base = tl.sum(tl.where(j < chunk, counts, 0))
             run = base
             for st in range(lo, hi, BLOCK):
                 o = st + tl.arange(0, BLOCK)
-                sel = (o < hi) & (_fine_bin(_load_chunk(x_row, stride_v, o, hi), x_max, s) == F)
+                sel = (o < hi) & ((_fine_bin(_load_chunk(x_row, stride_v, o, hi), x_max, s) >> SH) == G)
                 tl.store(EB + row * CAP + run + tl.cumsum(sel.to(tl.int32), 0) - 1, o, mask=sel)
                 run += tl.sum(sel.to(tl.int32))
             _barrier(ARRIVE, GEN, row, C)
@@ -512,9 +538,8 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
                 tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, SHORT_LIST)
             else:
                 tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, CAP)
-            # the chunk's kept mass without another pass over it: its bins above F, and its listed elements that
-            # the cut keeps (used where no min-p cuts the nucleus)
-            kept = tl.sum(tl.where(bins < d1, own, 0.0)) + tl.sum(tl.where(bins < d2, own2, 0.0))
+            # the chunk's kept mass without another pass over it: its bins above G (summed level by level), and
+            # its listed elements that the cut keeps (used where no min-p cuts the nucleus)
             lanes = tl.zeros([BLOCK], tl.float32)
             for st in range(base, run, BLOCK):
                 e = st + tl.arange(0, BLOCK)
