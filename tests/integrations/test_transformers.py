@@ -87,6 +87,21 @@ def test_causal_lm_loss_and_gradients(name, padded):
             assert err < 1e-2, (n, err.item())
 
 
+def test_causal_lm_loss_knobs(monkeypatch):
+    """The loss runs with LOSS_KNOBS (the "tokens" scheme's 1 GiB tile) unless told otherwise; every choice gives
+    the same loss."""
+    ids, mask = _batch(False)
+    m = _model("llama", "onlinesoftmax")
+    seen = []
+    inner = osst._linear_cross_entropy
+    monkeypatch.setattr(osst, "_linear_cross_entropy", lambda *a, **kw: seen.append(kw["knobs"]) or inner(*a, **kw))
+    with torch.no_grad():
+        losses = [osst.causal_lm_loss(m, ids, ids, attention_mask=mask),
+                  osst.causal_lm_loss(m, ids, ids, attention_mask=mask, knobs=None)]
+    assert seen == [osst.LOSS_KNOBS, None] and osst.LOSS_KNOBS.scheme == "tokens"
+    torch.testing.assert_close(losses[0], losses[1])
+
+
 def test_dropout_in_training_is_refused():
     m = _model("llama", "onlinesoftmax").train()
     for layer in m.model.layers:

@@ -22,8 +22,16 @@ import torch
 from .. import attention as _attention
 from .. import attention_varlen as _attention_varlen
 from .. import linear_cross_entropy as _linear_cross_entropy
+from ..losses.plan import LCEKnobs
 
 NAME = "onlinesoftmax"
+# causal_lm_loss's linear cross-entropy: the "tokens" scheme with a logits tile of up to 1 GiB (three LM-head GEMMs
+# at full size; the library's 60 MiB "vocab" default recomputes one, the price of a small buffer). A training step
+# holds far more than the tile: H200, Llama-3-8B-shaped with 4 layers, 8 x 4096 tokens, bf16
+# (tools/probe_tf_train.py at 091dff7, medians of 3 interleaved rounds): 525.9 ms against 600.9 with the default
+# and 570.8 for "sdpa" + the model's own loss, the same peak (29181 MiB against sdpa's 74227); 0.5 GiB 536.7, 2 GiB
+# 527.7, "vocab" with a 2 GiB budget 579.6.
+LOSS_KNOBS = LCEKnobs(scheme="tokens", tile_bytes=1 << 30)
 _warned: set = set()
 
 
@@ -121,11 +129,13 @@ def register() -> None:
 
 
 def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_index: int = -100,
-                   num_items_in_batch=None, **model_kwargs):
+                   num_items_in_batch=None, knobs: LCEKnobs | None = LOSS_KNOBS, **model_kwargs):
     """``model(input_ids, labels=labels).loss`` without the ``[tokens, vocab]`` logits: the base model's hidden states
     and ``onlinesoftmax.linear_cross_entropy`` against ``model.lm_head``; labels shifted as transformers does
     (token t predicts label t + 1, the last position ignored), the model's final logit softcap applied, the mean
-    over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation)."""
+    over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation).
+    ``knobs``: the loss's ``LCEKnobs`` (default ``LOSS_KNOBS``: a logits tile of up to 1 GiB; None: the library's
+    60 MiB default)."""
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -134,5 +144,6 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
     softcap = getattr(model.config, "final_logit_softcapping", None)
     reduction = "sum" if num_items_in_batch is not None else "mean"
     loss = _linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, shift.reshape(-1).to(hidden.device),
-                                 bias=head.bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
+                                 bias=head.bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
+                                 knobs=knobs)
     return loss / num_items_in_batch if num_items_in_batch is not None else loss
