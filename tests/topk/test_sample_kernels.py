@@ -528,6 +528,17 @@ def test_row_bins_draw_matches_reference(kernel_device, kw, V):
     assert V < 3000 or bool(long.any())
 
 
+@pytest.mark.parametrize("kw", BINS_MIXES[:4], ids=[str(kw) for kw in BINS_MIXES[:4]])
+def test_row_radix_draw_matches_reference(kernel_device, kw):
+    """SampleKnobs(row="radix") (the radix select without the bins: the default before "bins") on the same rows."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    x = _logits(5, 3000, scale=1.0, device=kernel_device)
+    x[1] = torch.linspace(-3, 3, 3000)
+    check_draws(x, torch.rand(5, device=kernel_device), backend="triton", knobs=SampleKnobs(row="radix", draw="torch"),
+                **kw)
+
+
 def test_row_bins_per_row_top_k_ties_and_overflow(kernel_device, monkeypatch):
     """Rows with a per-row top-k take the radix select beside rows without (top_k 0) that take the bins; bf16
     logits put runs of ties in the boundary bin; a bin holding more than the list's capacity (a row of equal logits,
@@ -588,10 +599,8 @@ def test_row_bins_knob_checked():
     from onlinesoftmax.topk.plan import SampleKnobs
 
     x = torch.empty(8, 128256, device="meta")
-    assert explain_sample(x, target=H200).row == "bins"          # the default: bins from 8 rows, radix below
-    assert explain_sample(x[:7], target=H200).row == "radix"
-    assert explain_sample(x[:7], target=H200, knobs=SampleKnobs(row="bins")).row == "bins"
-    assert explain_sample(x, target=H200, knobs=SampleKnobs(row="radix")).row == "radix"
+    assert explain_sample(x, target=H200).row == "bins"
+    assert explain_sample(x[:1], target=H200, knobs=SampleKnobs(row="radix")).row == "radix"
     with pytest.raises(ValueError, match="row must be one of"):
         explain_sample(x, target=H200, knobs=SampleKnobs(row="sort"))
 

@@ -195,7 +195,11 @@ ROW_BLOCK = 1024                # elements per step of the row kernel's passes o
 ROW_WARPS = 8                   # (1024 x 4 warps spills: 255 registers, 160 bytes of stack)
 ROW_MIN_CHUNK = 2048            # the row kernel's chunks hold at least this many elements
 ROWS = ("radix", "bins")        # how the row kernel finds top-p's boundary without top-k (``SampleKnobs.row``)
-ROW_BINS_MIN_B = 8              # the default ``row``: "bins" from this many rows, "radix" below (sample_row_of)
+ROW = "bins"                    # default of ``row``: tools/probe_rowbins.py at 3032953 (H200, flat N(0, 1) rows,
+                                # temperature 0.8, top_p 0.9, fp32, µs per call, radix / bins): B = 1 94.2 / 72.0,
+                                # 4 126.4 / 82.9, 8 190.8 / 106.1, 64 1119 / 461, 256 5097 / 2015 (1717 with two
+                                # levels: sampling_kernels.THIRD_MAX_CH); V = 262144 B = 8 326.9 / 162.3; peaked
+                                # rows (a nucleus of ~20 tokens: step 1 decides them) equal
 ROW_BINS_CAP = 4096             # row="bins": the most elements of the boundary's fine bin (past it: the radix)
 
 
@@ -235,7 +239,7 @@ class SampleKnobs:
     boundary) or ``bins`` (two levels of 16 bins over 4096 fine bins of x between the row's max and the lowest x
     the nucleus can reach, a third where the boundary's group holds more than 512 elements, then the boundary
     group's or bin's elements, at most ``ROW_BINS_CAP``, listed, sorted and cut: three or four passes and barriers;
-    the radix where more; ``sampling_kernels._topp_bins``). Default: :func:`sample_row_of`.
+    the radix where more; ``sampling_kernels._topp_bins``). Default ``ROW``.
 
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
@@ -278,19 +282,6 @@ def sample_draw_of(knobs: SampleKnobs) -> str:
     return draw
 
 
-def sample_row_of(B: int, knobs: SampleKnobs) -> str:
-    """How the row kernel finds top-p's boundary without top-k (``SampleKnobs.row``). Default: ``bins`` from
-    ``ROW_BINS_MIN_B`` rows, ``radix`` below. tools/probe_rowbins.py at aa71feb (H200, flat N(0, 1) rows at
-    temperature 0.8, top_p 0.9, fp32, µs per call, radix / bins): B = 1 V = 128256 93.5 / 157.1; B = 8 191.5 / 183.9;
-    B = 64 1119 / 445; B = 256 5093 / 1717; B = 8 V = 262144 326 / 225; peaked rows (a nucleus of ~20 tokens) equal.
-    The bins' fixed cost is the boundary bin's sort (<= 4096 elements) in every chunk's program: at B = 1 the
-    radix's short chunks cost less."""
-    row = ("bins" if B >= ROW_BINS_MIN_B else "radix") if knobs.row is None else knobs.row
-    if row not in ROWS:
-        raise ValueError(f"SampleKnobs: row must be one of {ROWS}, got {row!r}")
-    return row
-
-
 def sample_graph_draw_of(knobs: SampleKnobs) -> str:
     """Where a call being captured into a CUDA graph takes its uniforms: ``torch`` (``torch.rand``: a kernel node
     of its own on every replay) or ``kernel`` (Philox in the sampling kernel: the key and a base counter read from
@@ -317,7 +308,7 @@ class SamplePlan:
     draw: str = DRAW            # the uniforms: "torch" (torch.rand) or "kernel" (Philox in step 1, eager calls)
     one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
     graph_draw: str = GRAPH_DRAW    # the uniforms of a captured call: "torch" (torch.rand) or "kernel" (Philox)
-    row: str = "radix"          # the row kernel's top-p boundary without top-k: "radix" or "bins"
+    row: str = ROW              # the row kernel's top-p boundary without top-k: "radix" or "bins"
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -335,7 +326,9 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     draw = sample_draw_of(knobs)
     graph_draw = sample_graph_draw_of(knobs)
     one = ONE_BUFFER if knobs.one_buffer is None else knobs.one_buffer
-    row = sample_row_of(B, knobs)
+    row = ROW if knobs.row is None else knobs.row
+    if row not in ROWS:
+        raise ValueError(f"SampleKnobs: row must be one of {ROWS}, got {row!r}")
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN

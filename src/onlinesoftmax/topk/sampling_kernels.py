@@ -412,6 +412,11 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
 
 SHORT_LIST = tl.constexpr(512)      # row="bins": a boundary bin of at most this many elements is sorted in a tile this
                                     # size (else in one of CAP); past it after the second level, a third
+THIRD_MAX_CH = tl.constexpr(32768)  # ... where a chunk holds at most this many elements (a pass over longer chunks
+                                    # costs more than the long list's sort). H200, flat top_p 0.9 rows, µs, 3 levels
+                                    # (tools/probe_rowbins.py at 3032953) against 2 (at aa71feb): CH = 8192 (B = 8)
+                                    # 106 / 184; 16384 (B = 8, V = 262144) 162 / 225; 64512 (B = 64) 461 / 445;
+                                    # 129024 (B = 256) 2015 / 1717
 
 
 @triton.jit
@@ -473,7 +478,7 @@ def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, H
 
 
 @triton.jit
-def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE, GEN, row, chunk, C, level0,
+def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE, GEN, row, chunk, C, CH, level0,
                BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr):
     """Top-p's boundary without top-k (``SampleKnobs(row="bins")``): ``(ok, levels, tb, ub, kept)``, the nucleus
     the prefix of keys > tb and of key tb up to index ub, ``kept`` this chunk's mass of it; or ok = 0 (the
@@ -483,7 +488,8 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     elements of no more p lie at or below it). So the boundary's x lies in [x_lo, x_max], cut into 4096 fine bins
     of equal width, ``_fine_bin``. Levels of 16 (each a pass, a barrier, the C chunks' histograms summed in chunk
     order) find the bin where the mass from the top reaches top_p · W (W: the row's mass, the first level's total):
-    two levels a group G of 16 fine bins, and where G holds more than SHORT_LIST elements a third its fine bin F;
+    two levels a group G of 16 fine bins, and where G holds more than SHORT_LIST elements (and the chunks are
+    short: CH <= THIRD_MAX_CH, the same for every chunk of the row) a third its fine bin F;
     every chunk writes the indices of its elements in G (F) to the row's list at its offset (the counts of chunks
     before it: the list in index order), a barrier, and every program reads the list (at most ``CAP``, else ok =
     0), sorts it by (key descending, index ascending) and cuts it where the running mass reaches top_p · W."""
@@ -517,7 +523,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
                                                     HC, HM, ARRIVE, GEN, row, chunk, C, level0 + 1, 2, BLOCK, CP)
         levels = 2
         SH = 4
-        if (ok != 0) & (n > SHORT_LIST):
+        if (ok != 0) & (n > SHORT_LIST) & (CH <= THIRD_MAX_CH):
             G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, above, P,
                                                         kept, HC, HM, ARRIVE, GEN, row, chunk, C, level0, 3, BLOCK,
                                                         CP)
@@ -633,7 +639,7 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     if BINS:
         if (tp < 1.0) & (kk >= V):  # no top-k cut: the fine bins of x (else, or where they overflow, the radix)
             done, used, tb, ub, kept_bins = _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB,
-                                                       ARRIVE, GEN, row, chunk, C, level, BLOCK, CP, CAP)
+                                                       ARRIVE, GEN, row, chunk, C, CH, level, BLOCK, CP, CAP)
             level += used
     if (tp < 1.0) & (done == 0):
         tb, P = _radix(x_row, stride_v, lo, hi, c, lse2, tp * w, True, HC, HM, ARRIVE, GEN, row, chunk, C, level,

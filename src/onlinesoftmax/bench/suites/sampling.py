@@ -11,7 +11,8 @@ kernel). Times, each in ms per call, the same inputs (enough sets to rotate past
   replay);
 * ``torch chain eager``: torch's top-k → top-p → ``multinomial`` (sort → top-p → ``multinomial`` without top-k).
 
-Every sampled id is checked to lie in the kept set's support (top-50 for the top-k mix).
+Every sampled id is checked to lie in the kept set's support (top-50 for the top-k mix). Each eager figure's info
+holds the host's speed measured just before the case (µs per ``as_strided``: ``_host_us``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ def _eager_ms(call, samples: int = 5) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) / EAGER_CALLS * 1e3)
     return sorted(times)[samples // 2]
+
+
+def _host_us(n: int = 20000) -> float:
+    """The host's own speed beside the eager loops: µs per ``as_strided`` of a small tensor (no device work). The
+    H200 machine's host drifts by up to 2x over seconds (tools/probe_tf_decode2.py: 1.06-2.31 µs), which moves every
+    host-bound eager figure with it."""
+    x = torch.empty(64, 64)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.as_strided((32, 32), (64, 1))
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def _torch_chain(x, k, p):
@@ -121,6 +133,7 @@ def suite(ctx: BenchContext):
                 support = torch.topk(sets[0][0], k or 64, dim=-1).indices
                 inside = bool((support == ids.unsqueeze(-1)).any(-1).all()) if kind == "peaked" or k else True
                 ok = bool((ids >= 0).all()) and inside
+                host = _host_us()
                 times = {
                     "sample eager": _eager_ms(rotate(ours)),
                     "sample graph": _graph_ms(ours, sets),
@@ -129,6 +142,9 @@ def suite(ctx: BenchContext):
                     "torch chain eager": _eager_ms(rotate(lambda x: _torch_chain(x, k, p))),
                 }
                 info = {n: {"ids in support": "yes" if ok or not n.startswith("sample") else "NO"} for n in times}
+                for n in times:
+                    if n.endswith("eager"):
+                        info[n]["host as_strided us"] = f"{host:.2f}"
                 yield Case(label=f"{label} {kind} B{B} V{V}", shape=(B, V), dtype=torch.float32,
                            make_inputs=lambda: (), impls=times, peer="softmax_topk graph", timing="given",
                            impl_info=info, group=f"{label}, {kind}", x=B)
