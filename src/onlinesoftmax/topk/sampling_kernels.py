@@ -436,9 +436,11 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
     h = tl.zeros([BLOCK, 16], tl.float32)
     rest = tl.zeros([BLOCK], tl.float32)
     cnt = tl.zeros([16], tl.int32)
+    x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
     for st in range(lo, hi, BLOCK):
         o = st + tl.arange(0, BLOCK)
-        x = _load_chunk(x_row, stride_v, o, hi)
+        x = x_next                                  # (the next block's load in flight while this one is binned)
+        x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
         p = tl.exp2(x * c - lse2)
         f = _fine_bin(x, x_top, s)
         live = o < hi
@@ -534,9 +536,12 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
             # 3. the list of G's elements in index order, sorted and cut
             base = tl.sum(tl.where(j < chunk, counts, 0))
             run = base
+            x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
             for st in range(lo, hi, BLOCK):
                 o = st + tl.arange(0, BLOCK)
-                sel = (o < hi) & ((_fine_bin(_load_chunk(x_row, stride_v, o, hi), x_max, s) >> SH) == G)
+                x = x_next
+                x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
+                sel = (o < hi) & ((_fine_bin(x, x_max, s) >> SH) == G)
                 tl.store(EB + row * CAP + run + tl.cumsum(sel.to(tl.int32), 0) - 1, o, mask=sel)
                 run += tl.sum(sel.to(tl.int32))
             _barrier(ARRIVE, GEN, row, C)
@@ -679,17 +684,27 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
         tl.store(ids_ptr + row, tl.full([], -1, tl.int64))
         tl.store(logp_ptr + row, float("nan"))
     if owner == chunk:
+        # block by block, a sum each, until the running mass passes u · W_kept: one scan, in that block; the next
+        # block's elements loaded while this one is summed
         run = tl.sum(tl.where(j == chunk, before, 0.0))
         pick = -1
         last = -1
-        for s in range(lo, hi, BLOCK):
-            o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
-            kept = _in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live & (pr > 0.0)
+        s = lo
+        x_next = _load_chunk(x_row, stride_v, s + tl.arange(0, BLOCK), hi)
+        while (s < hi) & (pick < 0):
+            o = s + tl.arange(0, BLOCK)
+            x = x_next
+            x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
+            pr = tl.exp2(x * c - lse2)
+            kept = _in_prefixes(_key_of(x), o, tk, uk, tb, ub) & (pr >= thr) & (o < hi) & (pr > 0.0)
             pk = tl.where(kept, pr, 0.0)
-            first = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
-            pick = tl.where((pick < 0) & (first < 2147483647), first, pick)
+            mass = tl.sum(pk)
+            if run + mass > target:
+                pick = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
+                pick = tl.where(pick == 2147483647, -1, pick)
             last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
-            run += tl.sum(pk)
+            run += mass
+            s += BLOCK
         pick = tl.where(pick < 0, last, pick)          # rounding: u · W_kept at or past the chunk's end
         p_pick = tl.exp2(tl.load(x_row + pick.to(tl.int64) * stride_v).to(tl.float32) * c - lse2)
         tl.store(ids_ptr + row, pick.to(tl.int64))
