@@ -110,6 +110,21 @@ def test_run_case_checks_all_but_the_yardsticks():
     assert rows["copy of x"].ok and "not checked" in rows["copy of x"].note and rows["copy of x"].ms > 0
 
 
+def test_host_suite_runs_on_cpu():
+    """The host suite's cases (softmax family with and without a gradient, softmax_topk against torch.topk) run and
+    report a host time per call for both implementations (CPU, quick)."""
+    from onlinesoftmax.bench import suites  # noqa: F401
+    from onlinesoftmax.bench.harness import SUITES, BenchContext, copy_ceiling_gbps, environment, run_case
+
+    ctx = BenchContext(device=torch.device("cpu"), quick=True)
+    ceiling, env = copy_ceiling_gbps(ctx.device, quick=True), environment()
+    cases = list(SUITES["host"](ctx))
+    assert "softmax_topk k=50 no grad" in [case.label for case in cases]
+    for case in cases:
+        rows = run_case("host", case, ctx, ceiling, env)
+        assert {r.impl for r in rows} == {"onlinesoftmax", "torch"} and all(r.ms > 0 for r in rows), rows
+
+
 def test_backward_suites_match_torch_on_cpu():
     """The two backward suites build their inputs (y of their op: probabilities, log-probabilities) and our op
     matches torch's own backward on them (quick sizes, CPU)."""

@@ -1,13 +1,15 @@
 """Suite ``host``: host time per eager call, ours and torch's side by side, with and without autograd (a 4 x 1024
 softmax: the device work is a few µs, so a Python loop of such calls is bound by what the host spends per call:
-argument checks, plan look-up, the launch, and with a gradient the autograd graph node). Goal: with a gradient,
-at most 2x torch's host time."""
+argument checks, plan look-up, the launch, and with a gradient the autograd graph node). Goals: with a gradient,
+at most 2x torch's host time; softmax at most 1.3x torch.softmax's and ``softmax_topk(x, 50)`` at most
+torch.topk's without one (issue 28)."""
 
 from __future__ import annotations
 
 import torch
 
 from ...softmax.api import log_softmax, logsumexp, softmax
+from ...topk.api import softmax_topk
 from ..harness import BenchContext, Case, register_suite
 
 SHAPE = (4, 1024)
@@ -28,6 +30,11 @@ def suite(ctx: BenchContext):
                 yield Case(label=f"{op} {tag}", shape=SHAPE, dtype=dtype, make_inputs=make, timing="host",
                            impls={"onlinesoftmax": lambda x, f=ours: f(x, -1), "torch": lambda x, f=theirs: f(x, -1)},
                            peer="torch", group=tag)
+            if not grad:
+                yield Case(label="softmax_topk k=50 no grad", shape=SHAPE, dtype=dtype, make_inputs=make,
+                           timing="host", peer="torch", group=tag,
+                           impls={"onlinesoftmax": lambda x: softmax_topk(x, 50),
+                                  "torch": lambda x: torch.topk(x, 50, dim=-1)})
             if grad:     # forward and backward, as a training step calls them
                 def fwd_bwd(x, f):
                     y = f(x, -1)
