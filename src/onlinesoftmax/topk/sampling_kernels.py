@@ -583,8 +583,7 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                        q_stride, s0, s1, c0, c1, g0, g1, K, ARRIVE, GEN, HC, HM, WC, WM, EB, C, CH,
                        BLOCK: tl.constexpr, STAGES: tl.constexpr, CP: tl.constexpr, PHILOX: tl.constexpr,
-                       BINS: tl.constexpr,
-                       CAP: tl.constexpr):
+                       BINS: tl.constexpr, CAP: tl.constexpr):
     """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row (the
     row's u as step 1 drew it: :func:`_uniform`). ``PHILOX`` 2: chunk 0 advances the row's replay count once the
     row is done (every chunk read it before the row's first barrier, chunk 0 writes after the last)."""
