@@ -112,7 +112,7 @@ def test_run_case_checks_all_but_the_yardsticks():
 
 def test_host_suite_runs_on_cpu():
     """The host suite's cases (softmax family with and without a gradient, softmax_topk against torch.topk) run and
-    report a host time per call for both implementations (CPU, quick)."""
+    report a host time per call for both implementations, whose outputs agree (CPU, quick)."""
     from onlinesoftmax.bench import suites  # noqa: F401
     from onlinesoftmax.bench.harness import SUITES, BenchContext, copy_ceiling_gbps, environment, run_case
 
@@ -123,6 +123,7 @@ def test_host_suite_runs_on_cpu():
     for case in cases:
         rows = run_case("host", case, ctx, ceiling, env)
         assert {r.impl for r in rows} == {"onlinesoftmax", "torch"} and all(r.ms > 0 for r in rows), rows
+        assert all(r.ok for r in rows), [(r.case, r.impl, r.note) for r in rows if not r.ok]
 
 
 def test_backward_suites_match_torch_on_cpu():

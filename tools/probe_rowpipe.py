@@ -30,12 +30,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--variants", default="1024x1,1024x2,1024x4,512x4,512x8")
+    ap.add_argument("--cases", default="", help="indices into CASES, comma-separated (default: all)")
     args = ap.parse_args()
+    picked = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
     variants = [tuple(int(a) for a in v.split("x")) for v in args.variants.split(",")]
     torch.manual_seed(0)
     res, agree, exact = {}, {}, {}
     inputs = []
-    for row, B, V, dtype in CASES:
+    for row, B, V, dtype in picked:
         x = torch.randn(B, V, device="cuda").to(dtype)
         u = torch.rand(4, B, device="cuda")
         ref = torch.stack([sample(x, temperature=0.8, top_p=0.9, uniform=u[i], backend="torch")[0] for i in range(4)])

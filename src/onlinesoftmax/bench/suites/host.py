@@ -15,6 +15,15 @@ from ..harness import BenchContext, Case, register_suite
 SHAPE = (4, 1024)
 
 
+def _same_topk(out, peer):
+    """``softmax_topk``'s (p, ids, lse) or ``torch.topk``'s (values, ids) against ``torch.topk``'s: the same ids,
+    and p = e^(value − lse)."""
+    values, peer_ids = peer
+    torch.testing.assert_close(out[1], peer_ids, rtol=0, atol=0)
+    if len(out) == 3:
+        torch.testing.assert_close(out[0], torch.exp(values.float() - out[2].unsqueeze(-1)), rtol=1e-5, atol=1e-7)
+
+
 @register_suite("host", x_label="-")
 def suite(ctx: BenchContext):
     dev = ctx.device
@@ -34,7 +43,7 @@ def suite(ctx: BenchContext):
                 yield Case(label="softmax_topk k=50 no grad", shape=SHAPE, dtype=dtype, make_inputs=make,
                            timing="host", peer="torch", group=tag,
                            impls={"onlinesoftmax": lambda x: softmax_topk(x, 50),
-                                  "torch": lambda x: torch.topk(x, 50, dim=-1)})
+                                  "torch": lambda x: torch.topk(x, 50, dim=-1)}, check=_same_topk)
             if grad:     # forward and backward, as a training step calls them
                 def fwd_bwd(x, f):
                     y = f(x, -1)
