@@ -108,8 +108,7 @@ for B, V, K in itertools.product((1, 3), (1, 3, 300), (1, 3, 64)):
                     *((_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, *rng,
                                             K, M((B,), i32), M((B,), i32), M((64 * B,), i32), M((64 * B,), f32),
                                             M((3 * B,), i32), M((6 * B,), f32), M((64 * B,), i32), 2, 1024),
-                       dict(BLOCK=1024, STAGES=4, CP=2, num_warps=4, PHILOX=philox, BINS=bins, CAP=64))
-                      for bins in (0, 1))]
+                       dict(BLOCK=1024, CP=2, num_warps=4, PHILOX=philox, BINS=bins, CAP=64)) for bins in (0, 1))]
         for fn, args, meta in launches:
             try:
                 CR.compile_launch(fn, args, meta, 90)

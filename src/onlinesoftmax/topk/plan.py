@@ -201,8 +201,6 @@ ROW = "bins"                    # default of ``row``: tools/probe_rowbins.py at 
                                 # levels: sampling_kernels.THIRD_MAX_CH); V = 262144 B = 8 326.9 / 162.3; peaked
                                 # rows (a nucleus of ~20 tokens: step 1 decides them) equal
 ROW_BINS_CAP = 4096             # row="bins": the most elements of the boundary's fine bin (past it: the radix)
-ROW_STAGES = 4                  # blocks of x in flight in each of the row kernel's passes (cp.async through shared
-                                # memory: a pass streams its chunk at the bandwidth, not one latency per block)
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -243,10 +241,6 @@ class SampleKnobs:
     group's or bin's elements, at most ``ROW_BINS_CAP``, listed, sorted and cut: three or four passes and barriers;
     the radix where more; ``sampling_kernels._topp_bins``). Default ``ROW``.
 
-    ``row_stages``: blocks of x each of the row kernel's passes keeps in flight (a pipelined loop, ``tl.range``'s
-    ``num_stages``; 1: one block at a time). Default ``ROW_STAGES``. ``row_block``: the elements of such a block,
-    512 or ``ROW_BLOCK`` (the default; chunks are multiples of it).
-
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
     1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
@@ -257,8 +251,6 @@ class SampleKnobs:
     one_buffer: bool | None = None
     graph_draw: str | None = None
     row: str | None = None
-    row_stages: int | None = None
-    row_block: int | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -317,8 +309,6 @@ class SamplePlan:
     one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
     graph_draw: str = GRAPH_DRAW    # the uniforms of a captured call: "torch" (torch.rand) or "kernel" (Philox)
     row: str = ROW              # the row kernel's top-p boundary without top-k: "radix" or "bins"
-    row_stages: int = ROW_STAGES    # the row kernel's blocks of x in flight per pass
-    row_block: int = ROW_BLOCK      # and their elements
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -339,12 +329,6 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     row = ROW if knobs.row is None else knobs.row
     if row not in ROWS:
         raise ValueError(f"SampleKnobs: row must be one of {ROWS}, got {row!r}")
-    stages = ROW_STAGES if knobs.row_stages is None else knobs.row_stages
-    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 16:
-        raise ValueError(f"SampleKnobs: row_stages must be an int in [1, 16], got {stages!r}")
-    block = ROW_BLOCK if knobs.row_block is None else knobs.row_block
-    if block not in (512, ROW_BLOCK):
-        raise ValueError(f"SampleKnobs: row_block must be 512 or {ROW_BLOCK}, got {block!r}")
     cfg = topk_plan(B, V, K, esize, target)
     if cfg.path == "sort":
         return TORCH_SAMPLE_PLAN
@@ -352,5 +336,4 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
         return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
                           one_buffer=one, graph_draw=graph_draw)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
-                      graph_draw=graph_draw, row=row, row_stages=stages,
-                      row_block=block)
+                      graph_draw=graph_draw, row=row)

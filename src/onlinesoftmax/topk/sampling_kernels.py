@@ -269,8 +269,7 @@ def _in_prefixes(key, o, tk, uk, tb, ub):
 
 
 @triton.jit
-def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.constexpr, BLOCK: tl.constexpr,
-               STAGES: tl.constexpr):
+def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk [lo, hi)'s 16-bin histogram (counts, or with ``BY_MASS`` masses p = 2^(x·c − lse2)) of digit
     ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``: a ``[BLOCK, 16]`` accumulator
     over the chunk, reduced once at the end (a reduction per step costs a cross-warp exchange each)."""
@@ -279,7 +278,7 @@ def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.cons
         h = tl.zeros([BLOCK, 16], tl.float32)
     else:
         h = tl.zeros([BLOCK, 16], tl.int32)
-    for s in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+    for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
         x = _load_chunk(x_row, stride_v, o, hi)
         u = _u64(x)
@@ -294,14 +293,14 @@ def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.cons
 
 @triton.jit
 def _at_and_above(x_row, stride_v, lo, hi, c, lse2, t, WM, ARRIVE, GEN, row, chunk, C, BLOCK: tl.constexpr,
-                  STAGES: tl.constexpr, CP: tl.constexpr):
+                  CP: tl.constexpr):
     """(count, mass) of the row's keys > t and == t: per-chunk sums (per-lane accumulators over the chunk, reduced
     once), a barrier, summed in chunk order."""
     a_gt = tl.zeros([BLOCK], tl.int32)
     a_eq = tl.zeros([BLOCK], tl.int32)
     w_gt = tl.zeros([BLOCK], tl.float32)
     w_eq = tl.zeros([BLOCK], tl.float32)
-    for s in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+    for s in range(lo, hi, BLOCK):
         o, key, p, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
         gt = (key > t) & live
         eq = (key == t) & live
@@ -345,7 +344,7 @@ def _barrier(ARRIVE, GEN, row, C):
 
 @triton.jit
 def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, HM, ARRIVE, GEN, row, chunk, C,
-           level0, rel, BLOCK: tl.constexpr, STAGES: tl.constexpr, CP: tl.constexpr):
+           level0, rel, BLOCK: tl.constexpr, CP: tl.constexpr):
     """(t, target): the largest key t whose count (``BY_MASS`` off) or mass of elements ``>= t`` reaches
     ``target`` (``rel`` != 0: ``target`` times the row's total, which the first level's histogram sums): 8 levels
     of 4 bits, a barrier each (histogram buffers alternate by level parity from ``level0``: a fast program never
@@ -359,7 +358,7 @@ def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, 
     bins = tl.arange(0, 16)
     for lv in range(8):
         shift = tl.full([], 28, tl.int32) - 4 * lv
-        h = _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS, BLOCK, STAGES)
+        h = _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS, BLOCK)
         buf = ((level0 + lv) % 2) * (tl.num_programs(0) * 16)
         dst = (row * C + chunk) * 16 + bins
         if BY_MASS:
@@ -382,12 +381,12 @@ def _radix(x_row, stride_v, lo, hi, c, lse2, target, BY_MASS: tl.constexpr, HC, 
 
 
 @triton.jit
-def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOCK: tl.constexpr,
              CP: tl.constexpr):
     """The index of the n-th (n >= 1) element of key t in index order: each chunk's count of them, a barrier, the
     chunk holding it finds it and publishes it, a barrier."""
     lanes = tl.zeros([BLOCK], tl.int32)
-    for s in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+    for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
         lanes += ((_key_of(_load_chunk(x_row, stride_v, o, hi)) == t) & (o < hi)).to(tl.int32)
     cnt = tl.sum(lanes)
@@ -399,7 +398,7 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
     if (before < n) & (n <= before + cnt):
         run = before
         cut = -1
-        for s in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+        for s in range(lo, hi, BLOCK):
             o = s + tl.arange(0, BLOCK)
             tie = (_key_of(_load_chunk(x_row, stride_v, o, hi)) == t) & (o < hi)
             at = run + tl.cumsum(tie.to(tl.int32), 0)
@@ -428,8 +427,7 @@ def _fine_bin(x, x_top, s):
 
 
 @triton.jit
-def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constexpr, BLOCK: tl.constexpr,
-              STAGES: tl.constexpr):
+def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk [lo, hi)'s 16-bin mass histogram of the fine bins (per-lane accumulators, reduced once): ``LEVEL`` 1
     by ``f >> 8`` over f < 4096, with the mass past the range (f = 4096); ``LEVEL`` 2 by ``(f >> 4) & 15`` over
     ``f >> 8 == sel``, ``LEVEL`` 3 by ``f & 15`` over ``f >> 4 == sel``, both with the elements' counts."""
@@ -438,9 +436,11 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
     h = tl.zeros([BLOCK, 16], tl.float32)
     rest = tl.zeros([BLOCK], tl.float32)
     cnt = tl.zeros([16], tl.int32)
-    for st in tl.range(lo, hi, BLOCK, num_stages=STAGES):     # (STAGES blocks' loads in flight: cp.async)
+    x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
+    for st in range(lo, hi, BLOCK):
         o = st + tl.arange(0, BLOCK)
-        x = _load_chunk(x_row, stride_v, o, hi)
+        x = x_next                                  # (the next block's load in flight while this one is binned)
+        x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
         p = tl.exp2(x * c - lse2)
         f = _fine_bin(x, x_top, s)
         live = o < hi
@@ -457,7 +457,7 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
 
 @triton.jit
 def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, HC, HM, ARRIVE, GEN, row, chunk, C,
-                parity, LEVEL: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr, CP: tl.constexpr):
+                parity, LEVEL: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr):
     """One level below the first (``_bin_pass``'s LEVEL 2 or 3 inside bin G): a pass, a barrier, the bin d of the
     16 where the mass from the top (``above`` before them) reaches P. Returns (G·16 + d, its elements' count, the
     chunks' counts there, the mass above it, this chunk's own mass above it added to ``kept``, ok)."""
@@ -465,7 +465,7 @@ def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, H
     j = tl.arange(0, CP)
     buf = (parity % 2) * (tl.num_programs(0) * 16)
     mine = (row * C + chunk) * 16 + bins
-    h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, LEVEL, BLOCK, STAGES)
+    h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, LEVEL, BLOCK)
     kept_own = h
     tl.store(HM + buf + mine, h)
     tl.store(HC + buf + mine, cnt)
@@ -481,7 +481,7 @@ def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, H
 
 @triton.jit
 def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, ARRIVE, GEN, row, chunk, C, CH, level0,
-               BLOCK: tl.constexpr, STAGES: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr):
+               BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr):
     """Top-p's boundary without top-k (``SampleKnobs(row="bins")``): ``(ok, levels, tb, ub, kept)``, the nucleus
     the prefix of keys > tb and of key tb up to index ub, ``kept`` this chunk's mass of it; or ok = 0 (the
     caller's radix select then, its histogram buffers from parity ``level0 + levels``).
@@ -502,7 +502,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     npg = tl.num_programs(0)
     mine = (row * C + chunk) * 16 + bins
     # 1. level 1: the row's mass W and the 16-group d1 where the mass from the top reaches P = top_p · W
-    h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK, STAGES)
+    h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK)
     kept = tl.zeros([], tl.float32)
     kept_own = h                                    # this chunk's own histograms: its mass above the boundary bin
     buf = (level0 % 2) * (npg * 16)
@@ -522,14 +522,13 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
         kept = tl.sum(tl.where(bins < d1, kept_own, 0.0))
         # 2. level 2, and level 3 where the group is long: the bin G of fine bins >> SH, its count n
         G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, above, P, kept,
-                                                    HC, HM, ARRIVE, GEN, row, chunk, C, level0 + 1, 2, BLOCK, STAGES,
-                                                    CP)
+                                                    HC, HM, ARRIVE, GEN, row, chunk, C, level0 + 1, 2, BLOCK, CP)
         levels = 2
         SH = 4
         if (ok != 0) & (n > SHORT_LIST) & (CH <= THIRD_MAX_CH):
             G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, above, P,
                                                         kept, HC, HM, ARRIVE, GEN, row, chunk, C, level0, 3, BLOCK,
-                                                        STAGES, CP)
+                                                        CP)
             levels = 3
             SH = 0
         ok = ok & (n <= CAP).to(tl.int32)
@@ -537,9 +536,11 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
             # 3. the list of G's elements in index order, sorted and cut
             base = tl.sum(tl.where(j < chunk, counts, 0))
             run = base
-            for st in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+            x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
+            for st in range(lo, hi, BLOCK):
                 o = st + tl.arange(0, BLOCK)
-                x = _load_chunk(x_row, stride_v, o, hi)
+                x = x_next
+                x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
                 sel = (o < hi) & ((_fine_bin(x, x_max, s) >> SH) == G)
                 tl.store(EB + row * CAP + run + tl.cumsum(sel.to(tl.int32), 0) - 1, o, mask=sel)
                 run += tl.sum(sel.to(tl.int32))
@@ -582,8 +583,8 @@ def _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, N: tl.constexpr):
 def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                        q_stride, s0, s1, c0, c1, g0, g1, K, ARRIVE, GEN, HC, HM, WC, WM, EB, C, CH,
-                       BLOCK: tl.constexpr, STAGES: tl.constexpr, CP: tl.constexpr, PHILOX: tl.constexpr,
-                       BINS: tl.constexpr, CAP: tl.constexpr):
+                       BLOCK: tl.constexpr, CP: tl.constexpr, PHILOX: tl.constexpr, BINS: tl.constexpr,
+                       CAP: tl.constexpr):
     """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row (the
     row's u as step 1 drew it: :func:`_uniform`). ``PHILOX`` 2: chunk 0 advances the row's replay count once the
     row is done (every chunk read it before the row's first barrier, chunk 0 writes after the last)."""
@@ -593,7 +594,7 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
         u, n = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
         _sample_row(x_ptr + row.to(tl.int64) * stride_b, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                     t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-                    q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, EB, row, pid % C, C, CH, BLOCK, STAGES, CP, BINS, CAP)
+                    q_stride, K, ARRIVE, GEN, HC, HM, WC, WM, EB, row, pid % C, C, CH, BLOCK, CP, BINS, CAP)
         if pid % C == 0:
             _advance(u_ptr, row, n, g0, g1, PHILOX)
 
@@ -601,8 +602,7 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
 @triton.jit
 def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                 t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                K, ARRIVE, GEN, HC, HM, WC, WM, EB, row, chunk, C, CH, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-                CP: tl.constexpr,
+                K, ARRIVE, GEN, HC, HM, WC, WM, EB, row, chunk, C, CH, BLOCK: tl.constexpr, CP: tl.constexpr,
                 BINS: tl.constexpr, CAP: tl.constexpr):
     t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                          q_ptr, q_val, q_stride, row, V)
@@ -621,16 +621,16 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     p_tk = 1.0
     if kk < V:
         tk, _n = _radix(x_row, stride_v, lo, hi, c, lse2, kk, False, HC, HM, ARRIVE, GEN, row, chunk, C, level, 0,
-                        BLOCK, STAGES, CP)
+                        BLOCK, CP)
         level += 8
         n_gt, n_eq, m_gt, m_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tk, WM, ARRIVE, GEN, row, chunk, C,
-                                               BLOCK, STAGES, CP)
+                                               BLOCK, CP)
         n_tk = kk - n_gt
         m_tk = m_gt
         p_tk = m_eq / n_eq.to(tl.float32)
         w = m_gt + n_tk.to(tl.float32) * p_tk
         if n_tk < n_eq:
-            uk = _tie_cut(x_row, stride_v, lo, hi, tk, n_tk, WC, ARRIVE, GEN, row, chunk, C, BLOCK, STAGES, CP)
+            uk = _tie_cut(x_row, stride_v, lo, hi, tk, n_tk, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
         rel = 0
     else:
         w = 1.0             # top-p's W is the row's mass: its radix's first level sums it (or no top-p)
@@ -644,31 +644,31 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     if BINS:
         if (tp < 1.0) & (kk >= V):  # no top-k cut: the fine bins of x (else, or where they overflow, the radix)
             done, used, tb, ub, kept_bins = _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB,
-                                                       ARRIVE, GEN, row, chunk, C, CH, level, BLOCK, STAGES, CP, CAP)
+                                                       ARRIVE, GEN, row, chunk, C, CH, level, BLOCK, CP, CAP)
             level += used
     if (tp < 1.0) & (done == 0):
         tb, P = _radix(x_row, stride_v, lo, hi, c, lse2, tp * w, True, HC, HM, ARRIVE, GEN, row, chunk, C, level,
-                       rel, BLOCK, STAGES, CP)
+                       rel, BLOCK, CP)
         if tb <= tk:        # the nucleus ends in the top-k's last run of ties (tb >= tk: mass(key >= tk) >= W)
             tb = tk
             n_incl = tl.minimum(tl.maximum(tl.ceil((P - m_tk) / tl.maximum(p_tk, 1e-38)).to(tl.int32), 1), n_tk)
             ub = uk
             if n_incl < n_tk:
-                ub = _tie_cut(x_row, stride_v, lo, hi, tk, n_incl, WC, ARRIVE, GEN, row, chunk, C, BLOCK, STAGES, CP)
+                ub = _tie_cut(x_row, stride_v, lo, hi, tk, n_incl, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
         else:
             nb_gt, nb_eq, mb_gt, mb_eq = _at_and_above(x_row, stride_v, lo, hi, c, lse2, tb, WM, ARRIVE, GEN, row,
-                                                       chunk, C, BLOCK, STAGES, CP)
+                                                       chunk, C, BLOCK, CP)
             pb = tl.maximum(mb_eq / nb_eq.to(tl.float32), 1e-38)
             n_incl = tl.minimum(tl.maximum(tl.ceil((P - mb_gt) / pb).to(tl.int32), 1), nb_eq)
             if n_incl < nb_eq:
-                ub = _tie_cut(x_row, stride_v, lo, hi, tb, n_incl, WC, ARRIVE, GEN, row, chunk, C, BLOCK, STAGES, CP)
+                ub = _tie_cut(x_row, stride_v, lo, hi, tb, n_incl, WC, ARRIVE, GEN, row, chunk, C, BLOCK, CP)
     # c. the kept set (every filter's prefix; min-p: p >= min_p · p_max): each chunk's kept mass, a barrier, then
     # the chunk holding u · W_kept scans for the first kept token (index order) whose running mass passes it
     thr = mp * p_max
     mine = kept_bins            # the fine bins' count of it (no min-p), else a pass
     if (done == 0) | (mp > 0.0):
         lanes = tl.zeros([BLOCK], tl.float32)
-        for s in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+        for s in range(lo, hi, BLOCK):
             o, key, pr, live = _block(x_row, stride_v, s, hi, c, lse2, BLOCK)
             lanes += tl.where(_in_prefixes(key, o, tk, uk, tb, ub) & (pr >= thr) & live, pr, 0.0)
         mine = tl.sum(lanes)
@@ -684,24 +684,27 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
         tl.store(ids_ptr + row, tl.full([], -1, tl.int64))
         tl.store(logp_ptr + row, float("nan"))
     if owner == chunk:
-        # block by block, a sum each, until the running mass passes u · W_kept: one scan, in that block (the
-        # blocks past it are loaded, STAGES in flight, and skipped: a pipelined loop does not stop early)
+        # block by block, a sum each, until the running mass passes u · W_kept: one scan, in that block; the next
+        # block's elements loaded while this one is summed
         run = tl.sum(tl.where(j == chunk, before, 0.0))
         pick = -1
         last = -1
-        for s in tl.range(lo, hi, BLOCK, num_stages=STAGES):
+        s = lo
+        x_next = _load_chunk(x_row, stride_v, s + tl.arange(0, BLOCK), hi)
+        while (s < hi) & (pick < 0):
             o = s + tl.arange(0, BLOCK)
-            x = _load_chunk(x_row, stride_v, o, hi)
-            if pick < 0:
-                pr = tl.exp2(x * c - lse2)
-                kept = _in_prefixes(_key_of(x), o, tk, uk, tb, ub) & (pr >= thr) & (o < hi) & (pr > 0.0)
-                pk = tl.where(kept, pr, 0.0)
-                mass = tl.sum(pk)
-                if run + mass > target:
-                    pick = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
-                    pick = tl.where(pick == 2147483647, -1, pick)
-                last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
-                run += mass
+            x = x_next
+            x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
+            pr = tl.exp2(x * c - lse2)
+            kept = _in_prefixes(_key_of(x), o, tk, uk, tb, ub) & (pr >= thr) & (o < hi) & (pr > 0.0)
+            pk = tl.where(kept, pr, 0.0)
+            mass = tl.sum(pk)
+            if run + mass > target:
+                pick = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
+                pick = tl.where(pick == 2147483647, -1, pick)
+            last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
+            run += mass
+            s += BLOCK
         pick = tl.where(pick < 0, last, pick)          # rounding: u · W_kept at or past the chunk's end
         p_pick = tl.exp2(tl.load(x_row + pick.to(tl.int64) * stride_v).to(tl.float32) * c - lse2)
         tl.store(ids_ptr + row, pick.to(tl.int64))

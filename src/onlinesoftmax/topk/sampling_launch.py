@@ -30,7 +30,7 @@ from .._triton.launch import (
 from ..target import target_of
 from .launch import _launches as topk_launches
 from .launch import final_meta, workspaces
-from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BINS_CAP, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
+from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BINS_CAP, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
 
 CALLS_KEPT = 256        # bound problems kept (then all dropped: a server sees a handful of (B, V, dtype) at a time)
@@ -81,8 +81,8 @@ class SampleCall:
                                                                   num_warps=1 if K <= 256 else 4, **draw)))
             if C:
                 kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(
-                    BLOCK=plan.row_block, STAGES=plan.row_stages, CP=plan.table, num_warps=ROW_WARPS, PHILOX=philox,
-                    BINS=plan.row == "bins", CAP=ROW_BINS_CAP)))
+                    BLOCK=ROW_BLOCK, CP=plan.table, num_warps=ROW_WARPS, PHILOX=philox, BINS=plan.row == "bins",
+                    CAP=ROW_BINS_CAP)))
         self.kernels, self.args = tuple(kernels), tuple(args)
         # the compile keys of BoundKernel for aligned pointers: x, then the parameters' dtypes (t, top_k, top_p,
         # min_p dummies or tensors, u)
