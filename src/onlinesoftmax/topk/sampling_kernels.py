@@ -275,20 +275,20 @@ def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.cons
     over the chunk, reduced once at the end (a reduction per step costs a cross-warp exchange each)."""
     bins = tl.arange(0, 16)
     if BY_MASS:
-        h = tl.zeros([BLOCK, 16], tl.float32)
+        h = tl.zeros([16, BLOCK], tl.float32)
     else:
-        h = tl.zeros([BLOCK, 16], tl.int32)
+        h = tl.zeros([16, BLOCK], tl.int32)
     for s in range(lo, hi, BLOCK):
         o = s + tl.arange(0, BLOCK)
         x = _load_chunk(x_row, stride_v, o, hi)
         u = _u64(x)
         sel = (o < hi) & ((u >> (shift + 4).to(tl.int64)) == prefix)
-        hit = (((u >> shift.to(tl.int64)) & 15)[:, None] == bins[None, :]) & sel[:, None]
+        hit = (((u >> shift.to(tl.int64)) & 15)[None, :] == bins[:, None]) & sel[None, :]
         if BY_MASS:
-            h += tl.where(hit, tl.exp2(x * c - lse2)[:, None], 0.0)
+            h += tl.where(hit, tl.exp2(x * c - lse2)[None, :], 0.0)
         else:
             h += hit.to(tl.int32)
-    return tl.sum(h, axis=0)
+    return tl.sum(h, axis=1)
 
 
 @triton.jit
@@ -433,7 +433,7 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
     ``f >> 8 == sel``, ``LEVEL`` 3 by ``f & 15`` over ``f >> 4 == sel``, both with the elements' counts."""
     SHIFT: tl.constexpr = 8 if LEVEL == 1 else 4 if LEVEL == 2 else 0
     bins = tl.arange(0, 16)
-    h = tl.zeros([BLOCK, 16], tl.float32)
+    h = tl.zeros([16, BLOCK], tl.float32)
     rest = tl.zeros([BLOCK], tl.float32)
     cnt = tl.zeros([16], tl.int32)
     x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
@@ -451,8 +451,8 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
         else:
             on = live & ((f >> (SHIFT + 4)) == sel)
             cnt += tl.histogram(dg, 16, mask=on)
-        h += tl.where((dg[:, None] == bins[None, :]) & on[:, None], p[:, None], 0.0)
-    return tl.sum(h, axis=0), tl.sum(rest), cnt
+        h += tl.where((dg[None, :] == bins[:, None]) & on[None, :], p[None, :], 0.0)
+    return tl.sum(h, axis=1), tl.sum(rest), cnt
 
 
 @triton.jit
