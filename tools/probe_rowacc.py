@@ -1,8 +1,9 @@
 """A/B of the sample row kernel (``sampling_kernels._sample_row_kernel``, step 3 of ``sample``: top-p / min-p /
-top-k past the candidates) of this tree against another tree's, in one process on the same inputs. H200, <= 90 s.
+top-k past the candidates) of this tree against another tree's, in one process on the same inputs. H200, <= 90 s
+(<= 150 s with ``--wide``).
 
     git show 6163761:src/onlinesoftmax/topk/sampling_kernels.py > /tmp/old_sk.py
-    PYTHONPATH=src python tools/probe_rowacc.py --old /tmp/old_sk.py --out DIR
+    PYTHONPATH=src python tools/probe_rowacc.py --old /tmp/old_sk.py --out DIR [--wide] [--name FILE]
 
 ``sample(x, temperature=0.8, top_p=0.9)`` (fp32; every row takes the row kernel on flat N(0, 1) logits; peaked
 rows, 20 tokens 8-12 above the floor, at V = 262144 where the nucleus often leaves the 64 candidates): do_bench
@@ -21,16 +22,23 @@ import torch
 from triton.testing import do_bench
 
 from onlinesoftmax.topk import sampling_launch as SL
+from onlinesoftmax.topk.plan import SampleKnobs
 from onlinesoftmax.topk.sampling import sample
 
 CASES = (("flat", 1, 128256), ("flat", 8, 128256), ("flat", 64, 128256), ("flat", 256, 128256),
          ("flat", 8, 262144), ("peaked", 8, 262144), ("peaked", 64, 262144))
+# --wide: the radix select's passes too (count histograms for a per-row top_k past the 64 candidates; mass
+# histograms with SampleKnobs(row="radix"))
+WIDE = (("flat", 8, 128256, "topk1000"), ("flat", 64, 128256, "topk1000"), ("flat", 8, 128256, "radix"),
+        ("flat", 64, 128256, "radix"))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="another tree's topk/sampling_kernels.py")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--name", default="probe_rowacc.json", help="the JSON file's name under --out")
+    ap.add_argument("--wide", action="store_true", help="the radix select's cases too (WIDE)")
     args = ap.parse_args()
     spec = importlib.util.spec_from_file_location("onlinesoftmax.topk._ab_old", args.old)
     old = importlib.util.module_from_spec(spec)
@@ -38,22 +46,27 @@ def main():
     kernels = {"new": SL._sample_row_kernel, "old": old._sample_row_kernel}
     torch.manual_seed(0)
     cases = []
-    for kind, B, V in CASES:
+    for kind, B, V, *how in CASES + (WIDE if args.wide else ()):
         x = torch.randn(B, V, device="cuda")
         if kind == "peaked":
             hot = torch.randint(0, V, (B, 20), device="cuda")
             x.scatter_add_(1, hot, 8 + 4 * torch.rand(B, 20, device="cuda"))
-        cases.append((f"{kind} B{B} V{V}", x))
+        kw = dict(temperature=0.8, top_p=0.9)
+        if how == ["topk1000"]:
+            kw["top_k"] = torch.full((B,), 1000, device="cuda")
+        elif how == ["radix"]:
+            kw["knobs"] = SampleKnobs(row="radix")
+        cases.append((" ".join([f"{kind} B{B} V{V}", *how]), x, kw))
     res, ids = {}, {}
     for rnd in range(2):
         for name, kern in kernels.items():
             SL._sample_row_kernel = kern
             SL._calls.clear()
-            for label, x in cases:
+            for label, x, kw in cases:
                 g = torch.Generator(device="cuda").manual_seed(5)
                 ids.setdefault(label, {})[name] = torch.stack(
-                    [sample(x, temperature=0.8, top_p=0.9, generator=g)[0] for _ in range(4)])
-                ms = do_bench(lambda: sample(x, temperature=0.8, top_p=0.9), warmup=10, rep=100)
+                    [sample(x, generator=g, **kw)[0] for _ in range(4)])
+                ms = do_bench(lambda: sample(x, **kw), warmup=10, rep=100)
                 res.setdefault(label, {}).setdefault(name, []).append(ms)
                 print(rnd, name, label, f"{ms * 1e3:.1f} us", flush=True)
     summary = {}
@@ -62,7 +75,7 @@ def main():
         summary[label] = dict(new_us=round(n * 1e3, 1), old_us=round(o * 1e3, 1), speedup=round(o / n, 2),
                               same_ids=bool(torch.equal(ids[label]["new"], ids[label]["old"])))
         print(label, summary[label], flush=True)
-    with open(os.path.join(args.out, "probe_rowacc.json"), "w") as f:
+    with open(os.path.join(args.out, args.name), "w") as f:
         json.dump(dict(summary=summary, raw=res, commit=os.environ.get("ONLINESOFTMAX_COMMIT", ""),
                        old=args.old), f, indent=1)
 
