@@ -271,8 +271,10 @@ def _in_prefixes(key, o, tk, uk, tb, ub):
 @triton.jit
 def _histogram(x_row, stride_v, lo, hi, c, lse2, prefix, shift, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk [lo, hi)'s 16-bin histogram (counts, or with ``BY_MASS`` masses p = 2^(x·c − lse2)) of digit
-    ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``: a ``[BLOCK, 16]`` accumulator
-    over the chunk, reduced once at the end (a reduction per step costs a cross-warp exchange each)."""
+    ``(u >> shift) & 15`` over the elements whose ``u >> (shift + 4) == prefix``: a ``[16, BLOCK]`` accumulator
+    over the chunk, reduced once at the end (a reduction per step costs a cross-warp exchange each). Bins first: the
+    default layout gives each thread all 16 bins of its elements, which lie as the 1-D loads do (a ``[BLOCK, 16]``
+    tile spreads the bins over lanes, and every block's digits and masses then go through shared memory)."""
     bins = tl.arange(0, 16)
     if BY_MASS:
         h = tl.zeros([16, BLOCK], tl.float32)
