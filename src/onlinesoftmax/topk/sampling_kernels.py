@@ -414,11 +414,11 @@ def _tie_cut(x_row, stride_v, lo, hi, t, n, WC, ARRIVE, GEN, row, chunk, C, BLOC
 
 SHORT_LIST = tl.constexpr(512)      # row="bins": a boundary bin of at most this many elements is sorted in a tile this
                                     # size (else in one of CAP); past it after the second level, a third
-THIRD_MAX_CH = tl.constexpr(32768)  # ... where a chunk holds at most this many elements (a pass over longer chunks
-                                    # costs more than the long list's sort). H200, flat top_p 0.9 rows, µs, 3 levels
-                                    # (tools/probe_rowbins.py at 3032953) against 2 (at aa71feb): CH = 8192 (B = 8)
-                                    # 106 / 184; 16384 (B = 8, V = 262144) 162 / 225; 64512 (B = 64) 461 / 445;
-                                    # 129024 (B = 256) 2015 / 1717
+THIRD_MAX_CH = tl.constexpr(65536)  # ... where a chunk holds at most this many elements (a pass over longer chunks
+                                    # costs more than the long list's sort). H200, flat top_p 0.9 rows, µs, fp32,
+                                    # V = 128256 (tools/probe_rowtune.py at fd1b93f, same process), a third level up
+                                    # to 131072 against 32768: CH = 64512 (B = 64) 286.9 / 330.5; 129024 (B = 256)
+                                    # 1071.9 / 996.6; CH <= 16384 (B <= 8) within 0.4
 
 
 @triton.jit
