@@ -33,6 +33,15 @@ WIDE = (("flat", 8, 128256, "topk1000"), ("flat", 64, 128256, "topk1000"), ("fla
         ("flat", 64, 128256, "radix"))
 
 
+def row_kernel_of(path: str, tag: str):
+    """``_sample_row_kernel`` of the ``sampling_kernels.py`` copy at ``path``, loaded as a module of the package
+    (its relative imports resolve) named after ``tag``."""
+    spec = importlib.util.spec_from_file_location(f"onlinesoftmax.topk._ab_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._sample_row_kernel
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="another tree's topk/sampling_kernels.py")
@@ -40,10 +49,7 @@ def main():
     ap.add_argument("--name", default="probe_rowacc.json", help="the JSON file's name under --out")
     ap.add_argument("--wide", action="store_true", help="the radix select's cases too (WIDE)")
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("onlinesoftmax.topk._ab_old", args.old)
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
-    kernels = {"new": SL._sample_row_kernel, "old": old._sample_row_kernel}
+    kernels = {"new": SL._sample_row_kernel, "old": row_kernel_of(args.old, "old")}
     torch.manual_seed(0)
     cases = []
     for kind, B, V, *how in CASES + (WIDE if args.wide else ()):

@@ -17,11 +17,11 @@ about one draw in a hundred).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 
 import torch
+from probe_rowacc import row_kernel_of
 from triton.testing import do_bench
 
 from onlinesoftmax.topk import plan as P
@@ -40,10 +40,7 @@ def main():
     kernels = {"tree": SL._sample_row_kernel}
     for spec in args.kernel:
         name, path = spec.split("=", 1)
-        mod_spec = importlib.util.spec_from_file_location(f"onlinesoftmax.topk._tune_{name}", path)
-        mod = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(mod)
-        kernels[name] = mod._sample_row_kernel
+        kernels[name] = row_kernel_of(path, name)
     chunks = [int(c) for c in args.min_chunk.split(",")]
     torch.manual_seed(0)
     cases = [(f"flat B{B} V{V}", torch.randn(B, V, device="cuda")) for B, V in CASES]
@@ -54,7 +51,7 @@ def main():
                 SL._sample_row_kernel = kern
                 P.ROW_MIN_CHUNK = ch
                 SL._calls.clear()
-                getattr(SL.cached_sample_plan, "cache_clear", lambda: None)()
+                SL.cached_sample_plan.cache_clear()
                 variant = f"{kname} min_chunk={ch}"
                 for label, x in cases:
                     g = torch.Generator(device="cuda").manual_seed(5)
