@@ -7,6 +7,7 @@ import torch
 
 import onlinesoftmax as oss
 from onlinesoftmax._triton import launch as TL
+from onlinesoftmax.softmax import api as SL_API
 from onlinesoftmax.softmax import explain
 from onlinesoftmax.softmax import launch as SL
 from onlinesoftmax.softmax.plan import LOG_SOFTMAX, LOGSUMEXP, SOFTMAX, Knobs
@@ -87,6 +88,25 @@ def test_launch_hooks_take_tritons_path():
         assert TL.hooks_installed()
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
+
+
+def test_fast_path_keeps_the_checks():
+    """Calls the no-autograd fast path could take but must not (on the CPU it holds nothing): a bool or float dim,
+    a dtype, a tensor subclass, requires_grad. Each gets what the full path gives."""
+    x = torch.randn(3, 5, device=DEV)
+    for _ in range(2):
+        torch.testing.assert_close(oss.softmax(x, -1), torch.softmax(x, -1))
+    with pytest.raises(TypeError, match="softmax: dim must be an int"):
+        oss.softmax(x, True)
+    with pytest.raises(TypeError, match="softmax: dim must be an int"):
+        oss.softmax(x, 1.0)
+    torch.testing.assert_close(oss.softmax(x, -1, dtype=torch.float64), torch.softmax(x, -1, dtype=torch.float64))
+    p = torch.nn.Parameter(x.clone())
+    y = oss.log_softmax(p, -1)
+    y.sum().backward()
+    torch.testing.assert_close(p.grad, torch.func.grad(lambda t: torch.log_softmax(t, -1).sum())(x))
+    if DEV.type != "cuda":
+        assert not SL_API._fast
 
 
 def test_captured_scratch_takes_zeroed_words_from_the_reserve():
@@ -211,3 +231,55 @@ def test_gpu_bound_launch_alignment_and_devices(n):
         torch.testing.assert_close(oss.logsumexp(v), torch.logsumexp(v, -1))
     with torch.cuda.device(0):
         torch.testing.assert_close(oss.softmax(views[1]), torch.softmax(views[1], -1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 1024), (2, 262144)])       # rows; coop with a workspace
+def test_gpu_fast_path_and_lanes(shape):
+    """A second eager call without autograd goes from one dict look-up to the bound launch's C launchers (no
+    BoundKernel, no Triton launch path), with int pointers, on the current stream; Triton's launch hooks, a
+    misaligned x, requires_grad and another stream still get the right answer."""
+    from triton import knobs
+
+    x = torch.randn(*shape, device="cuda") * 3
+    torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
+    launch = SL_API._fast[(SOFTMAX, -1, x.shape, x.stride(), x.dtype, 0)]
+    assert set(launch.lanes) == {0} and len(launch.lanes[0]) == len(launch.kernels)
+
+    def refuse(*args):
+        raise AssertionError("a fast call went through BoundKernel")
+
+    real = TL.BoundKernel.__call__
+    TL.BoundKernel.__call__ = refuse
+    try:
+        for _ in range(3):
+            x.copy_(torch.randn_like(x) * 3)
+            torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            y = oss.softmax(x)
+        s.synchronize()
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+    finally:
+        TL.BoundKernel.__call__ = real
+    calls = []
+
+    def hook(*args):
+        calls.append(1)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(calls) == len(launch.kernels)
+    base = torch.empty(x.numel() + 1, device="cuda")
+    v = base[1:].view(shape)
+    v.copy_(x)
+    assert v.stride() == x.stride() and v.data_ptr() % 16
+    torch.testing.assert_close(oss.softmax(v), torch.softmax(x, -1))
+    xg = x.clone().requires_grad_()
+    oss.softmax(xg).pow(2).sum().backward()
+    xr = x.clone().requires_grad_()
+    torch.softmax(xr, -1).pow(2).sum().backward()
+    torch.testing.assert_close(xg.grad, xr.grad)

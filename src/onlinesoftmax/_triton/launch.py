@@ -183,6 +183,14 @@ class BoundKernel:
         e = self._compiled.get(key)
         return None if e is None else (e[0], e[1], self.tail)
 
+    def lane(self, index: int) -> tuple | None:
+        """``(launch, head[:3], head[3:], tail)`` of the kernel compiled for device ``index`` and no ``check``
+        tensors, None before its first launch there: ``launch(*head3, stream, *head9, *args, *tail)`` runs it with
+        the pointers of ``args`` as ints (see :meth:`entry`). For bound launches whose problem fixes every
+        tensor's dtype and alignment (softmax's)."""
+        e = self._compiled.get((index, True))
+        return None if e is None else (e[0], e[1][:3], e[1][3:], self.tail)
+
     def _bind(self, compiled):
         # the C launcher takes every parameter in order, constexprs included (it skips them)
         self.tail = tuple(self.meta[p.name] for p in self.fn.params if p.is_constexpr)

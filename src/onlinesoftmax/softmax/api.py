@@ -84,12 +84,20 @@ def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, 
     dim %= max(x.dim(), 1)          # the ops take torch's negative dims too (the public functions check the range)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         return _torch_forward(x, dim, mode, out_dtype)
-    K = _kernels()
     y = torch.empty_like(x, dtype=out_dtype)
-    if K.forward_rows(x, y, dim, mode) is None:         # no row view of x: copy it first
+    _triton_forward(x, y, dim, mode)
+    return y
+
+
+def _triton_forward(x: torch.Tensor, y: torch.Tensor, dim: int, mode: int):
+    """The kernels' softmax / log-softmax of x into y (x's shape); the bound launch where x and y have a row view,
+    None where x was copied to one first."""
+    K = _kernels()
+    launch = K.forward_rows(x, y, dim, mode)
+    if launch is None:
         (x, y), (M, N, inner, (gx, gy)) = rows_or_copy([x, y], dim)
         K.forward(x, y, gx, gy, M, N, inner, mode)
-    return y
+    return launch
 
 
 _softmax_op = torch.library.custom_op("onlinesoftmax::softmax", _softmax_impl, mutates_args=())
@@ -355,7 +363,34 @@ def _prepare(name, x, dim, dtype, backend):
     return x, dim, dtype or x.dtype, resolve_backend(backend, x, name)
 
 
+# The eager calls without autograd that ran the Triton kernels on a row view of x, by (mode, dim as given, x's
+# shape, strides, dtype and device index) -> their bound launch, for x 16-byte aligned: a later call with the same
+# key passed every check of ``_prepare`` with the same outcome, so it goes straight to the launch (one dict
+# look-up, y's allocation, the C launcher).
+FAST_KEPT = 256
+_fast: dict = {}
+
+
 def _softmax_call(name, mode, x, dim, dtype, backend):
+    if (backend is None and dtype is None and type(dim) is int and type(x) is torch.Tensor
+            and not torch.compiler.is_compiling() and not functorch_active()
+            and not (x.requires_grad and torch.is_grad_enabled())):
+        key = (mode, dim, x.shape, x.stride(), x.dtype, x.get_device())
+        launch = _fast.get(key)
+        if launch is not None and not x.data_ptr() & 15:
+            y = torch.empty_like(x)
+            launch((x, y), x.device)
+            return y
+        x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
+        if backend != "triton" or not x.is_cuda or x.numel() == 0 or x.dim() == 0:
+            return _softmax_impl(x, dim, mode, out_dtype, backend)
+        y = torch.empty_like(x)
+        launch = _triton_forward(x, y, dim, mode)
+        if launch is not None and not x.data_ptr() & 15:
+            if len(_fast) >= FAST_KEPT:
+                _fast.clear()
+            _fast[key] = launch
+        return y
     x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
     if functorch_active():
         return _SoftmaxFunction.apply(x, dim, mode, out_dtype, backend)

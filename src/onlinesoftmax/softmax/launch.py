@@ -7,7 +7,16 @@ import torch
 import triton.language as tl
 
 from .._triton.host import int_spec
-from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
+from .._triton.launch import (
+    BoundKernel,
+    cached,
+    current_device,
+    current_stream,
+    hooks_installed,
+    pow2,
+    raw_launches,
+    stream_scratch,
+)
 from ..target import Target, target_of
 from .geometry import row_geometry_of, rows_or_copy
 from .kernels.bf16x2 import softmax_bwd_coop_bf16x2_kernel, softmax_coop_bf16x2_kernel
@@ -55,14 +64,33 @@ def _opt(maxnreg: int) -> dict:
 
 class Launch:
     """A plan's bound kernels (in order), the run-time arguments after the tensors, and its workspace:
-    ``(rows, parts, partial-state dtype, the order the kernels take the views in)`` or None."""
+    ``(rows, parts, partial-state dtype, the order the kernels take the views in)`` or None.
 
-    __slots__ = ("plan", "kernels", "scalars", "workspace")
+    The first call on a CUDA device goes through each :class:`BoundKernel` (Triton compiles and binds from the
+    tensors); later calls there take ``lanes[device index]``: the kernels' C launchers called straight, with every
+    pointer as an int (``data_ptr()``: the launcher then neither calls it nor asks the driver about the pointer)."""
+
+    __slots__ = ("plan", "kernels", "scalars", "workspace", "lanes")
 
     def __init__(self, plan: Plan, kernels: list, scalars: tuple, workspace):
         self.plan, self.kernels, self.scalars, self.workspace = plan, kernels, scalars, workspace
+        self.lanes: dict = {}
 
     def __call__(self, tensors: tuple, device: torch.device) -> None:
+        lanes = self.lanes
+        if lanes and not hooks_installed():
+            index = current_device()
+            lane = lanes.get(index)
+            if lane is not None:
+                ptrs = [t.data_ptr() for t in tensors]
+                if self.workspace is not None:
+                    rows, parts, dtype, pick = self.workspace
+                    ws = workspace(device, rows, parts, dtype)
+                    ptrs += [ws[i].data_ptr() for i in pick]
+                stream = current_stream(index)
+                for launch, head3, head9, tail in lane:
+                    launch(*head3, stream, *head9, *ptrs, *self.scalars, *tail)
+                return
         args = tensors
         if self.workspace is not None:
             rows, parts, dtype, pick = self.workspace
@@ -71,6 +99,11 @@ class Launch:
         args = args + self.scalars
         for bound in self.kernels:
             bound(args, (), device)     # nothing to check: the problem fixes the tensors' dtypes and alignment
+        if raw_launches(device):
+            index = current_device()
+            lane = tuple(bound.lane(index) for bound in self.kernels)
+            if None not in lane:
+                lanes[index] = lane
 
 
 def workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
@@ -174,15 +207,17 @@ def _backward_launch(p: Backward, device: torch.device) -> Launch:
     return bind_backward(p, backward_plan(p, target), target)
 
 
-def forward_rows(x: torch.Tensor, out: torch.Tensor, dim: int, mode: int) -> Plan | None:
+def forward_rows(x: torch.Tensor, out: torch.Tensor, dim: int, mode: int) -> Launch | None:
     """softmax / log-softmax of ``x`` into ``out`` (x's shape) along ``dim`` (0 <= dim < x.dim()), planned by one
-    cached lookup of the layout; None where no row view of both exists (the caller copies and calls ``forward``)."""
+    cached lookup of the layout; returns the bound launch it ran (``launch((x, out), device)`` runs it again on
+    tensors of the same layout and alignment), None where no row view of both exists (the caller copies and calls
+    ``forward``)."""
     launch = _forward_by_layout(x.shape, x.stride(), out.stride(), dim, mode, x.dtype, out.dtype, align_of(x, out),
                                 x.device)
     if launch is None:
         return None
     launch((x, out), x.device)
-    return launch.plan
+    return launch
 
 
 @cached
