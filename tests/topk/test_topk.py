@@ -439,6 +439,39 @@ def test_narrow_dispatch():
     assert _select(256, 128256, 50).radix == 0 and _select(1, 128256, 1024).radix == tp.RADIX_BITS
 
 
+def test_one_launch_dispatch():
+    """A row in one chunk (S = 1) runs stage 1 and the merge in one launch (``_topk_row_kernel``); more chunks, a
+    tree or the exact path apart keep two or more launches; ``one`` asked for where it cannot hold is refused."""
+    c = _select(4, 1024, 50)
+    assert (c.splits, c.one) == (1, True)
+    assert len(_launch()._launches(c, 4, 1024, 50, 1024, 1)) == 1
+    assert len(_launch()._launches(c, 4, 1024, 50, 1024, 1, one=False)) == 2       # the sampler's stages
+    assert not _select(4, 1024, 50, one=False).one
+    for c in (_select(256, 128256, 50), _select(1, 151936, 1024), _select(4, 4096, 8)):
+        assert c.splits > 1 and not c.one
+    assert len(_launch()._launches(_select(4, 4096, 8), 4, 4096, 8, 4096, 1)) == 2
+    with pytest.raises(ValueError, match="one=True"):
+        _select(4, 4096, 8, one=True)
+
+
+@pytest.mark.parametrize("V,block", [(37, 2048), (700, 1024)])
+def test_kernel_one_launch_matches_two(kernel_device, V, block):
+    """The one-launch row kernel against the reference and against the two launches it fuses (same plan, one
+    off): special rows, sorted rows (stage 1's exact path), a mostly masked row; k = 1, 13 and k = V at V = 37."""
+    gen = torch.Generator().manual_seed(V)
+    i = torch.arange(V)
+    x = torch.cat([torch.randn(2, V, generator=gen), _special_rows(V, gen), i.float()[None], -i.float()[None],
+                   torch.where(i < V - 5, -INF, torch.randn(V, generator=gen))[None]]).to(kernel_device)
+    for k in (1, 13, V) if V < 100 else (1, 13):
+        cfg, out = _run_cfg(x, k, block=block)
+        assert cfg.splits == 1 and cfg.one
+        assert_matches_ref(out, x, k)
+        _, two = _run_cfg(x, k, block=block, one=False)
+        torch.testing.assert_close(out.indices, two.indices, rtol=0, atol=0)
+        torch.testing.assert_close(out.values, two.values, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(out.lse, two.lse, rtol=0, atol=0, equal_nan=True)
+
+
 def test_kernel_merge_streams_tiles(kernel_device):
     """More candidate slots than the merge's register tile: the merge counts them a tile at a time."""
     gen = torch.Generator().manual_seed(9)
@@ -596,3 +629,32 @@ def test_gpu_tiny_shapes():
         for rows in (x[:1], x[1:]):
             cfg = _select(1, 300, k, block=128, **over)
             assert_matches_ref(TopK(*_launch().softmax_topk_2d(rows.cuda(), k, cfg)), rows, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_one_launch_rows(dtype):
+    """Rows in one chunk on the GPU: one launch (asserted through the launch table), the reference's answer and
+    bit for bit the two launches' at many rows, a column stride and the special rows; graph-captured replays."""
+    gen = torch.Generator().manual_seed(23)
+    for B, V in ((4, 1024), (3000, 2048), (50, 1500)):
+        x = torch.cat([torch.randn(B, V, generator=gen) * 3, _special_rows(V, gen)]).to(dtype)
+        xs = torch.stack([x, x], -1).cuda()[..., 1]                     # element stride 2
+        for k in (1, 50):
+            cfg = _launch().cached_plan(x.shape[0], V, k, dtype, torch.device("cuda"))
+            assert cfg.one and len(_launch()._launches(cfg, x.shape[0], V, k, xs.stride(0), 2)) == 1
+            out = softmax_topk(xs, k)
+            if B < 100:
+                assert_matches_ref(out, x, k)
+            two = TopK(*_launch().softmax_topk_2d(xs, k, dataclasses.replace(cfg, one=False)))
+            for a, b in zip(out, two):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    static = torch.randn(64, 1024, device="cuda", dtype=dtype)
+    softmax_topk(static, 8)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = softmax_topk(static, 8)
+    static.copy_(torch.randn_like(static))
+    g.replay()
+    torch.cuda.synchronize()
+    assert_matches_ref(res, static.cpu(), 8)

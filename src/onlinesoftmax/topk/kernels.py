@@ -239,8 +239,16 @@ def _topk_chunk_kernel(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, t_ptr, t_
                        RADIX: tl.constexpr, PEEL: tl.constexpr, T_MODE: tl.constexpr):
     """Stage 1, one program per chunk (BS = B·S chunks); ``k``: the rank t_c aims at (``PEEL`` > 0: that rank
     among distinct column maxima, found by peeling)."""
+    _chunk_stage(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, t_ptr, t_val, t_stride, tl.program_id(0), BLOCK,
+                 R, CAP, FAST, RADIX, PEEL, T_MODE)
+
+
+@triton.jit
+def _chunk_stage(x_ptr, ws_ptr, stride_b, stride_v, V, k, S, BS, t_ptr, t_val, t_stride, pid,
+                 BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr, RADIX: tl.constexpr,
+                 PEEL: tl.constexpr, T_MODE: tl.constexpr):
+    """Stage 1 of chunk ``pid`` (steps a-c; d marked for the merge): its state and candidates to ``ws``."""
     G: tl.constexpr = BLOCK // R
-    pid = tl.program_id(0)
     row = pid // S
     start = (pid % S) * BLOCK
     x_row = x_ptr + row.to(tl.int64) * stride_b + start.to(tl.int64) * stride_v
@@ -452,6 +460,26 @@ def _topk_merge_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, out_ptr, val_ptr, i
         out = row.to(tl.int64) * k + j
         tl.store(val_ptr + out, p, mask=j < k)
         tl.store(ind_ptr + out, ind.to(tl.int64), mask=j < k)
+
+
+@triton.jit(do_not_specialize=("k", "kc", "B", "t_val", "t_stride"))
+def _topk_row_kernel(x_ptr, stride_b, stride_v, V, ws_ptr, val_ptr, ind_ptr, lse_ptr, k, kc, B, t_ptr, t_val,
+                     t_stride, BLOCK: tl.constexpr, R: tl.constexpr, CAP: tl.constexpr, FAST: tl.constexpr,
+                     RADIX: tl.constexpr, PEEL: tl.constexpr, W: tl.constexpr, T_MODE: tl.constexpr):
+    """Stage 1 and the merge in one program per row, where one chunk holds the whole row (S = 1, ``Plan.one``):
+    the chunk's state and candidates go to ``ws`` as between two launches and are read back after a barrier of
+    the program's threads. One launch in place of two: the host's cost of a small call (a mixture-of-experts
+    router's [tokens, experts], a decode step's short rows). ``kc``: stage 1's rank (``kb`` or k)."""
+    row = tl.program_id(0)
+    _chunk_stage(x_ptr, ws_ptr, stride_b, stride_v, V, kc, 1, B, t_ptr, t_val, t_stride, row, BLOCK, R, CAP, FAST,
+                 RADIX, PEEL, T_MODE)
+    tl.debug_barrier()
+    _r, buf, n, t, m, d, c = _merge_rows(x_ptr, stride_b, stride_v, V, ws_ptr, ws_ptr, lse_ptr, k, 1, B, 1, 1, t_ptr,
+                                         t_val, t_stride, BLOCK, R, CAP, 1, 1, FAST, True, False, W, T_MODE, True)
+    j, p, ind = _ranked(buf, n, m, d, c, CAP, FAST)
+    out = row.to(tl.int64) * k + j
+    tl.store(val_ptr + out, p, mask=j < k)
+    tl.store(ind_ptr + out, ind.to(tl.int64), mask=j < k)
 
 
 @triton.jit

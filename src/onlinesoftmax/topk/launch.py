@@ -16,7 +16,7 @@ from .._triton.launch import (
     stream_scratch,
 )
 from ..target import target_of
-from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_merge_kernel
+from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_merge_kernel, _topk_row_kernel
 from .plan import Plan, topk_plan
 
 
@@ -45,9 +45,11 @@ NO_T = (None, 1.0, 0)       # (t_ptr, t_val, t_stride) of a launch without a tem
 
 
 @cached
-def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, t_mode: int = 0) -> tuple:
+def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, t_mode: int = 0,
+              one: bool = True) -> tuple:
     """The launches of ``cfg`` for one problem, bound once (``BoundKernel``: no per-call argument binding):
-    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out, tt)`` giving the run-time arguments. Stage 1 first.
+    ``(kernel, args)`` pairs, ``args(x, ws, ws2, out, tt)`` giving the run-time arguments. Stage 1 first; with
+    ``cfg.one`` (and ``one``: the sampler and the stage timings take the two launches) the one launch of both.
 
     ``t_mode``: the temperature folded into the read of x (``kernels._log2_scale``): 0 none; 1 from
     ``tt = (t_ptr, t_val, t_stride)``: the scalar ``t_val`` where ``t_stride < 0``, else the per-row float32
@@ -63,6 +65,11 @@ def _launches(cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, t
     def t(x, tt):
         return (tt[0] if tt[0] is not None else x, *tt[1:])
 
+    if cfg.one and one:
+        meta = dict(blk, FAST=fast, RADIX=cfg.radix, PEEL=cfg.peel, W=cfg.width or cfg.cap, **tm,
+                    num_warps=cfg.merge_warps)
+        return ((BoundKernel(_topk_row_kernel, (B,), meta),
+                 lambda x, ws, ws2, o, tt=NO_T: (x, *head, ws, *o, k, cfg.kb or k, B, *t(x, tt))),)
     out = [(BoundKernel(_topk_chunk_kernel, (BS,), dict(blk, FAST=fast, RADIX=cfg.radix, PEEL=cfg.peel,
                                                          num_warps=cfg.num_warps, **tm, **opt)),
             lambda x, ws, ws2, o, tt=NO_T: (x, ws, *head, cfg.kb or k, S, BS, *t(x, tt)))]
@@ -104,14 +111,14 @@ def _run(x: torch.Tensor, launches, ws, ws2, out, tt=NO_T):
 def stage1(x: torch.Tensor, ws: torch.Tensor, k: int, cfg: Plan):
     """Launch stage 1 for ``x`` ``[B, V]`` into the workspace ``ws`` (also timed alone by the benchmarks)."""
     B, V = x.shape
-    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1))[:1], ws, None, None)
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), one=False)[:1], ws, None, None)
 
 
 def merge(x: torch.Tensor, ws: torch.Tensor, ws2: torch.Tensor, out: tuple, k: int, cfg: Plan):
     """The launches after stage 1 (the exact path apart, the merge or its two levels) into ``out`` = (values,
     indices, lse); also timed alone by the benchmarks."""
     B, V = x.shape
-    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1))[1:], ws, ws2, out)
+    _run(x, _launches(cfg, B, V, k, x.stride(0), x.stride(1), one=False)[1:], ws, ws2, out)
 
 
 def softmax_topk_2d(x: torch.Tensor, k: int, cfg: Plan | None = None, out: tuple | None = None,

@@ -72,6 +72,7 @@ class Plan:
     peel: int = 0               # stage 1's t_c: the peel-th largest distinct column maximum, by peel warp maxima
     merge_tile: int = MERGE_TILE    # candidate keys a merge program holds in registers at a time
     fast: bool = True           # ex2.approx and FMA forms (the GPU); the interpreter's exact exponentials otherwise
+    one: bool = False           # S = 1: stage 1 and the merge in one launch (``kernels._topk_row_kernel``)
 
     @property
     def group(self) -> int:     # G: elements per column
@@ -96,6 +97,7 @@ class Knobs:
     width: int | None = None
     peel: int | None = None
     merge_tile: int | None = None
+    one: bool | None = None
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -184,8 +186,11 @@ def topk_plan(B: int, V: int, k: int, esize: int, target: Target, knobs: Knobs =
         raise ValueError(f"topk_plan: kb={kb} needs width (<= CAP = {cap}) and a one-level merge, and the reverse")
     if peel is None:    # the narrow merge's small rank, one warp: peeling instead of bisection
         peel = kb if kb and num_warps == 1 and kb <= NARROW_PEEL_MAX else 0
+    one = splits == 1 if knobs.one is None else knobs.one
+    if one and (splits > 1 or tree or exact_apart):
+        raise ValueError(f"topk_plan: one=True needs the row in one chunk (S = 1, no tree), got S = {splits}")
     return Plan("filter", block, cols, kp, cap, splits, num_warps, mw, tree, tw, exact_apart, radix, maxnreg, kb,
-                width, peel, tile, fast)
+                width, peel, tile, fast, one)
 
 
 # --- sample (sampling_kernels.py) ----------------------------------------------------------------------------

@@ -66,7 +66,7 @@ class SampleCall:
         self.one = plan.one_buffer                  # ids and logp as views of one buffer
         K, cfg, C = plan.k, plan.topk, plan.row_chunks
         head = (stride_b, stride_v, V)
-        top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode)
+        top = topk_launches(cfg, B, V, K, stride_b, stride_v, t_mode, one=False)
         kernels, args = [kern for kern, _ in top], [a for _, a in top]
         draw = dict(FIXED=plan.mass == "fixed", PHILOX=philox)
         if plan.fuse:
