@@ -1,5 +1,8 @@
 """Where the host time of one eager ``softmax`` / ``softmax_topk`` call on a 4 x 1024 fp32 tensor goes, on the GPU
-machine (issue 28's host goals: softmax <= 1.3x torch.softmax, softmax_topk <= torch.topk).
+machine (issue 28's host goals: softmax <= 1.3x torch.softmax, softmax_topk <= torch.topk), and the eager
+``sample(temperature=0.8, top_k=50, top_p=0.9)`` at 8 x 128256 fp32 (goal <= 25 µs per call), through its fast path
+and the checked one (``knobs=SampleKnobs()``), beside graph replays of it and of ``softmax_topk(x, 50)`` (the
+device's time); the 8 x 128256 inputs rotate through 16 buffers (64 MB, past the L2).
 
 Rows, µs per call (the bench's host timing: a loop of 200 eager calls between two synchronisations, median of 7
 samples; the rows interleaved round by round, best round of three): torch's ops; ours through the public
@@ -26,6 +29,7 @@ import onlinesoftmax as oss
 from onlinesoftmax._triton import launch as TL
 from onlinesoftmax.softmax import api
 from onlinesoftmax.softmax import launch as SL
+from onlinesoftmax.topk.plan import SampleKnobs
 
 CALLS = 200
 
@@ -64,6 +68,23 @@ def main():
         launch((x, y), dev)
         launch.lanes = lanes
 
+    big = [torch.randn(8, 128256, device="cuda") * 3 for _ in range(16)]
+    turn = [0]
+
+    def nxt():
+        turn[0] = (turn[0] + 1) % 16
+        return big[turn[0]]
+
+    def replay_of(fn):
+        static = big[0].clone()
+        fn(static)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(static)
+        return graph.replay
+
+    knobs = SampleKnobs()
+    mix = dict(temperature=0.8, top_k=50, top_p=0.9)
     rows = {
         "torch.softmax": lambda: torch.softmax(x, -1),
         "oss.softmax": lambda: oss.softmax(x, -1),
@@ -76,6 +97,11 @@ def main():
         "current_stream(current_device())": lambda: TL.current_stream(TL.current_device()),
         "torch.topk(x, 50)": lambda: torch.topk(x, 50, dim=-1),
         "oss.softmax_topk(x, 50)": lambda: oss.softmax_topk(x, 50),
+        "sample 8x128256 k50 p.9 (fast path)": lambda: oss.sample(nxt(), **mix),
+        "sample 8x128256 k50 p.9 (checked)": lambda: oss.sample(nxt(), knobs=knobs, **mix),
+        "sample 8x128256 k50 p.9 graph replay": replay_of(lambda x: oss.sample(x, **mix)),
+        "softmax_topk 8x128256 k50 eager": lambda: oss.softmax_topk(nxt(), 50),
+        "softmax_topk 8x128256 k50 graph replay": replay_of(lambda x: oss.softmax_topk(x, 50)),
         "canary: torch.empty(1) on the CPU": lambda: torch.empty(1, device=cpu),
         "empty Python call": lambda: None,
     }
@@ -88,7 +114,9 @@ def main():
                commit=os.environ.get("ONLINESOFTMAX_COMMIT", "?"), shape=[4, 1024], dtype="float32", us=best,
                ratios={"softmax / torch": best["oss.softmax"] / best["torch.softmax"],
                        "log_softmax / torch": best["oss.log_softmax"] / best["torch.log_softmax"],
-                       "softmax_topk / torch.topk": best["oss.softmax_topk(x, 50)"] / best["torch.topk(x, 50)"]})
+                       "softmax_topk / torch.topk": best["oss.softmax_topk(x, 50)"] / best["torch.topk(x, 50)"],
+                       "sample eager / softmax_topk graph": best["sample 8x128256 k50 p.9 (fast path)"]
+                       / best["softmax_topk 8x128256 k50 graph replay"]})
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe_host.json"), "w") as f:
         json.dump(res, f, indent=1)

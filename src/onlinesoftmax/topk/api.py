@@ -29,6 +29,7 @@ __all__ = ["TopK", "explain", "softmax_topk"]
 
 TORCH_PLAN = Plan("torch")
 _topk_2d = None         # launch.topk_2d, imported by the first call on the kernels (it imports Triton)
+_FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class TopK(NamedTuple):
@@ -188,11 +189,19 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     ``TopK(values, indices, lse)``: ``values`` float32 and ``indices`` int64 of ``x``'s shape with ``dim`` of
     size ``k`` (sorted descending, ties to the lower index), ``lse`` float32 of ``x``'s shape without ``dim``.
     """
+    global _topk_2d
+    if (type(x) is torch.Tensor and backend is None and type(k) is int and type(dim) is int and (dim == -1 or dim == 1)
+            and x.is_cuda and x.dim() == 2 and x.dtype in _FAST_DTYPES and _topk_2d is not None):
+        # the decode call, [B, V] on the GPU after a first one: the checks below on exact types, no reshapes, the
+        # bound problem (host time is the cost here)
+        B, V = x.shape
+        if B and 1 <= k <= V:
+            out = _topk_2d(x, k)
+            if out is not None:
+                return TopK(*out)
     check_float_tensor(x, "softmax_topk: x")
     which = resolve_backend(backend, x, "softmax_topk")
     if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64:
-        # the decode call, [B, V] on the GPU: no reshapes, the cached plan (host time is the cost here)
-        global _topk_2d
         k = _check_k(k, x.shape[1])
         if x.shape[0]:
             if _topk_2d is None:

@@ -50,7 +50,7 @@ from numbers import Real
 import torch
 
 from .._checks import check_float_tensor
-from ..backend import resolve_backend
+from ..backend import resolve_backend, triton_available
 from .api import softmax_topk
 from .plan import NO_SAMPLE_KNOBS, sample_draw_of, sample_graph_draw_of
 
@@ -155,6 +155,21 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
     ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests).
     """
+    if (type(logits) is torch.Tensor and uniform is None and backend is None and knobs is None
+            and type(temperature) is float and 0.0 < temperature < math.inf
+            and (top_k is None or (type(top_k) is int and top_k >= 1))
+            and (top_p is None or (type(top_p) is float and 0.0 < top_p <= 1.0))
+            and (min_p is None or (type(min_p) is float and 0.0 <= min_p <= 1.0))
+            and logits.is_cuda and logits.dim() == 2 and logits.dtype in _FAST_DTYPES and _FAST_DRAW
+            and triton_available()):
+        # the generate loop's call: [B, V] logits on CUDA, Python parameters in range, the kernels' draw. The same
+        # checks as below, done on exact types in one expression (any other argument takes the full path)
+        B, V = logits.shape
+        if B and V and not torch._C._cuda_isCurrentStreamCapturing():
+            u = _philox_state(generator, logits.device)
+            if u is not None:
+                return _draw(logits, (B,), B, logits.device, "triton", temperature,
+                             None if top_k is None else min(top_k, V), top_p, min_p, u, NO_SAMPLE_KNOBS, generator)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
     knobs = knobs or NO_SAMPLE_KNOBS
     if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
@@ -172,6 +187,15 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
                 u = torch.rand(B, device=dev, generator=generator)
     else:
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
+    return _draw(x, lead, B, dev, which, t, kk, pp, qq, u, knobs, generator)
+
+
+_FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FAST_DRAW = sample_draw_of(NO_SAMPLE_KNOBS) == "kernel"    # the default eager draw: Philox in the kernels
+
+
+def _draw(x, lead, B: int, dev, which: str, t, kk, pp, qq, u, knobs, generator):
+    """``sample``'s result from its checked arguments (see :func:`_arguments`) and the draw ``u``."""
     if which == "triton" and B > 0:
         global _sample_2d
         if _sample_2d is None:
@@ -297,8 +321,8 @@ def philox_words(seed: int, offset: int) -> tuple:
     """``(s0, s1, c0, c1)``: the Philox key (a 64-bit ``seed``) and the counter ``offset / 4`` (``offset`` a
     generator's Philox offset, a multiple of 4), low and high 32-bit words, as the kernels take them."""
     c = offset >> 2
-    return (_int32(seed & 0xFFFFFFFF), _int32((seed >> 32) & 0xFFFFFFFF), _int32(c & 0xFFFFFFFF),
-            _int32((c >> 32) & 0xFFFFFFFF))
+    s0, s1, c0, c1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, c & 0xFFFFFFFF, (c >> 32) & 0xFFFFFFFF
+    return s0 - ((s0 >> 31) << 32), s1 - ((s1 >> 31) << 32), c0 - ((c0 >> 31) << 32), c1 - ((c1 >> 31) << 32)
 
 
 def _u_ok(u):
