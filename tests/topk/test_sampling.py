@@ -484,19 +484,24 @@ def test_gpu_graph_draw_replays():
 def test_gpu_fast_path_matches_the_checked_path(monkeypatch):
     """The generate loop's call ([B, V] CUDA logits, Python parameters in range, no knobs) skips ``_arguments``
     and gives what the checked path gives (same ids, log-probabilities and generator offset); every other call
-    (greedy, an int temperature, a tensor parameter, 3-D or fp64 logits, explicit knobs) takes the checked path;
-    out-of-range Python values still raise; top_k past the fused kernels takes the sort path from either."""
+    (greedy, an int temperature, a tensor parameter, 3-D or fp64 logits, a uniform, explicit knobs) takes the
+    checked path; out-of-range Python values still raise; top_k past the fused kernels takes the sort path from
+    either. (Few kernel variants: each new one compiles for seconds.)"""
     from onlinesoftmax.topk import sampling
     from onlinesoftmax.topk.plan import SampleKnobs
+
+    class Checked(Exception):
+        pass
 
     calls = []
     checked = sampling._arguments
     monkeypatch.setattr(sampling, "_arguments", lambda *a: calls.append(1) or checked(*a))
     x = torch.randn(8, 128256, device="cuda") * 2
-    for kw in ({"temperature": 0.8, "top_k": 50, "top_p": 0.9}, {}, {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05},
-               {"top_k": 4096}, {"top_k": 1, "min_p": 0.0, "top_p": 1.0}):
+    for kw, dtypes in (({"temperature": 0.8, "top_k": 50, "top_p": 0.9}, (torch.float32, torch.bfloat16)),
+                       ({"temperature": 0.7, "top_p": 0.9}, (torch.float32,)), ({"top_k": 4096}, (torch.float32,)),
+                       ({"top_k": 1, "min_p": 0.0, "top_p": 1.0}, (torch.float32,))):
         g1, g2 = (torch.Generator(device="cuda").manual_seed(7) for _ in range(2))
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             n = len(calls)
             a = sample(x.to(dtype), generator=g1, **kw)
             assert len(calls) == n, kw
@@ -505,11 +510,18 @@ def test_gpu_fast_path_matches_the_checked_path(monkeypatch):
             torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
             torch.testing.assert_close(a[1], b[1], rtol=0, atol=0)
             assert g1.get_offset() == g2.get_offset()
+
+    def stop(*a):
+        raise Checked
+
+    monkeypatch.setattr(sampling, "_arguments", stop)
     for args, kw in ((x, {"temperature": 0.0}), (x, {"temperature": 1}), (x, {"top_p": torch.tensor(0.9)}),
-                     (x[None], {}), (x.double(), {}), (x, {"uniform": torch.rand(8, device="cuda")})):
-        n = len(calls)
-        sample(args, **kw)
-        assert len(calls) == n + 1, kw
+                     (x[None], {}), (x.double(), {}), (x, {"uniform": torch.rand(8, device="cuda")}),
+                     (x, {"knobs": SampleKnobs()}), (x, {"backend": "triton"}), (x[:, :0], {}), (x, {"top_k": 0}),
+                     (x, {"temperature": float("nan")}), (x, {"top_p": 1.5}), (x, {"min_p": -0.1})):
+        with pytest.raises(Checked):
+            sample(args, **kw)
+    monkeypatch.setattr(sampling, "_arguments", checked)
     for kw in ({"temperature": float("nan")}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5},
                {"min_p": -0.1}, {"top_k": 0}, {"top_k": True}):
         with pytest.raises((ValueError, TypeError), match="sample: "):
