@@ -4,8 +4,9 @@ Triton specialises an integer argument equal to 1 into a constant (a Python int 
 ``.to``): ``buf = slots + BS.to(tl.int64) * ...`` failed to compile for one row (BS = B·S = 1), so
 ``softmax_topk`` of a 1 x 3 row with k = 2 crashed on the GPU. The launches of ``topk/launch.py:_launches`` are
 compiled as a real launch specialises them (``tools/compiler_report.py:compile_launch``), for B, V, k in {1, 2, 3}
-with contiguous, transposed and unit strides, and for plans with the two-level merge, the exact path apart, the
-narrow merge and 3-bit bisection at B = 1 (k = 1 or 3). The goal shapes at B = 1 are in the compiler report.
+with contiguous, transposed and unit strides, in one launch (a row in one chunk) and in two, and for plans with
+the two-level merge, the exact path apart, the narrow merge and 3-bit bisection at B = 1 (k = 1 or 3). The goal
+shapes at B = 1 are in the compiler report.
 
 In a child process: under TRITON_INTERPRET=1 (CI) the kernels are interpreter objects, which do not compile.
 """
@@ -51,13 +52,14 @@ def compile_plan(plan, B, V, k, stride_b, stride_v):
 
 for B, V, k in itertools.product((1, 2, 3), repeat=3):
     if k <= V:
-        for strides in ((V, 1), (1, B), (1, 1)):
-            compile_plan(tp.topk_plan(B, V, k, 4, H200), B, V, k, *strides)
+        for strides, one in itertools.product(((V, 1), (1, B), (1, 1)), (None, False)):
+            compile_plan(tp.topk_plan(B, V, k, 4, H200, tp.Knobs.of(one=one)), B, V, k, *strides)
 for k, knobs in ((1, dict(tree=2, exact_apart=True)), (1, dict(tree=2)), (3, dict(kb=2, width=8, peel=0)),
                  (3, dict(kb=2, width=8, peel=2)), (1, dict(radix=3))):
     plan = tp.topk_plan(1, 300, k, 4, H200, tp.Knobs.of(block=128, **knobs))
     compile_plan(plan, 1, 300, k, 300, 1)
-print(json.dumps(dict(compiled=len(seen), failed=failed)))
+names = sorted({json.loads(key)[0] for key in seen})
+print(json.dumps(dict(compiled=len(seen), failed=failed, names=names)))
 """
 
 
@@ -81,7 +83,10 @@ def _compile_probe(probe: str) -> dict:
 @pytest.mark.slow
 def test_topk_kernels_compile_with_unit_sizes_and_strides():
     out = _compile_probe(PROBE)
-    assert out["compiled"] >= 30 and not out["failed"], "\n".join(out["failed"])
+    assert not out["failed"], "\n".join(out["failed"])
+    # both launch shapes of a one-chunk row (one launch, and stage 1 + merge) and the exact path apart compiled
+    assert out["names"] == ["_topk_chunk_kernel", "_topk_exact_kernel", "_topk_merge_kernel", "_topk_row_kernel"]
+    assert out["compiled"] >= 30
 
 
 SAMPLE_PROBE = r"""
