@@ -162,23 +162,28 @@ class TopKCall:
     ``BoundKernel`` with tensors; after it, on CUDA, each launch's C launcher gets its arguments laid out once (the
     stream's workspace pointers as ints, the constexprs), and a call puts in x's and the outputs' ``data_ptr()``
     by position: no argument tuple built per launch, no workspace look-up, no driver query of a tensor's pointer.
-    Per call: the three output allocations and the launches."""
+    Per call: the three output allocations (``torch.empty_like`` of templates kept beside the lanes: one tensor
+    argument parses faster than a shape, a device and a dtype) and the launches."""
 
-    __slots__ = ("B", "k", "device", "dtype", "launches", "lanes", "ws")
+    __slots__ = ("B", "k", "device", "dtype", "launches", "lanes", "ws", "like")
 
     def __init__(self, cfg: Plan, B: int, V: int, k: int, stride_b: int, stride_v: int, device: torch.device,
                  dtype: torch.dtype):
         self.B, self.k, self.device, self.dtype = B, k, device, dtype
         self.launches = (cfg, _launches(cfg, B, V, k, stride_b, stride_v, 0))   # softmax_topk_2d's key
-        self.lanes = self.ws = None
+        self.lanes = self.ws = self.like = None
 
     def __call__(self, x: torch.Tensor, stream, capturing: bool) -> tuple:
         """``(values, indices, lse)`` of x on ``stream`` (the raw current CUDA stream; the call's key)."""
-        B, k, dev = self.B, self.k, self.device
-        out = (torch.empty((B, k), device=dev, dtype=torch.float32), torch.empty((B, k), device=dev, dtype=torch.int64),
-               torch.empty((B,), device=dev, dtype=torch.float32))
         lanes = self.lanes
-        if lanes is not None and not capturing:
+        if lanes is None or capturing:
+            B, k, dev = self.B, self.k, self.device
+            f32 = torch.float32
+            out = (torch.empty((B, k), device=dev, dtype=f32), torch.empty((B, k), device=dev, dtype=torch.int64),
+                   torch.empty((B,), device=dev, dtype=f32))
+        else:
+            like = self.like
+            out = (_empty_like(like[0]), _empty_like(like[1]), _empty_like(like[2]))
             xp = x.data_ptr()
             if not xp & 15 and not hooks_installed():
                 vals = (xp, out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr())
@@ -212,9 +217,11 @@ class TopKCall:
             lanes.append((launch, full, tuple((i, _SLOTS.index(v)) for i, v in enumerate(full)
                                               if isinstance(v, Slot))))
         self.ws = (ws, ws2)                              # held: the pointers in the lanes stay valid
+        self.like = tuple(torch.empty_like(t) for t in out)     # templates of later calls' outputs (own tensors)
         self.lanes = tuple(lanes)
 
 
+_empty_like = torch.empty_like
 _SLOTS = tuple(Slot() for _ in range(4))      # x, values, indices, lse: the order of a call's pointers
 
 

@@ -58,7 +58,7 @@ class SampleCall:
     stride -1 for a Python value (the pointer a dummy of the parameter's dtype, so scalar and per-row calls share
     one compiled kernel)."""
 
-    __slots__ = ("plan", "B", "V", "strides", "device", "kernels", "args", "lanes", "dtypes", "ws", "one")
+    __slots__ = ("plan", "B", "V", "strides", "device", "kernels", "args", "lanes", "dtypes", "ws", "one", "like")
 
     def __init__(self, plan: SamplePlan, B: int, V: int, stride_b: int, stride_v: int, t_mode: int,
                  device: torch.device, dtype: torch.dtype, philox: int = 0):
@@ -87,7 +87,7 @@ class SampleCall:
         # the compile keys of BoundKernel for aligned pointers: x, then the parameters' dtypes (t, top_k, top_p,
         # min_p dummies or tensors, u)
         self.dtypes = (dtype, torch.float32, torch.int64, torch.float32, torch.float32, torch.float32)
-        self.lanes = self.ws = None
+        self.lanes = self.ws = self.like = None
 
     def workspace(self, device: torch.device) -> tuple:
         """Tensors: top-k's scratch (ws, ws2), the candidates (values, indices, lse, flags) and the row kernel's
@@ -120,10 +120,14 @@ class SampleCall:
         a ``philox`` 1 call; the slots and six words of a ``philox`` 2 call), on ``stream`` (the raw current CUDA
         stream; the call's key)."""
         B, dev = self.B, self.device
+        like = self.like
         if self.one:        # B int64 ids, then B float32 log-probabilities (16-byte aligned: B rounded up to 2)
             buf = torch.empty(B + B % 2 + (B + 1) // 2, device=dev, dtype=torch.int64)
             ids = buf[:B]
             logp = buf[B + B % 2:].view(torch.float32)[:B]
+        elif like is not None and not capturing:       # templates kept beside the lanes: one argument to parse
+            ids = _empty_like(like[0])
+            logp = _empty_like(like[1])
         else:
             ids = torch.empty(B, device=dev, dtype=torch.int64)
             logp = torch.empty(B, device=dev, dtype=torch.float32)
@@ -211,7 +215,11 @@ class SampleCall:
             lanes.append((launch, full, tuple((i, _SLOTS.index(v)) for i, v in enumerate(full)
                                               if isinstance(v, Slot))))
         self.ws = views                                  # held: the pointers in the lanes stay valid
+        self.like = (torch.empty_like(ids), torch.empty_like(logp))     # templates of later calls' outputs
         self.lanes = tuple(lanes)
+
+
+_empty_like = torch.empty_like
 
 
 # x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p, then the Philox key, counter and
