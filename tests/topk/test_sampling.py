@@ -139,6 +139,7 @@ def test_sample_argument_validation():
     _raises(TypeError, "logits", x=torch.ones(2, 3, dtype=torch.int32))
     _raises(TypeError, "logits", x=[[1.0, 2.0]])
     _raises(ValueError, "non-empty", x=torch.empty(2, 0))
+    _raises(TypeError, "generator", generator=3)
     # valid values pass: per-row ints and floats, the bounds themselves, a one-element tensor for every row
     ids, logp = sample(torch.randn(2, 10), temperature=torch.tensor([0, 2]), top_p=torch.tensor([1.0, 0.5]),
                        top_k=torch.tensor([0, 3]))
@@ -271,6 +272,18 @@ def test_gpu_chi2_every_mix(kw, wide):
     assert_distribution(ids.cpu(), probs)
     torch.testing.assert_close(logp.cpu().double(), torch.from_numpy(np.log(probs[ids.cpu().numpy()])),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_generator_errors_name_sample():
+    """A generator that is not one (fast path and checked path alike), and a CPU generator for CUDA logits (greedy
+    calls too: the generator is checked whatever the parameters)."""
+    x = torch.randn(4, 1000, device="cuda")
+    for kw in ({}, {"top_k": 5}, {"top_k": torch.tensor([1, 2, 3, 4], device="cuda")}, {"temperature": 0.0}):
+        with pytest.raises(TypeError, match="^sample: generator"):
+            sample(x, generator=3, **kw)
+        with pytest.raises(ValueError, match="^sample: generator is a cpu generator"):
+            sample(x, generator=torch.Generator().manual_seed(0), **kw)
 
 
 @pytest.mark.gpu

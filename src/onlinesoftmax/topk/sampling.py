@@ -30,7 +30,8 @@ top-k above K) is finished by an exact kernel over its logits (bisection on the 
 torch ops (an exact ``torch.topk`` for an int ``top_k`` on the CPU, a sort otherwise).
 
 Arguments are checked where that needs no host synchronisation: Python values always (``temperature`` finite and
-``>= 0``, ``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``, ``top_k`` an int ``>= 1``), a tensor's dtype and size
+``>= 0``, ``top_p`` in ``(0, 1]``, ``min_p`` in ``[0, 1]``, ``top_k`` an int ``>= 1``, ``generator`` a
+``torch.Generator`` of the logits' device type where no ``uniform`` is given), a tensor's dtype and size
 always, and a tensor's values when it is on the CPU (``ValueError``). The values of a tensor on another device are
 not read by the host (the call stays sync-free and graph-safe): a row whose ``temperature``, ``top_p`` or ``min_p``
 is out of range there gets the result of a row with no distribution, below. With ``graph_draw="torch"``, a CUDA
@@ -160,6 +161,7 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
             and (top_k is None or (type(top_k) is int and top_k >= 1))
             and (top_p is None or (type(top_p) is float and 0.0 < top_p <= 1.0))
             and (min_p is None or (type(min_p) is float and 0.0 <= min_p <= 1.0))
+            and (generator is None or type(generator) is torch.Generator)
             and logits.is_cuda and logits.dim() == 2 and logits.dtype in _FAST_DTYPES and _FAST_DRAW
             and triton_available()):
         # the generate loop's call: [B, V] logits on CUDA, Python parameters in range, the kernels' draw. The same
@@ -171,6 +173,12 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
                 return _draw(logits, (B,), B, logits.device, "triton", temperature,
                              None if top_k is None else min(top_k, V), top_p, min_p, u, NO_SAMPLE_KNOBS, generator)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"sample: generator must be a torch.Generator or None, got {type(generator).__name__}")
+        if uniform is None and generator.device.type != dev.type:
+            raise ValueError(f"sample: generator is a {generator.device.type} generator and logits are on {dev}: "
+                             f"draws for {dev.type} logits need a {dev.type} generator")
     knobs = knobs or NO_SAMPLE_KNOBS
     if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
         if not isinstance(t, torch.Tensor) and t == 0:
@@ -236,7 +244,7 @@ def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend
 def _philox_state(generator, dev: torch.device) -> tuple | None:
     """The kernels' Philox key and counter words from ``generator`` (None: the device's default CUDA generator),
     whose offset then advances by 4 (one counter per row: row r draws from subsequence r at that offset); None for
-    a generator that is not a CUDA one (the caller's ``torch.rand`` then raises torch's error).
+    a generator that is not a CUDA one (the caller's checked path then raises ``sample``'s error).
 
     Only the device *type* is compared, as torch's own kernels do: ``torch.Generator(device="cuda")`` has the device
     ``cuda`` (no index), which is not equal to the logits' ``cuda:0``, and torch draws with it on any CUDA device.
