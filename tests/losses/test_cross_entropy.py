@@ -1,6 +1,7 @@
 """cross_entropy: torch path against F.cross_entropy, Triton kernels (interpreter on CPU) against the fp64 reference,
 plans, custom op under torch.compile, errors."""
 
+import importlib
 import math
 
 import pytest
@@ -12,6 +13,8 @@ from onlinesoftmax.losses import CEKnobs, explain
 from onlinesoftmax.losses.plan import CEProblem, plan_cross_entropy, with_knobs
 from onlinesoftmax.reference import losses as ref
 from onlinesoftmax.target import A100, H200, INTERPRETER
+
+CE = importlib.import_module("onlinesoftmax.losses.cross_entropy")     # the module (the package exports the op)
 
 # The Triton paths, forced small so the interpreter walks every loop and mask: one block; two passes of 256-wide
 # tiles; the row split over programs of 512 classes; the coop kernel (one chunk per row in the interpreter, where no
@@ -198,11 +201,20 @@ def test_class_dim_last(backend):
     torch.testing.assert_close(xl.grad, xr.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_out_of_range_target():
+@pytest.mark.parametrize("bad", [25, 20, -1, -101])
+def test_out_of_range_target(bad, monkeypatch):
+    """CPU tensors: an IndexError naming the function on both backends (torch's own message named neither, and the
+    torch path of linear_cross_entropy returned NaN); the kernels, which a CUDA call reaches unchecked, give that
+    row a NaN loss and the others theirs."""
     x, t = _inputs(3, 20, ignore_every=0)
-    t[1] = 25
-    with pytest.raises((IndexError, RuntimeError)):
-        oss.cross_entropy(x, t, backend="torch")
+    t[1] = bad
+    for backend in ("torch", "triton"):
+        with pytest.raises(IndexError, match=rf"^cross_entropy: target {bad} \(flat position 1\) is outside \[0, 20\)"):
+            oss.cross_entropy(x, t, backend=backend)
+        with pytest.raises(IndexError, match=rf"^linear_cross_entropy: target {bad} \(flat position 1\)"):
+            oss.linear_cross_entropy(torch.randn(3, 8), torch.randn(20, 8), t, backend=backend)
+    assert torch.isfinite(oss.cross_entropy(x, t, ignore_index=bad))        # ignore_index itself is fine
+    monkeypatch.setattr(CE, "_check_target_values", lambda *a: None)
     loss = oss.cross_entropy(x, t, backend="triton", reduction="none")
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
 

@@ -51,6 +51,20 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         raise ValueError(f"{name}: softcap must be None or > 0, got {softcap}")
 
 
+def _check_target_values(name, target, V: int, ignore_index: int) -> None:
+    """On the CPU (free to read): every target in [0, V) or ``ignore_index``, else an ``IndexError`` naming the
+    first one. On a GPU the values are not read by the host (no synchronisation): the Triton path gives that row a
+    NaN loss. Not under torch.compile or functorch transforms (a data-dependent branch)."""
+    if (target.device.type != "cpu" or target.numel() == 0 or torch.compiler.is_compiling()
+            or functorch_active()):
+        return
+    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+    if bad.any():
+        i = int(bad.reshape(-1).nonzero()[0, 0])
+        raise IndexError(f"{name}: target {int(target.reshape(-1)[i])} (flat position {i}) is outside [0, {V}) and "
+                         f"is not ignore_index ({ignore_index})")
+
+
 def _check_logits(name, logits, target, weight):
     check_float_tensor(logits, f"{name}: logits", _LOGIT_DTYPES)
     if logits.dim() < 1:
@@ -259,6 +273,7 @@ def _prepare(name, logits, target, weight, ignore_index, reduction, label_smooth
     _check_logits(name, logits, target, weight)
     if knobs is not None and not isinstance(knobs, CEKnobs):
         raise TypeError(f"{name}: knobs must be a CEKnobs, got {type(knobs).__name__}")
+    _check_target_values(name, target, logits.shape[-1], ignore_index)
     backend = resolve_backend(backend, logits, name)
     if knobs is not None and knobs.path == "torch":
         backend = "torch"
@@ -282,8 +297,9 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
     ``softcap=c`` applies ``c·tanh(logits / c)`` first (Gemma 2). bf16 / fp16 logits accumulate in fp32.
     Autograd to ``logits`` (the gradient in logits' dtype): when a gradient is needed the forward kernel writes
     it in the pass that reads the logits, and the backward only scales it by the incoming gradient (no traffic
-    when that is 1). A target outside [0, V) that is not ``ignore_index`` is an error on the torch path and a NaN
-    loss on the Triton path (no device sync to check it).
+    when that is 1). A target outside [0, V) that is not ``ignore_index`` is an ``IndexError`` naming this function
+    for CPU tensors; on CUDA the Triton path gives that row a NaN loss (no device sync to check it) and torch's
+    path (``backend="torch"``) raises torch's device-side assert.
 
     ``backend``: None (Triton for CUDA tensors, torch otherwise), ``"torch"`` or ``"triton"``;
     ``knobs``: a :class:`~onlinesoftmax.losses.plan.CEKnobs` override of the plan (tests, tuning).

@@ -28,7 +28,7 @@ import torch
 from .._checks import check_float_tensor
 from ..backend import resolve_backend
 from ..target import target_of
-from .cross_entropy import _check_common, _kernels, _reduction_coefs
+from .cross_entropy import _check_common, _check_target_values, _kernels, _reduction_coefs
 from .plan import CEKnobs, LCEKnobs, LCEPlan, LCEProblem, plan_linear_cross_entropy
 
 __all__ = ["explain_linear_cross_entropy", "linear_cross_entropy"]
@@ -436,6 +436,7 @@ def _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_
             raise ValueError(f"{name}: {n} is on {x.device}, hidden on {hidden.device}")
     if knobs is not None and not isinstance(knobs, LCEKnobs):
         raise TypeError(f"{name}: knobs must be an LCEKnobs, got {type(knobs).__name__}")
+    _check_target_values(name, target, weight.shape[0], ignore_index)
     backend = resolve_backend(backend, hidden, name)
     k = knobs or LCEKnobs()
     kargs = (k.chunk_tokens or 0, k.tile_bytes or 0, (k.ce.path or "") if k.ce is not None else "", k.scheme or "",
