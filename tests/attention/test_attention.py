@@ -458,6 +458,15 @@ def test_varlen_errors():
         oss.attention_varlen(q, k, v, cq, ck, 4, 4.0)
     with pytest.raises(ValueError, match="q must have 3 dimensions"):
         oss.attention_varlen(q[None], k, v, cq, ck, 4, 4)
+    # CPU tensors' values (a GPU's are not read: no synchronisation), on both backends
+    for backend in ("torch", "triton"):
+        for bad in ([1, 3, 7], [0, 5, 3], [0, 3, 6]):
+            with pytest.raises(ValueError, match=r"^onlinesoftmax.attention_varlen: cu_seqlens_q must start at 0"):
+                oss.attention_varlen(q, k, v, torch.tensor(bad, dtype=torch.int32), ck, 5, 4, backend=backend)
+        with pytest.raises(ValueError, match="cu_seqlens_k must start at 0"):
+            oss.attention_varlen(q, k, v, cq, torch.tensor([0, 3, 8], dtype=torch.int32), 4, 5, backend=backend)
+        with pytest.raises(ValueError, match="max_seqlen_k = 3 is less than sequence 1's length 4"):
+            oss.attention_varlen(q, k, v, cq, ck, 4, 3, backend=backend)
 
 
 def test_varlen_compile(kernel_device):

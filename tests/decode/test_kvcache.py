@@ -220,6 +220,19 @@ def test_errors():
         oss.attention_with_kvcache(q.half(), k, v, sl, block_table=table)
     with pytest.raises(ValueError, match="backend"):
         oss.attention_with_kvcache(q, k, v, sl, block_table=table, backend="cuda")
+    # CPU tensors: a page a sequence reads must be one of the cache's (a negative one indexed from the end); entries
+    # past a sequence's last page are never read, whatever they hold
+    n = k.shape[0]
+    for backend in ("torch", "triton"):
+        for page in (n, -1):
+            bad = table.clone()
+            bad[1, 1] = page                    # sequence 1 (6 keys, pages of 4) reads entries 0 and 1
+            with pytest.raises(IndexError, match=rf"^attention_with_kvcache: block_table\[1, 1\] = {page} "):
+                oss.attention_with_kvcache(q, k, v, sl, block_table=bad, backend=backend)
+        unused = table.clone()
+        unused[:, 2:] = -7
+        torch.testing.assert_close(oss.attention_with_kvcache(q, k, v, sl, block_table=unused, backend=backend),
+                                   oss.attention_with_kvcache(q, k, v, sl, block_table=table, backend=backend))
 
 
 def test_compile_fullgraph():

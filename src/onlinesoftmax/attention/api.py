@@ -722,6 +722,23 @@ def _check_cu(cu, name: str, q, op: str) -> None:
         raise ValueError(f"{op}: {name} must be on q's device {q.device}, got {cu.device}")
 
 
+def _check_cu_values(cus: tuple, totals: tuple, maxes: tuple, op: str) -> None:
+    """On the CPU (free to read): each cu_seqlens starts at 0, never decreases and ends at its tensor's rows, and
+    every length is at most its max_seqlen, else a ``ValueError`` naming the argument. On a GPU the values are not
+    read by the host (no synchronisation)."""
+    if cus[0].device.type != "cpu" or torch.compiler.is_compiling() or functorch_active():
+        return
+    for name, cu, total, m in zip(("cu_seqlens_q", "cu_seqlens_k"), cus, totals, maxes):
+        c = cu.tolist()
+        lengths = [b - a for a, b in zip(c, c[1:])]
+        if c[0] != 0 or c[-1] != total or any(n < 0 for n in lengths):
+            raise ValueError(f"{op}: {name} must start at 0, never decrease and end at the packed rows ({total}), "
+                             f"got {c if len(c) <= 8 else c[:4] + ['...'] + c[-3:]}")
+        if lengths and max(lengths) > m:
+            raise ValueError(f"{op}: max_seqlen_{name[-1]} = {m} is less than sequence {lengths.index(max(lengths))}'s "
+                             f"length {max(lengths)}")
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
                      window=None, softcap=None, return_lse=False, backend=None):
     """:func:`attention` over packed sequences (FlashAttention's varlen convention): training with packing, padded
@@ -736,7 +753,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         Cumulative lengths starting at 0 and ending at total_q / total_k; empty sequences allowed.
     max_seqlen_q, max_seqlen_k : int
         Bounds on the lengths (they size the grid: no host synchronisation reads cu_seqlens). They must be at
-        least every sequence's length, and the cu_seqlens must cover every row; neither is checked on the host.
+        least every sequence's length, and the cu_seqlens must cover every row: checked (``ValueError``) for CPU
+        tensors, not on a GPU (that would need a synchronisation).
     causal, scale, window, softcap, backend
         As :func:`attention`, per sequence (causal aligned bottom-right within each sequence).
 
@@ -758,6 +776,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}")
         if m == 0 and t.shape[0] > 0 and cu_seqlens_q.shape[0] > 1:
             raise ValueError(f"{_VOP}: {name} is 0 but the packed tensor has {t.shape[0]} rows")
+    _check_cu_values((cu_seqlens_q, cu_seqlens_k), (q.shape[0], k.shape[0]), (max_seqlen_q, max_seqlen_k), _VOP)
     left, right = _check_window(window, _VOP)
     backend = resolve_backend(backend, q, _VOP)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)

@@ -224,8 +224,24 @@ def _window(window) -> tuple[int, int]:
     return left, right
 
 
+def _check_pages(cache_seqlens: torch.Tensor, block_table: torch.Tensor, num_pages: int, page: int) -> None:
+    """On the CPU (free to read): every page a sequence reads (the first ⌈min(len, max_pages·page) / page⌉ entries
+    of its row) is in [0, num_pages), else an ``IndexError`` naming it (a negative entry would index from the end).
+    On a GPU the entries are not read by the host (no synchronisation)."""
+    if cache_seqlens.device.type != "cpu" or block_table.numel() == 0 or torch.compiler.is_compiling():
+        return
+    n = (cache_seqlens.long().clamp(0, block_table.shape[1] * page) + page - 1) // page
+    used = torch.arange(block_table.shape[1]) < n.unsqueeze(1)
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    if bad.any():
+        b, i = (int(x) for x in bad.nonzero()[0])
+        raise IndexError(f"attention_with_kvcache: block_table[{b}, {i}] = {int(block_table[b, i])} is not a page "
+                         f"of the cache (0 <= page < {num_pages}), and sequence {b} reads it")
+
+
 def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap):
-    """Shapes, dtypes and devices only: nothing here reads a tensor's values (no host synchronisation)."""
+    """Shapes, dtypes and devices; a tensor's values only on the CPU (the block table's pages): nothing here
+    synchronises with a GPU."""
     f = "attention_with_kvcache"
     Tensor, dev = torch.Tensor, getattr(q, "device", None)
     if not (isinstance(q, Tensor) and isinstance(k_cache, Tensor) and isinstance(v_cache, Tensor)
@@ -267,6 +283,7 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise ValueError(f"{f}: block_table is on {block_table.device}, q on {dev}")
         if not 1 <= ks[2] <= 256:
             raise ValueError(f"{f}: page size must be in [1, 256], got {ks[2]}")
+        _check_pages(cache_seqlens, block_table, ks[0], ks[2])
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"{f}: scale must be a number or None, got {type(scale).__name__}")
     if softcap is not None and (not isinstance(softcap, (int, float)) or softcap < 0):
@@ -288,7 +305,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     cache_seqlens : int32 ``[B]``: valid keys of sequence b, the Sq new tokens included. Slots at or past it
         (and pages past its last) are never read; they may hold NaN.
     block_table : int32 ``[B, max_pages]``: key j of sequence b is at page ``block_table[b, j // page_size]``,
-        slot ``j % page_size``. Page sizes 1 to 256.
+        slot ``j % page_size``. Page sizes 1 to 256. The pages a sequence reads must be in ``[0, num_pages)``
+        (checked for CPU tensors; entries past a sequence's last page are never read).
     causal : query i attends key j iff ``j <= cache_seqlens[b] − Sq + i`` (bottom-right aligned; torch SDPA's
         ``is_causal`` aligns top-left).
     scale : default ``D ** -0.5``; ``softcap=c``: scores ``c·tanh(s / c)``; ``window=(left, right)`` (−1 unbounded):
