@@ -686,3 +686,117 @@ def test_gpu_fast_call_skips_only_the_checks(monkeypatch):
     n = len(calls)
     softmax_topk(x, 5, backend="triton")
     assert len(calls) == n + 1
+
+
+# ---- autograd and torch.compile -----------------------------------------------------------------------------------
+def _grad_reference(x: torch.Tensor, idx: torch.Tensor, dv: torch.Tensor, dlse: torch.Tensor, dim: int):
+    """dx of Σ dv·softmax(x)[idx] + Σ dlse·logsumexp(x), by fp64 autograd (idx: the op's own selection)."""
+    x64 = x.detach().double().requires_grad_()
+    v = torch.softmax(x64, dim).gather(dim, idx)
+    ((v * dv.double()).sum() + (torch.logsumexp(x64, dim) * dlse.double()).sum()).backward()
+    return x64.grad
+
+
+def _grad_check(x, k, dim, backend):
+    xr = x.clone().requires_grad_()
+    r = softmax_topk(xr, k, dim, backend=backend)
+    assert r.values.requires_grad and r.lse.requires_grad and not r.indices.requires_grad
+    dv, dlse = torch.randn(r.values.shape, device=x.device), torch.randn(r.lse.shape, device=x.device)
+    ((r.values * dv).sum() + (r.lse * dlse).sum()).backward()
+    want = _grad_reference(x, r.indices, dv, dlse, dim)
+    assert xr.grad.dtype == x.dtype and xr.grad.shape == x.shape
+    # the error of torch's own softmax backward in x's dtype, against the same fp64 result, bounds ours
+    xt = x.clone().requires_grad_()
+    vt = torch.softmax(xt.float(), dim).gather(dim, r.indices)
+    ((vt * dv).sum() + (torch.logsumexp(xt.float(), dim) * dlse).sum()).backward()
+    tol = 2 * (xt.grad.double() - want).abs().max().item() + 4 * torch.finfo(x.dtype).eps
+    assert (xr.grad.double() - want).abs().max().item() <= tol
+    return r
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_gradients_match_fp64_autograd(backend, dtype, kernel_device):
+    """values and lse differentiable on both backends (the router's softmax + top-k); dim, strides, k = V, a row
+    with masked (-inf) entries among the selected ones."""
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    x = torch.randn(4, 300, device=dev).to(dtype)
+    x[1, 10:] = -INF                            # 10 live entries, k = 13 selects 3 masked ones (p = 0)
+    _grad_check(x, 13, -1, backend)
+    _grad_check(x, 300, -1, backend)
+    _grad_check(torch.randn(40, 3, 5, device=dev).to(dtype), 4, 0, backend)      # strided rows
+    xs = torch.randn(300, 4, device=dev).to(dtype).t()                            # transposed
+    _grad_check(xs, 7, 1, backend)
+
+
+def test_gradient_of_values_only_and_lse_only():
+    x = torch.randn(3, 64)
+    for use in ("values", "lse"):
+        xr = x.clone().requires_grad_()
+        r = softmax_topk(xr, 5)
+        getattr(r, use).sum().backward()
+        x64 = x.double().requires_grad_()
+        (torch.softmax(x64, -1).gather(-1, r.indices).sum() if use == "values" else torch.logsumexp(x64, -1).sum()
+         ).backward()
+        torch.testing.assert_close(xr.grad.double(), x64.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_no_grad_and_detached_calls_build_no_graph():
+    x = torch.randn(3, 64, requires_grad=True)
+    with torch.no_grad():
+        assert not softmax_topk(x, 5).values.requires_grad
+    assert not softmax_topk(x.detach(), 5).values.requires_grad
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_compile_fullgraph_forward_and_backward(backend, kernel_device):
+    """One custom op under torch.compile(fullgraph=True): the CPU path's data-dependent tie handling and the
+    kernels' launches are inside it; the same values, indices, lse and gradients as eager."""
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    x = torch.randn(2, 7, 40, device=dev)
+
+    def f(x):
+        r = softmax_topk(x, 4, dim=1, backend=backend)
+        return (r.values * r.values).sum() + r.lse.sum(), r.indices, r.lse
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = compiled(xa), f(xb)
+    a[0].backward()
+    b[0].backward()
+    torch.testing.assert_close(a[0], b[0])
+    assert torch.equal(a[1], b[1])
+    torch.testing.assert_close(a[2], b[2])
+    torch.testing.assert_close(xa.grad, xb.grad)
+    with torch.no_grad():
+        r = torch.compile(lambda x: softmax_topk(x, 3, backend=backend), fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(r.values, softmax_topk(x, 3, backend=backend).values)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck(backend, kernel_device):
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    for x in (torch.randn(3, 50, device=dev, requires_grad=True), torch.randn(50, 3, device=dev).t()):
+        torch.library.opcheck(torch.ops.onlinesoftmax.softmax_topk.default, (x, 5, backend))
+
+
+@pytest.mark.gpu
+def test_gpu_gradients_and_compile():
+    """The kernels' forward under autograd and torch.compile (inductor) at a router's and a vocabulary's size."""
+    for B, V, k, dtype in ((4096, 64, 8, torch.bfloat16), (8, 128256, 50, torch.float32)):
+        x = torch.randn(B, V, device="cuda").to(dtype)
+        r = _grad_check(x, k, -1, "triton")
+        assert_matches_ref(r, x, k)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+
+    def f(x):
+        r = softmax_topk(x, 8)
+        return (r.values * torch.arange(8, device=x.device)).sum() + r.lse.sum()
+
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a = torch.compile(f, fullgraph=True)(xa)
+    b = f(xb)
+    a.backward()
+    b.backward()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(xa.grad, xb.grad)

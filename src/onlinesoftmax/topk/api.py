@@ -182,16 +182,73 @@ def _rows(x: torch.Tensor, k, dim: int):
     return xt.reshape(-1, n), xt.shape[:-1], dim, k, squeeze
 
 
+def _rows_impl(x2: torch.Tensor, k: int, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(values [B, k], indices [B, k], lse [B])`` of the rows ``x2`` ``[B, V]`` on ``backend``."""
+    if backend == "torch" or x2.shape[0] == 0:
+        return _torch_2d(x2, k)
+    from .launch import cached_plan, softmax_topk_2d
+
+    if x2.dtype == torch.float64:
+        x2 = x2.float()
+    cfg = cached_plan(x2.shape[0], x2.shape[1], k, x2.dtype, x2.device)
+    return _torch_2d(x2, k) if cfg.path == "sort" else softmax_topk_2d(x2, k, cfg)
+
+
+def _rows_op_impl(x2: torch.Tensor, k: int, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    values, indices, lse = _rows_impl(x2, k, backend)
+    return values.contiguous(), indices.contiguous(), lse.contiguous()
+
+
+_softmax_topk_op = torch.library.custom_op("onlinesoftmax::softmax_topk", _rows_op_impl, mutates_args=())
+
+
+@_softmax_topk_op.register_fake
+def _(x2, k, backend):
+    B = x2.shape[0]
+    return (x2.new_empty((B, k), dtype=torch.float32), x2.new_empty((B, k), dtype=torch.int64),
+            x2.new_empty((B,), dtype=torch.float32))
+
+
+def _rows_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[0], output[1])
+
+
+def _rows_backward(ctx, dvalues, _dindices, dlse):
+    """dx from the values' and lse's gradients: with p = softmax(x) and v = p at the indices,
+    ``dx = scatter(dv·v) − p·(Σ dv·v − dlse)`` (``∂p_a/∂x_j = p_a(δ_aj − p_j)``, ``∂lse/∂x = p``)."""
+    x2, values, indices = ctx.saved_tensors
+    xf = x2 if x2.dtype == torch.float64 else x2.float()
+    p = torch.softmax(xf, dim=-1)
+    c = torch.zeros(x2.shape[:1], dtype=xf.dtype, device=x2.device)
+    if dvalues is not None:
+        g = dvalues.to(xf.dtype) * values.to(xf.dtype)
+        c = c + g.sum(-1)
+    if dlse is not None:
+        c = c - dlse.to(xf.dtype)
+    dx = p * -c.unsqueeze(-1)
+    if dvalues is not None:
+        dx = dx.scatter_add(-1, indices, g)
+    return dx.to(x2.dtype), None, None
+
+
+torch.library.register_autograd("onlinesoftmax::softmax_topk", _rows_backward, setup_context=_rows_setup)
+
+
 def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None = None) -> TopK:
     """The ``k`` largest probabilities of ``softmax(x, dim)``, their indices and ``logsumexp(x, dim)``.
 
     One read of ``x`` and no probability tensor of the size of ``x`` on the Triton path. Returns
     ``TopK(values, indices, lse)``: ``values`` float32 and ``indices`` int64 of ``x``'s shape with ``dim`` of
     size ``k`` (sorted descending, ties to the lower index), ``lse`` float32 of ``x``'s shape without ``dim``.
+
+    Differentiable in ``x`` through ``values`` and ``lse`` on both backends (a router's gates: softmax, then the
+    top k): the backward recomputes ``p = softmax(x)`` and forms ``dx = scatter(dv·v) − p·(Σ dv·v − dlse)`` with
+    torch ops. ``torch.compile(fullgraph=True)`` traces it as one custom op (``onlinesoftmax::softmax_topk``).
     """
     global _topk_2d
     if (type(x) is torch.Tensor and backend is None and type(k) is int and type(dim) is int and (dim == -1 or dim == 1)
-            and x.is_cuda and x.dim() == 2 and x.dtype in _FAST_DTYPES and _topk_2d is not None):
+            and x.is_cuda and x.dim() == 2 and x.dtype in _FAST_DTYPES and _topk_2d is not None
+            and not x.requires_grad and not torch.compiler.is_compiling()):
         # the decode call, [B, V] on the GPU after a first one: the checks below on exact types, no reshapes, the
         # bound problem (host time is the cost here)
         B, V = x.shape
@@ -201,7 +258,8 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
                 return TopK(*out)
     check_float_tensor(x, "softmax_topk: x")
     which = resolve_backend(backend, x, "softmax_topk")
-    if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64:
+    traced = torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled())
+    if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64 and not traced:
         k = _check_k(k, x.shape[1])
         if x.shape[0]:
             if _topk_2d is None:
@@ -210,15 +268,10 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
             if out is not None:
                 return TopK(*out)
     x2, lead, dim, k, squeeze = _rows(x, k, dim)
-    if which == "torch" or x2.shape[0] == 0:
-        values, indices, lse = _torch_2d(x2, k)
+    if traced:      # autograd or torch.compile: the custom op (its backward above)
+        values, indices, lse = torch.ops.onlinesoftmax.softmax_topk(x2, k, which)
     else:
-        from .launch import cached_plan, softmax_topk_2d
-
-        if x2.dtype == torch.float64:
-            x2 = x2.float()
-        cfg = cached_plan(x2.shape[0], x2.shape[1], k, x2.dtype, x2.device)
-        values, indices, lse = _torch_2d(x2, k) if cfg.path == "sort" else softmax_topk_2d(x2, k, cfg)
+        values, indices, lse = _rows_impl(x2, k, which)
     values = values.reshape(*lead, k).movedim(-1, dim)
     indices = indices.reshape(*lead, k).movedim(-1, dim)
     lse = lse.reshape(lead)
