@@ -539,3 +539,69 @@ def test_gpu_fast_path_matches_the_checked_path(monkeypatch):
                {"min_p": -0.1}, {"top_k": 0}, {"top_k": True}):
         with pytest.raises((ValueError, TypeError), match="sample: "):
             sample(x, **kw)
+
+
+# ---- torch.compile -----------------------------------------------------------------------------------------------
+def _sample_fn(backend):
+    def f(x, u, t, k, p, q):
+        return sample(x, uniform=u, temperature=t, top_k=k, top_p=p, min_p=q, backend=backend)
+    return f
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_compile_fullgraph_matches_eager(backend, kernel_device):
+    """One custom op (``onlinesoftmax::sample``) under torch.compile(fullgraph=True), the same ids and
+    log-probabilities as eager for the same draws: Python parameters that change between calls (torch.compile
+    then makes them dynamic), per-row tensors, leading dims, greedy calls; the draws in the graph by default."""
+    torch._dynamo.reset()       # the recompiles below count per code object (f's, shared by both backends)
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    x = torch.randn(6, 300, device=dev)
+    u = torch.rand(6, device=dev)
+    f = _sample_fn(backend)
+    c = torch.compile(f, fullgraph=True, backend="aot_eager")
+    per_row = (torch.tensor([0.0, 1.0, 2.0, 0.5, 1.0, 0.7], device=dev), torch.tensor([0, 3, 5, 1, 2, 40], device=dev),
+               torch.tensor([1.0, 0.5, 0.9, 0.2, 1.0, 0.95], device=dev), None)
+    for args in ((0.8, 5, 0.9, None), (0.0, 5, 0.9, None), (1.3, 7, 0.5, 0.05), (0.5, None, 0.7, None),
+                 (1.0, None, None, 0.2), per_row):
+        a, b = c(x, u, *args), f(x, u, *args)
+        assert torch.equal(a[0], b[0]), args
+        torch.testing.assert_close(a[1], b[1], equal_nan=True)
+    x3 = x.reshape(2, 3, 300)
+    a = torch.compile(lambda x: sample(x, temperature=0.0, backend=backend), fullgraph=True, backend="aot_eager")(x3)
+    assert a[0].shape == (2, 3) and torch.equal(a[0], x3.argmax(-1)) and (a[1] == 0).all()
+    torch.manual_seed(5)
+    ids, logp = torch.compile(lambda x: sample(x, top_k=20, backend=backend), fullgraph=True, backend="aot_eager")(x)
+    top = x.topk(20, -1).indices
+    assert ids.shape == (6,) and (ids.unsqueeze(-1) == top).any(-1).all() and torch.isfinite(logp).all()
+
+
+def test_compile_rejects_generator_and_knobs():
+    x, g = torch.randn(2, 30), torch.Generator()
+    with pytest.raises(Exception, match="generator is not supported under torch.compile"):
+        torch.compile(lambda x: sample(x, generator=g), fullgraph=True, backend="aot_eager")(x)
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    with pytest.raises(Exception, match="knobs are not supported under torch.compile"):
+        torch.compile(lambda x: sample(x, knobs=SampleKnobs()), fullgraph=True, backend="aot_eager")(x)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_sample_opcheck(backend, kernel_device):
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    x, u = torch.randn(4, 100, device=dev), torch.rand(4, device=dev)
+    t = torch.full((4, 1), 0.7, device=dev)
+    for args in ((None, 0.8, None, 5, None, 0.9, None, -1.0, u), (t, 0.0, None, 0, None, -1.0, None, 0.1, u),
+                 (None, 0.0, None, 0, None, -1.0, None, -1.0, None)):
+        torch.library.opcheck(torch.ops.onlinesoftmax.sample.default, (x, *args, backend))
+
+
+@pytest.mark.gpu
+def test_gpu_compile_inductor_matches_eager():
+    x = torch.randn(8, 128256, device="cuda")
+    u = torch.rand(8, device="cuda")
+    f = _sample_fn(None)
+    c = torch.compile(f, fullgraph=True)
+    for args in ((0.8, 50, 0.9, None), (1.0, None, 0.9, None), (0.7, 50, None, 0.1)):
+        a, b = c(x, u, *args), f(x, u, *args)
+        assert torch.equal(a[0], b[0]), args
+        torch.testing.assert_close(a[1], b[1])

@@ -71,7 +71,8 @@ def _number(v, name: str, ok, rule: str):
 
 
 def _t_rule(v: float) -> bool:
-    return math.isfinite(v) and v >= 0
+    return v - v == 0 and v >= 0        # finite (v − v is NaN for ±inf and NaN): traces where math.isfinite does not
+                                        # (a float torch.compile made dynamic after it changed between calls)
 
 
 def _p_rule(v: float) -> bool:
@@ -90,7 +91,8 @@ def _per_row(v: torch.Tensor, B: int, device, dtype, name: str, ok=None, rule: s
         raise TypeError(f"sample: {name} must be {want} tensor, got a {str(v.dtype)[6:]} tensor")
     if v.numel() not in (1, B):
         raise ValueError(f"sample: {name} must hold 1 or {B} values (one per row), got shape {tuple(v.shape)}")
-    if ok is not None and v.device.type == "cpu" and v.numel() and not bool(ok(v.to(torch.float64)).all()):
+    if (ok is not None and v.device.type == "cpu" and v.numel() and not torch.compiler.is_compiling()
+            and not bool(ok(v.to(torch.float64)).all())):
         bad = v.reshape(-1)[~ok(v.reshape(-1).to(torch.float64))][:4].tolist()
         raise ValueError(f"sample: {name} must be {rule} on every row, got {bad}")
     return v.to(device=device, dtype=dtype).reshape(-1, 1).expand(B, 1)
@@ -167,11 +169,13 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         # the generate loop's call: [B, V] logits on CUDA, Python parameters in range, the kernels' draw. The same
         # checks as below, done on exact types in one expression (any other argument takes the full path)
         B, V = logits.shape
-        if B and V and not torch._C._cuda_isCurrentStreamCapturing():
+        if B and V and not torch.compiler.is_compiling() and not torch._C._cuda_isCurrentStreamCapturing():
             u = _philox_state(generator, logits.device)
             if u is not None:
                 return _draw(logits, (B,), B, logits.device, "triton", temperature,
                              None if top_k is None else min(top_k, V), top_p, min_p, u, NO_SAMPLE_KNOBS, generator)
+    if torch.compiler.is_compiling():
+        return _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
     if generator is not None:
         if not isinstance(generator, torch.Generator):
@@ -200,6 +204,50 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
 
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FAST_DRAW = sample_draw_of(NO_SAMPLE_KNOBS) == "kernel"    # the default eager draw: Philox in the kernels
+
+
+def _split(v, none):
+    """A checked parameter as the custom op takes it: ``(tensor, 0)`` or ``(None, value)`` (``none`` for None)."""
+    return (v, 0) if isinstance(v, torch.Tensor) else (None, none if v is None else v)
+
+
+def _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs):
+    """``sample`` under torch.compile: the same checks (a CPU tensor's values are not read: data-dependent), the
+    draws ``u = torch.rand(B)`` in the graph (or ``uniform``), then one custom op, ``onlinesoftmax::sample``."""
+    which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
+    if generator is not None:
+        raise TypeError("sample: generator is not supported under torch.compile: draw uniform=torch.rand(B, "
+                        "generator=g) outside the compiled region, or leave the default generator")
+    if knobs is not None:
+        raise TypeError("sample: knobs are not supported under torch.compile")
+    if uniform is not None:
+        u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
+    else:
+        u = None if not isinstance(t, torch.Tensor) and t == 0 else torch.rand(B, device=dev)
+    ids, logp = torch.ops.onlinesoftmax.sample(x, *_split(t, 1.0), *_split(kk, 0), *_split(pp, -1.0),
+                                               *_split(qq, -1.0), u, which)
+    return (ids, logp) if len(lead) == 1 else (ids.reshape(lead), logp.reshape(lead))
+
+
+def _sample_op_impl(x: torch.Tensor, t: torch.Tensor | None, t_value: float, k: torch.Tensor | None, k_value: int,
+                    p: torch.Tensor | None, p_value: float, q: torch.Tensor | None, q_value: float,
+                    u: torch.Tensor | None, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B], logp [B])`` of ``x`` ``[B, V]``: each parameter a ``[B, 1]`` tensor or a value (top_k 0, top_p
+    and min_p -1: none), ``u`` the draws (None: every row greedy)."""
+    B = x.shape[0]
+    ids, logp = _draw(x, (B,), B, x.device, backend, t if t is not None else t_value,
+                      k if k is not None else k_value or None, p if p is not None else None if p_value < 0 else p_value,
+                      q if q is not None else None if q_value < 0 else q_value, u, NO_SAMPLE_KNOBS, None)
+    return ids.contiguous(), logp.contiguous()
+
+
+_sample_op = torch.library.custom_op("onlinesoftmax::sample", _sample_op_impl, mutates_args=())
+
+
+@_sample_op.register_fake
+def _(x, t, t_value, k, k_value, p, p_value, q, q_value, u, backend):
+    B = x.shape[0]
+    return x.new_empty((B,), dtype=torch.int64), x.new_empty((B,), dtype=torch.float32)
 
 
 def _draw(x, lead, B: int, dev, which: str, t, kk, pp, qq, u, knobs, generator):
