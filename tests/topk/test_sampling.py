@@ -575,6 +575,13 @@ def test_compile_fullgraph_matches_eager(backend, kernel_device):
     assert ids.shape == (6,) and (ids.unsqueeze(-1) == top).any(-1).all() and torch.isfinite(logp).all()
 
 
+def test_outputs_carry_no_gradient():
+    x = torch.randn(3, 20, requires_grad=True)
+    for kw in ({}, {"top_k": 5}, {"top_p": 0.5}, {"temperature": torch.full((3,), 0.7, requires_grad=True)}):
+        ids, logp = sample(x, **kw)
+        assert not logp.requires_grad and not ids.requires_grad
+
+
 def test_compile_rejects_generator_and_knobs():
     x, g = torch.randn(2, 30), torch.Generator()
     with pytest.raises(Exception, match="generator is not supported under torch.compile"):

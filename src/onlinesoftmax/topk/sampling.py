@@ -156,7 +156,9 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose running mass
     reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device). ``backend``:
     ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
-    ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests).
+    ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests). The outputs carry no gradient.
+    Under ``torch.compile`` a call is one custom op (``onlinesoftmax::sample``), its draws ``torch.rand`` in the
+    graph; ``generator`` and ``knobs`` are not supported there.
     """
     if (type(logits) is torch.Tensor and uniform is None and backend is None and knobs is None
             and type(temperature) is float and 0.0 < temperature < math.inf
@@ -261,7 +263,8 @@ def _draw(x, lead, B: int, dev, which: str, t, kk, pp, qq, u, knobs, generator):
             return out if len(lead) == 1 else (out[0].reshape(lead), out[1].reshape(lead))
         if type(u) is tuple:    # the sort path (top_k past the fused kernels) draws with torch
             u = torch.rand(B, device=dev, generator=generator)     # (a capture's slots unused: left to it)
-    return _sample_torch(x.float(), t, kk, pp, qq, None if u is None else u.reshape(-1, 1), lead)
+    with torch.no_grad():       # no gradient on any path (the kernels' outputs carry none either)
+        return _sample_torch(x.float(), t, kk, pp, qq, None if u is None else u.reshape(-1, 1), lead)
 
 
 def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend: str | None = None, target=None,
