@@ -780,6 +780,39 @@ def test_opcheck(backend, kernel_device):
         torch.library.opcheck(torch.ops.onlinesoftmax.softmax_topk.default, (x, 5, backend))
 
 
+def test_kernel_backward_runs_and_special_rows(kernel_device, monkeypatch):
+    """The Triton backend's backward is the row kernel (``launch.topk_backward``: one read of x, p from the saved
+    lse); on special rows (all -inf, NaN, +inf, ties, one live entry, huge magnitudes) it agrees with the torch
+    path's exact softmax, NaN exactly where torch.softmax's rows are NaN."""
+    from onlinesoftmax.topk import launch
+
+    ran = []
+    real = launch.topk_backward
+    monkeypatch.setattr(launch, "topk_backward", lambda *a: ran.append(1) or real(*a))
+    x = _special_rows(300, torch.Generator().manual_seed(1))
+    grads = {}
+    for backend in ("torch", "triton"):
+        xr = x.to(kernel_device if backend == "triton" else "cpu").requires_grad_()
+        r = softmax_topk(xr, 5, backend=backend)
+        ((r.values * torch.arange(5.0, device=xr.device)).sum() + r.lse.sum()).backward()
+        grads[backend] = xr.grad.cpu()
+    assert ran == [1]
+    a, b = grads["torch"], grads["triton"]
+    nan_rows = torch.isnan(torch.softmax(x.double(), -1)).any(-1)
+    assert torch.equal(torch.isnan(a).any(-1), nan_rows) and torch.equal(torch.isnan(b).any(-1), nan_rows)
+    torch.testing.assert_close(b[~nan_rows], a[~nan_rows], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_backward_opcheck(backend, kernel_device):
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    x = torch.randn(3, 70, device=dev)
+    v, i, l = torch.ops.onlinesoftmax.softmax_topk(x, 4, backend)
+    dv, dl = torch.randn(3, 4, device=dev), torch.randn(3, device=dev)
+    for args in ((dv, dl), (dv, None), (None, dl)):
+        torch.library.opcheck(torch.ops.onlinesoftmax.softmax_topk_backward.default, (x, v, i, l, *args, backend))
+
+
 @pytest.mark.gpu
 def test_gpu_gradients_and_compile():
     """The kernels' forward under autograd and torch.compile (inductor) at a router's and a vocabulary's size."""

@@ -5,8 +5,8 @@ Triton specialises an integer argument equal to 1 into a constant (a Python int 
 ``softmax_topk`` of a 1 x 3 row with k = 2 crashed on the GPU. The launches of ``topk/launch.py:_launches`` are
 compiled as a real launch specialises them (``tools/compiler_report.py:compile_launch``), for B, V, k in {1, 2, 3}
 with contiguous, transposed and unit strides, in one launch (a row in one chunk) and in two, and for plans with
-the two-level merge, the exact path apart, the narrow merge and 3-bit bisection at B = 1 (k = 1 or 3). The goal
-shapes at B = 1 are in the compiler report.
+the two-level merge, the exact path apart, the narrow merge and 3-bit bisection at B = 1 (k = 1 or 3); the
+backward's row kernel at unit sizes and strides. The goal shapes at B = 1 are in the compiler report.
 
 In a child process: under TRITON_INTERPRET=1 (CI) the kernels are interpreter objects, which do not compile.
 """
@@ -58,6 +58,18 @@ for k, knobs in ((1, dict(tree=2, exact_apart=True)), (1, dict(tree=2)), (3, dic
                  (3, dict(kb=2, width=8, peel=2)), (1, dict(radix=3))):
     plan = tp.topk_plan(1, 300, k, 4, H200, tp.Knobs.of(block=128, **knobs))
     compile_plan(plan, 1, 300, k, 300, 1)
+for B, V in ((1, 1), (1, 3), (3, 1), (2, 300), (70, 64)):      # the backward's row kernel
+    bk = TL._grad_launch(B, V)
+    for (sb, sv), dt in itertools.product(((V, 1), (1, B), (1, 1)), (torch.float32, torch.bfloat16)):
+        a = (CR._meta((B, V), dt), CR._meta((B,), torch.float32), CR._meta((B,), torch.float32), CR._meta((B, V), dt),
+             sb, sv, B, V, -(-V // bk.meta["BLOCK"]))
+        key = CR._key(bk.fn, bk.meta, a)
+        if key not in seen:
+            try:
+                seen[key] = CR.compile_launch(bk.fn, a, bk.meta, 90)
+            except Exception as e:
+                seen[key] = None
+                failed.append(f"_topk_grad_kernel B={B} V={V} strides=({sb}, {sv}) {dt}: {type(e).__name__}: {e}")
 names = sorted({json.loads(key)[0] for key in seen})
 print(json.dumps(dict(compiled=len(seen), failed=failed, names=names)))
 """
@@ -85,7 +97,8 @@ def test_topk_kernels_compile_with_unit_sizes_and_strides():
     out = _compile_probe(PROBE)
     assert not out["failed"], "\n".join(out["failed"])
     # both launch shapes of a one-chunk row (one launch, and stage 1 + merge) and the exact path apart compiled
-    assert out["names"] == ["_topk_chunk_kernel", "_topk_exact_kernel", "_topk_merge_kernel", "_topk_row_kernel"]
+    assert out["names"] == ["_topk_chunk_kernel", "_topk_exact_kernel", "_topk_grad_kernel", "_topk_merge_kernel",
+                            "_topk_row_kernel"]
     assert out["compiled"] >= 30
 
 

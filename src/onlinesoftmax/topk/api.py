@@ -209,26 +209,46 @@ def _(x2, k, backend):
             x2.new_empty((B,), dtype=torch.float32))
 
 
+def _rows_backward_impl(x2: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
+                        dvalues: torch.Tensor | None, dlse: torch.Tensor | None, backend: str) -> torch.Tensor:
+    """dx of the rows ``x2`` from the values' and lse's gradients. With p = softmax(x) and v = p at the indices,
+    ``∂p_a/∂x_j = p_a(δ_aj − p_j)`` and ``∂lse/∂x = p``: ``dx = scatter(dv·v) − p·c`` with ``c = Σ dv·v − dlse``.
+    The kernels (``launch.topk_backward``: p from the saved lse, one read of x) or torch ops (fp64: its own
+    softmax)."""
+    if backend == "triton" and x2.dtype != torch.float64:
+        from .launch import topk_backward
+
+        return topk_backward(x2, values, indices, lse, dvalues, dlse)
+    xf = x2 if x2.dtype == torch.float64 else x2.float()
+    c = torch.zeros(x2.shape[:1], dtype=xf.dtype, device=x2.device)
+    if dvalues is not None:
+        c = c + (dvalues.to(xf.dtype) * values.to(xf.dtype)).sum(-1)
+    if dlse is not None:
+        c = c - dlse.to(xf.dtype)
+    dx = torch.softmax(xf, dim=-1) * -c.unsqueeze(-1)
+    if dvalues is not None:      # the selected entries: v·dv − v·c
+        dx.scatter_(-1, indices, values.to(xf.dtype) * (dvalues.to(xf.dtype) - c.unsqueeze(-1)))
+    return dx.to(x2.dtype)
+
+
+_softmax_topk_backward_op = torch.library.custom_op("onlinesoftmax::softmax_topk_backward", _rows_backward_impl,
+                                                    mutates_args=())
+
+
+@_softmax_topk_backward_op.register_fake
+def _(x2, values, indices, lse, dvalues, dlse, backend):
+    return x2.new_empty(x2.shape)
+
+
 def _rows_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], output[0], output[1])
+    ctx.backend = inputs[2]
+    ctx.save_for_backward(inputs[0], *output)
 
 
 def _rows_backward(ctx, dvalues, _dindices, dlse):
-    """dx from the values' and lse's gradients: with p = softmax(x) and v = p at the indices,
-    ``dx = scatter(dv·v) − p·(Σ dv·v − dlse)`` (``∂p_a/∂x_j = p_a(δ_aj − p_j)``, ``∂lse/∂x = p``)."""
-    x2, values, indices = ctx.saved_tensors
-    xf = x2 if x2.dtype == torch.float64 else x2.float()
-    p = torch.softmax(xf, dim=-1)
-    c = torch.zeros(x2.shape[:1], dtype=xf.dtype, device=x2.device)
-    if dvalues is not None:
-        g = dvalues.to(xf.dtype) * values.to(xf.dtype)
-        c = c + g.sum(-1)
-    if dlse is not None:
-        c = c - dlse.to(xf.dtype)
-    dx = p * -c.unsqueeze(-1)
-    if dvalues is not None:
-        dx = dx.scatter_add(-1, indices, g)
-    return dx.to(x2.dtype), None, None
+    x2, values, indices, lse = ctx.saved_tensors
+    return torch.ops.onlinesoftmax.softmax_topk_backward(x2, values, indices, lse, dvalues, dlse, ctx.backend), \
+        None, None
 
 
 torch.library.register_autograd("onlinesoftmax::softmax_topk", _rows_backward, setup_context=_rows_setup)
@@ -242,8 +262,9 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     size ``k`` (sorted descending, ties to the lower index), ``lse`` float32 of ``x``'s shape without ``dim``.
 
     Differentiable in ``x`` through ``values`` and ``lse`` on both backends (a router's gates: softmax, then the
-    top k): the backward recomputes ``p = softmax(x)`` and forms ``dx = scatter(dv·v) − p·(Σ dv·v − dlse)`` with
-    torch ops. ``torch.compile(fullgraph=True)`` traces it as one custom op (``onlinesoftmax::softmax_topk``).
+    top k): ``dx = scatter(dv·v) − p·(Σ dv·v − dlse)``, p recomputed from the saved lse by one kernel on the Triton
+    path. ``torch.compile(fullgraph=True)`` traces forward and backward as custom ops
+    (``onlinesoftmax::softmax_topk``, ``::softmax_topk_backward``).
     """
     global _topk_2d
     if (type(x) is torch.Tensor and backend is None and type(k) is int and type(dim) is int and (dim == -1 or dim == 1)

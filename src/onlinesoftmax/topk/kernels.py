@@ -580,3 +580,23 @@ def _ranked(buf, n, m, d, c, CAP: tl.constexpr, FAST: tl.constexpr):
     p = tl.exp2(_log2_rel(_value_of(key), c, m, FAST)) / d
     p = tl.where((m == float("inf")) | (m == float("-inf")), float("nan"), p)
     return j, p, ind
+
+
+@triton.jit
+def _topk_grad_kernel(x_ptr, lse_ptr, c_ptr, dx_ptr, stride_b, stride_v, B, V, NB,
+                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """The backward of ``(values, lse)`` over a ``[ROWS, BLOCK]`` tile of rows (NB column blocks per row block):
+    ``dx = −p·c`` with ``p = 2^((x − lse)·log2 e)`` from the forward's lse and ``c = Σ dv·v − dlse`` per row.
+    The k selected entries are overwritten after by ``v·(dv − c)`` (``launch.topk_backward``)."""
+    pid = tl.program_id(0)
+    rb = pid // NB
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    cols = (pid - rb * NB) * BLOCK + tl.arange(0, BLOCK)
+    ok_r = rows < B
+    mask = ok_r[:, None] & (cols < V)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_b + cols.to(tl.int64)[None, :] * stride_v, mask=mask, other=0.0)
+    lse = tl.load(lse_ptr + rows, mask=ok_r, other=0.0)
+    c = tl.load(c_ptr + rows, mask=ok_r, other=0.0)
+    p = tl.exp2((x.to(tl.float32) - lse[:, None]) * LOG2E)
+    tl.store(dx_ptr + r64 * V + cols[None, :], (-p * c[:, None]).to(dx_ptr.dtype.element_ty), mask=mask)

@@ -16,7 +16,7 @@ from .._triton.launch import (
     stream_scratch,
 )
 from ..target import target_of
-from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_merge_kernel, _topk_row_kernel
+from .kernels import _topk_chunk_kernel, _topk_exact_kernel, _topk_grad_kernel, _topk_merge_kernel, _topk_row_kernel
 from .plan import Plan, topk_plan
 
 
@@ -252,3 +252,34 @@ def topk_2d(x: torch.Tensor, k: int) -> tuple | None:
         capturing = torch._C._cuda_isCurrentStreamCapturing()
     call = topk_call(x, k, stream)
     return None if call is None else call(x, stream, capturing)
+
+
+GRAD_TILE = 4096        # entries per program of the backward's row kernel (rows of fewer entries share a tile)
+
+
+@cached
+def _grad_launch(B: int, V: int) -> BoundKernel:
+    block = min(pow2(V), GRAD_TILE)
+    rows = GRAD_TILE // block
+    nb = -(-V // block)
+    return BoundKernel(_topk_grad_kernel, (-(-B // rows) * nb,), dict(ROWS=rows, BLOCK=block, num_warps=4))
+
+
+def topk_backward(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
+                  dvalues: torch.Tensor | None, dlse: torch.Tensor | None) -> torch.Tensor:
+    """dx ``[B, V]`` (x's dtype, contiguous) of ``softmax_topk``'s values and lse: with ``p = softmax(x)`` and
+    ``v = p`` at the indices, ``dx = scatter(dv·v) − p·c``, ``c = Σ dv·v − dlse``: one read of x and one write
+    of dx (``_topk_grad_kernel``), then the k selected entries set to ``v·(dv − c)``."""
+    B, V = x.shape
+    c = torch.zeros(B, device=x.device, dtype=torch.float32)
+    if dvalues is not None:
+        c += (dvalues.float() * values).sum(-1)
+    if dlse is not None:
+        c -= dlse.float()
+    dx = torch.empty((B, V), device=x.device, dtype=x.dtype)
+    if B:
+        _grad_launch(B, V)((x, lse, c, dx, x.stride(0), x.stride(1), B, V, -(-V // min(pow2(V), GRAD_TILE))),
+                           (x,), x.device)
+    if dvalues is not None:
+        dx.scatter_(-1, indices, (values * (dvalues.float() - c.unsqueeze(-1))).to(x.dtype))
+    return dx
