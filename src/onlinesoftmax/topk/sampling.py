@@ -175,7 +175,8 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
             u = _philox_state(generator, logits.device)
             if u is not None:
                 return _draw(logits, (B,), B, logits.device, "triton", temperature,
-                             None if top_k is None else min(top_k, V), top_p, min_p, u, NO_SAMPLE_KNOBS, generator)
+                             None if top_k is None else min(top_k, V), top_p, min_p, u, NO_SAMPLE_KNOBS, generator,
+                             False)
     if torch.compiler.is_compiling():
         return _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
@@ -252,13 +253,14 @@ def _(x, t, t_value, k, k_value, p, p_value, q, q_value, u, backend):
     return x.new_empty((B,), dtype=torch.int64), x.new_empty((B,), dtype=torch.float32)
 
 
-def _draw(x, lead, B: int, dev, which: str, t, kk, pp, qq, u, knobs, generator):
-    """``sample``'s result from its checked arguments (see :func:`_arguments`) and the draw ``u``."""
+def _draw(x, lead, B: int, dev, which: str, t, kk, pp, qq, u, knobs, generator, capturing=None):
+    """``sample``'s result from its checked arguments (see :func:`_arguments`) and the draw ``u``; ``capturing``:
+    whether the current CUDA stream is being captured, where the caller knows it (None: asked)."""
     if which == "triton" and B > 0:
         global _sample_2d
         if _sample_2d is None:
             from .sampling_launch import sample_2d as _sample_2d
-        out = _sample_2d(x, t, kk, pp, qq, u, knobs)
+        out = _sample_2d(x, t, kk, pp, qq, u, knobs, capturing)
         if out is not None:
             return out if len(lead) == 1 else (out[0].reshape(lead), out[1].reshape(lead))
         if type(u) is tuple:    # the sort path (top_k past the fused kernels) draws with torch

@@ -237,7 +237,9 @@ def sample_call(x: torch.Tensor, greedy: bool, top_k, t_mode: int, knobs: Sample
     B, V = x.shape
     sb, sv = x.stride()
     dtype, dev = x.dtype, x.device
-    key = (B, V, sb, sv, dtype, dev, stream, greedy, top_k, t_mode, knobs, philox)
+    # the default knobs as None: a frozen dataclass hashes its fields on every call
+    key = (B, V, sb, sv, dtype, dev, stream, greedy, top_k, t_mode, None if knobs is NO_SAMPLE_KNOBS else knobs,
+           philox)
     call = _calls.get(key)
     if call is None:
         plan = cached_sample_plan(B, V, dtype, dev, greedy, top_k, knobs)
@@ -257,12 +259,13 @@ def _param(v, off) -> tuple:
     return None, off if v is None else v, -1
 
 
-def sample_2d(x: torch.Tensor, t, kk, pp, qq, u, knobs: SampleKnobs = NO_SAMPLE_KNOBS):
+def sample_2d(x: torch.Tensor, t, kk, pp, qq, u, knobs: SampleKnobs = NO_SAMPLE_KNOBS, capturing=None):
     """``(ids [B], logp [B])`` for ``x`` ``[B, V]`` (B >= 1) and the rows' uniforms ``u`` (float32 ``[B]`` on x's
     device; None for an all-greedy call; or :func:`sampling.philox_words` of a generator, or a capture's slots and
     words, ``sampling._graph_philox``: the kernels draw them) on the
     kernels, or None where ``softmax_topk`` would take its sort path (``top_k`` above the fused kernels' range):
-    the caller runs torch's path then."""
+    the caller runs torch's path then. ``capturing``: whether x's current stream is being captured, where the
+    caller knows it (None: asked here)."""
     if x.dtype == torch.float64:
         x = x.float()
     greedy = not isinstance(t, torch.Tensor) and t == 0
@@ -270,10 +273,13 @@ def sample_2d(x: torch.Tensor, t, kk, pp, qq, u, knobs: SampleKnobs = NO_SAMPLE_
         kk = pp = qq = None
     tt = _param(t, 1.0)
     t_mode = 0 if tt[2] < 0 and tt[1] == 1.0 else 1
-    stream, capturing = None, False
+    stream = None
     if x.is_cuda:
         stream = current_stream(current_device())
-        capturing = torch._C._cuda_isCurrentStreamCapturing()
+        if capturing is None:
+            capturing = torch._C._cuda_isCurrentStreamCapturing()
+    else:
+        capturing = False
     philox = 0 if type(u) is not tuple else 1 if len(u) == 4 else 2
     call = sample_call(x, greedy, kk if isinstance(kk, int) else None, t_mode, knobs, stream, philox)
     if call is None:
