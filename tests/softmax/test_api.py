@@ -74,6 +74,51 @@ def test_strided_inputs(backend, name):
         assert_matches_low_precision_eager(name, out, x, dim)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layouts_without_a_row_view(backend):
+    """Dims that fold into no (outer, inner) pair of strides: x and y are copied to rows and the result copied
+    back into y, which keeps x's strides (the fake implementation's). A [B, S, H, D] tensor seen as [B, H, S, D]
+    returned an unwritten y on the Triton path (softmax along D or B), as did channels_last along W or H."""
+    from onlinesoftmax.softmax.geometry import row_geometry_of
+
+    views = [(torch.randn(2, 5, 3, 7, device=DEV).transpose(1, 2), (3, 0)),
+             (torch.randn(2, 3, 4, 5, device=DEV).to(memory_format=torch.channels_last), (3, 2)),
+             (torch.randn(3, 4, 5, 6, device=DEV).permute(2, 0, 3, 1), (0, 1, 2, 3))]
+    for x, dims in views:
+        for dim in dims:
+            if dim in (0, 3) and x.dim() == 4 and x.shape[1] == 3 and x.shape[2] == 5:
+                assert row_geometry_of(x.shape, (x.stride(),), dim) is None      # the copy path runs
+            for name, (fn, torch_fn, _) in FNS.items():
+                out = fn(x, dim, backend=backend)
+                assert_matches_low_precision_eager(name, out, x, dim)
+                if name == "logsumexp":
+                    continue
+                assert out.stride() == x.stride(), (name, dim)
+                g = torch.randn_like(x).transpose(0, 1).contiguous().transpose(0, 1)     # dy of other strides
+                a = x.clone().requires_grad_()
+                fn(a, dim, backend=backend).backward(g)
+                e = x.double().requires_grad_()
+                torch_fn(e, dim).backward(g.double())
+                torch.testing.assert_close(a.grad.double(), e.grad, rtol=1e-5, atol=1e-6)
+                assert a.grad.stride() == x.stride()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
+    """The custom ops against their fake implementations and registered autograd (strides included), on a
+    contiguous tensor and on layouts with and without a row view."""
+    ops = torch.ops.onlinesoftmax
+    for x in (torch.randn(3, 40, device=DEV), torch.randn(2, 5, 3, 7, device=DEV).transpose(1, 2),
+              torch.randn(2, 3, 4, 5, device=DEV).to(memory_format=torch.channels_last)):
+        for dim in (0, x.dim() - 1):
+            for mode in (0, 1):
+                torch.library.opcheck(ops.softmax.default, (x.clone().requires_grad_(), dim, mode, x.dtype, backend))
+                y = ops.softmax(x, dim, mode, x.dtype, backend)
+                torch.library.opcheck(ops.softmax_backward.default, (y, torch.randn_like(y), dim, mode == 1, x.dtype,
+                                                                     backend))
+            torch.library.opcheck(ops.logsumexp.default, (x.clone().requires_grad_(), dim, backend))
+
+
 SPECIAL_ROWS = [
     [0.0, 1.0, 2.0, 3.0],
     [-math.inf, -math.inf, -math.inf, -math.inf],

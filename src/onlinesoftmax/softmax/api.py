@@ -80,23 +80,37 @@ def _kernels():
 
 
 
+def _in_layout_of(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``r`` (t's shape) with the strides of ``torch.empty_like(t)``, what the ops' fake implementations promise:
+    torch's own kernels return a dense layout of their choosing for some strided inputs (a transposed 4-D one)."""
+    if r.stride() == t.stride():
+        return r
+    y = torch.empty_like(t, dtype=r.dtype)
+    if y.stride() == r.stride():
+        return r
+    return y.copy_(r)
+
+
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
     dim %= max(x.dim(), 1)          # the ops take torch's negative dims too (the public functions check the range)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
-        return _torch_forward(x, dim, mode, out_dtype)
+        r = _torch_forward(x, dim, mode, out_dtype)
+        return r if mode == LOGSUMEXP else _in_layout_of(r, x)
     y = torch.empty_like(x, dtype=out_dtype)
     _triton_forward(x, y, dim, mode)
     return y
 
 
 def _triton_forward(x: torch.Tensor, y: torch.Tensor, dim: int, mode: int):
-    """The kernels' softmax / log-softmax of x into y (x's shape); the bound launch where x and y have a row view,
-    None where x was copied to one first."""
+    """The kernels' softmax / log-softmax of x into y (x's shape and strides); the bound launch where x and y have
+    a row view, None where they were copied to one first (the result then copied into y)."""
     K = _kernels()
     launch = K.forward_rows(x, y, dim, mode)
     if launch is None:
-        (x, y), (M, N, inner, (gx, gy)) = rows_or_copy([x, y], dim)
-        K.forward(x, y, gx, gy, M, N, inner, mode)
+        (xc, yc), (M, N, inner, (gx, gy)) = rows_or_copy([x, y], dim)
+        K.forward(xc, yc, gx, gy, M, N, inner, mode)
+        if yc is not y:
+            y.copy_(yc)
     return launch
 
 
@@ -112,12 +126,14 @@ def _softmax_backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: boo
                            backend: str) -> torch.Tensor:
     dim %= max(y.dim(), 1)
     if backend == "torch" or y.numel() == 0 or y.dim() == 0:
-        return _torch_backward_fast(y, dy, dim, log, in_dtype)
+        return _in_layout_of(_torch_backward_fast(y, dy, dim, log, in_dtype), y)
     K = _kernels()
 
-    dx = torch.empty_like(y, dtype=in_dtype)
-    (y, dy, dx), (M, N, inner, (gy, gdy, gdx)) = rows_or_copy([y, dy, dx], dim)
-    K.backward(y, dy, dx, gy, gdy, gdx, M, N, inner, log)
+    dx = torch.empty_like(y, dtype=in_dtype)       # the fake implementation's strides
+    (yc, dyc, dxc), (M, N, inner, (gy, gdy, gdx)) = rows_or_copy([y, dy, dx], dim)
+    K.backward(yc, dyc, dxc, gy, gdy, gdx, M, N, inner, log)
+    if dxc is not dx:
+        dx.copy_(dxc)
     return dx
 
 
