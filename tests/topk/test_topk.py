@@ -773,6 +773,24 @@ def test_compile_fullgraph_forward_and_backward(backend, kernel_device):
     torch.testing.assert_close(r.values, softmax_topk(x, 3, backend=backend).values)
 
 
+def test_torch_func_transforms():
+    """vmap, grad and jacrev trace torch ops (a stable sort for the indices): the same values and gradients."""
+    x = torch.randn(4, 3, 30)
+    x[0, 0, 5:9] = 1.5                                      # ties: the lower index first under vmap too
+    for backend in ("torch", "triton"):
+        r = torch.vmap(lambda t: tuple(softmax_topk(t, 6, backend=backend)))(x)
+        want = softmax_topk(x, 6, backend="torch")
+        assert torch.equal(r[1], want.indices)
+        torch.testing.assert_close(r[0], want.values)
+        torch.testing.assert_close(r[2], want.lse)
+    g = torch.func.grad(lambda t: (softmax_topk(t, 3).values * torch.arange(3.0)).sum())(x[1])
+    x1 = x[1].clone().requires_grad_()
+    (softmax_topk(x1, 3).values * torch.arange(3.0)).sum().backward()
+    torch.testing.assert_close(g, x1.grad)
+    J = torch.func.jacrev(lambda t: softmax_topk(t, 2).lse)(x[2, 0])
+    torch.testing.assert_close(J, torch.softmax(x[2, 0], -1))
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_opcheck(backend, kernel_device):
     dev = kernel_device if backend == "triton" else torch.device("cpu")

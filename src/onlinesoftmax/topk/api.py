@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .._checks import check_dim, check_float_tensor
-from ..backend import resolve_backend
+from ..backend import functorch_active, resolve_backend
 from ..target import Target, target_of
 from .plan import Plan, topk_plan
 
@@ -159,9 +159,9 @@ def _torch_2d(x: torch.Tensor, k: int):
 
     ``values`` are torch's ``softmax(x)`` at those entries: ``p = e^(x − m) / d``, exact at any magnitude of x
     (``e^(x − lse)`` loses ``log d`` to the rounding of a large lse). ``lse = m + log d = m − log p(argmax)``, as
-    ``p(argmax) = e^0 / d``."""
+    ``p(argmax) = e^0 / d``. Under torch.func transforms the sort (``_top_indices`` synchronises)."""
     xf = x.float() if x.dtype != torch.float64 else x
-    idx = (_top_indices if xf.device.type == "cpu" else _sorted_indices)(xf, k)
+    idx = (_top_indices if xf.device.type == "cpu" and not functorch_active() else _sorted_indices)(xf, k)
     p = torch.softmax(xf, dim=-1).gather(-1, idx)
     m = xf.gather(-1, idx[:, :1]).squeeze(-1)           # the row's maximum (NaN if it holds one: NaN ranks first)
     ok = torch.isfinite(m)
@@ -269,7 +269,7 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     global _topk_2d
     if (type(x) is torch.Tensor and backend is None and type(k) is int and type(dim) is int and (dim == -1 or dim == 1)
             and x.is_cuda and x.dim() == 2 and x.dtype in _FAST_DTYPES and _topk_2d is not None
-            and not x.requires_grad and not torch.compiler.is_compiling()):
+            and not x.requires_grad and not torch.compiler.is_compiling() and not functorch_active()):
         # the decode call, [B, V] on the GPU after a first one: the checks below on exact types, no reshapes, the
         # bound problem (host time is the cost here)
         B, V = x.shape
@@ -279,7 +279,7 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
                 return TopK(*out)
     check_float_tensor(x, "softmax_topk: x")
     which = resolve_backend(backend, x, "softmax_topk")
-    traced = torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled())
+    traced = torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()) or functorch_active()
     if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64 and not traced:
         k = _check_k(k, x.shape[1])
         if x.shape[0]:
@@ -289,7 +289,9 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
             if out is not None:
                 return TopK(*out)
     x2, lead, dim, k, squeeze = _rows(x, k, dim)
-    if traced:      # autograd or torch.compile: the custom op (its backward above)
+    if functorch_active():      # torch.func transforms (vmap, grad): torch ops they trace, a sort for the indices
+        values, indices, lse = _torch_2d(x2, k)
+    elif traced:                # autograd or torch.compile: the custom op (its backward above)
         values, indices, lse = torch.ops.onlinesoftmax.softmax_topk(x2, k, which)
     else:
         values, indices, lse = _rows_impl(x2, k, which)
