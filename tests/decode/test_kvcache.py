@@ -235,6 +235,16 @@ def test_errors():
                                    oss.attention_with_kvcache(q, k, v, sl, block_table=table, backend=backend))
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck(backend, kernel_device):
+    dev = kernel_device if backend == "triton" else CPU
+    for page in (0, 4):
+        k, v, sl, table = make_cache(2, 2, 16, [5, 9], 16, torch.float32, dev, page=page, strided=True)
+        q = torch.randn(2, 1, 4, 16, device=dev).transpose(1, 2)     # [B, Sq, H, D] seen as [B, H, Sq, D]
+        torch.library.opcheck(torch.ops.onlinesoftmax.attention_with_kvcache.default,
+                              (q, k, v, sl, table, True, 0.25, -1, -1, 0.0, backend))
+
+
 def test_compile_fullgraph():
     k, v, sl, table = make_cache(2, 2, 16, [5, 9], 16, torch.float32, CPU, page=4)
     q = torch.randn(2, 4, 2, 16)

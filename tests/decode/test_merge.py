@@ -146,3 +146,19 @@ def test_compile_fullgraph():
     ro, rl = oss.merge_attention_states(oa, la, ob, lb)
     torch.testing.assert_close(o, ro)
     torch.testing.assert_close(lse, rl)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend, kernel_device):
+    """The op against its fake implementation (contiguous o and lse, whatever the inputs' strides: the torch path
+    returned o_a's transposed strides where the fake promised them and the kernel wrote contiguous ones) and its
+    registered autograd."""
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    oa = torch.randn(2, 3, 5, 8, device=dev).transpose(1, 2)
+    la = torch.randn(2, 3, 5, device=dev).transpose(1, 2)
+    ob, lb = _states((2, 5, 3, 8), torch.float32, dev)
+    for args in ((oa, la, ob, lb), (ob, lb, oa, la), (oa.contiguous(), la.contiguous(), ob, lb)):
+        torch.library.opcheck(torch.ops.onlinesoftmax.merge_attention_states.default,
+                              (*(t.clone().requires_grad_() for t in args), backend))
+        o, lse = oss.merge_attention_states(*args, backend=backend)
+        assert o.is_contiguous() and lse.is_contiguous()

@@ -440,3 +440,19 @@ def test_eager_call_matches_the_custom_op_bitwise():
                                                    kw.get("z_loss", 0.0), None, True, "", 0, -1, 0, 0, -1, -1, -1)[0]
         (op.sum() * 1.5).backward()
         assert torch.equal(loss, op.detach()) and torch.equal(g, xl.grad), kw
+
+
+@pytest.mark.parametrize("backend_device", ["cpu", "kernel"])
+def test_opcheck(backend_device, kernel_device):
+    """The forward op against its fake implementation (loss and the gradient it writes) for each reduction, with
+    and without weight and a gradient; the in-place scale op too."""
+    dev = kernel_device if backend_device == "kernel" else torch.device("cpu")
+    x = torch.randn(6, 37, device=dev)
+    t = torch.randint(0, 37, (6,), device=dev)
+    t[2] = -100
+    w = torch.rand(37, device=dev)
+    for reduction, weight, need in (("mean", None, True), ("sum", w, True), ("none", None, False), ("mean", w, False)):
+        torch.library.opcheck(torch.ops.onlinesoftmax.cross_entropy.default,
+                              (x, t, weight, -100, reduction, 0.1, 1e-4, None, need, *CE._knob_args(CEKnobs())))
+    torch.library.opcheck(torch.ops.onlinesoftmax.cross_entropy_scale_.default,
+                          (x.clone(), torch.tensor(2.0, device=dev)))

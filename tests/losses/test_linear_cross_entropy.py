@@ -2,6 +2,7 @@
 chunking, gradients to all three, plans, errors."""
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -184,3 +185,18 @@ def test_vocab_plan_fits_budget():
         plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(scheme="rows"))
     with pytest.raises(ValueError, match="vocab"):
         plan_linear_cross_entropy(LCEProblem(8, 4, 10, 2, True), H200, LCEKnobs(scheme="tokens", vocab_chunk=64))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck(backend, kernel_device):
+    """The forward and backward ops against their fake implementations (every gradient on or off, a bias)."""
+    LCE = importlib.import_module("onlinesoftmax.losses.linear_cross_entropy")     # the module
+
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    h, W, b = torch.randn(6, 16, device=dev), torch.randn(37, 16, device=dev), torch.randn(37, device=dev)
+    t = torch.randint(0, 37, (6,), device=dev)
+    for bias, need in ((None, (True, True, False)), (b, (True, False, True)), (b, (False, False, False))):
+        h2, t2, which, kargs = LCE._prepare("linear_cross_entropy", h, W, t, bias, -100, "mean", 0.0, 0.0, None,
+                                            backend, None)
+        torch.library.opcheck(torch.ops.onlinesoftmax.linear_cross_entropy.default,
+                              (h2, W, bias, t2, -100, "mean", 0.0, 0.0, None, *need, which, *kargs))

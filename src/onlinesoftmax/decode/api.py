@@ -44,7 +44,8 @@ def _merge_torch(o_a, lse_a, o_b, lse_b):
     wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref)).unsqueeze(-1)
     wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref)).unsqueeze(-1)
     o = torch.where(wa > 0, wa * o_a.to(acc), 0.0) + torch.where(wb > 0, wb * o_b.to(acc), 0.0)
-    return o.to(o_a.dtype), lse
+    # contiguous, as the kernels' outputs and the fake implementation's (elementwise ops follow the inputs' strides)
+    return o.to(o_a.dtype).contiguous(), lse.contiguous()
 
 
 def _acc(*ts) -> torch.dtype:
@@ -79,7 +80,8 @@ _merge_op = torch.library.custom_op("onlinesoftmax::merge_attention_states", _me
 
 @_merge_op.register_fake
 def _(o_a, lse_a, o_b, lse_b, backend):
-    return torch.empty_like(o_a), torch.empty(o_a.shape[:-1], dtype=_acc(o_a, lse_a, o_b, lse_b), device=o_a.device)
+    return (torch.empty(o_a.shape, dtype=o_a.dtype, device=o_a.device),
+            torch.empty(o_a.shape[:-1], dtype=_acc(o_a, lse_a, o_b, lse_b), device=o_a.device))
 
 
 def _merge_grads(o_a, lse_a, o_b, lse_b, o, lse, do, dlse):
