@@ -56,7 +56,7 @@ def test_warmup_warms_each_drawing_sample_call_in_its_captured_form(monkeypatch)
 
     seen = []
 
-    def record(x, t, kk, pp, qq, u, knobs):
+    def record(x, t, kk, pp, qq, u, knobs, capturing=None):
         seen.append((x.shape[0], t, kk, pp, qq, u))
 
     monkeypatch.setattr(sampling, "resolve_backend", lambda backend, x, op: "triton")

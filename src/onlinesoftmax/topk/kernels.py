@@ -96,11 +96,19 @@ def _exp2(x, FAST: tl.constexpr):
 def _log2_rel(x, c, m2, FAST: tl.constexpr):
     """``x·c − m2`` (``c = log2(e) / T``) with one rounding: an FMA, so the term is exact relative to the row's
     reference even when |x| is large (the interpreter emulates the FMA in fp64). Stage 1 and the merge use this
-    same form."""
-    if FAST:
-        return tl.fma(x, c, -m2)
+    same form.
+
+    Where ``|m2| >= 2^30`` (|x| / T past ~7e8: a tiny temperature) the FMA's exact residual of the max itself,
+    up to half an ulp of m2 (>= 64), would overflow the exponentials: there ``x·c`` rounded as ``x / T`` is in
+    fp32 (torch's form), and the terms are 0 for the entries whose rounded ``x·c`` equals m2 and -inf for the
+    others (each at least 2^64 times less likely: 2^-64 is not kept anywhere in fp32 sums of 1)."""
+    if (m2 >= 1073741824.0) | (m2 <= -1073741824.0):        # a uniform branch: one per chunk or row
+        r = tl.where(x * c == m2, 0.0, float("-inf"))
+    elif FAST:
+        r = tl.fma(x, c, -m2)
     else:
-        return (x.to(tl.float64) * c.to(tl.float64) - m2.to(tl.float64)).to(tl.float32)
+        r = (x.to(tl.float64) * c.to(tl.float64) - m2.to(tl.float64)).to(tl.float32)
+    return r
 
 
 @triton.jit
