@@ -179,7 +179,9 @@ def _draw(p, ind, j, K, lse, row, u, ids_ptr, logp_ptr, flag_ptr, t_ptr, t_val, 
                                      q_ptr, q_val, q_stride, row, V)
     undefined = bad | ~((lse > float("-inf")) & (lse < float("inf")))    # also NaN
     greedy = t == 0.0
-    all_in = K == V                         # the candidates are the whole row: every filter ends inside
+    # the candidates are the whole row, or the rest of it has no mass in fp32 (the K-th candidate's p is 0, so every
+    # entry past it is: a peaked row, a tiny temperature): every filter ends inside
+    all_in = (K == V) | (tl.sum(tl.where(j == K - 1, p, 0.0)) == 0.0)
     # a. top-k: decided when kk <= K (its mass W known); off (kk = V) it keeps the whole row, of mass 1
     k_on = kk < V
     k_dec = (k_on & (kk <= K)) | all_in
