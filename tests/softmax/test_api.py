@@ -380,3 +380,29 @@ def test_explain_knobs():
     with pytest.raises(TypeError):
         Knobs.of(chunks=3)                  # the knob is `chunk`
     assert Knobs.of(chunk=3) == Knobs(chunk=3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logsumexp_over_several_dims(backend):
+    """A tuple or list of dims as torch.logsumexp takes them: values, keepdim, gradients, empty dims; errors."""
+    x = torch.randn(3, 4, 5, 6, device=DEV)
+    for dims in ((0, 2), [3, 1], (-1, 0, 1), (2,), (0, 1, 2, 3)):
+        for keepdim in (False, True):
+            xr = x.clone().requires_grad_()
+            out = oss.logsumexp(xr, dims, keepdim, backend=backend)
+            want = torch.logsumexp(x.double(), dims, keepdim)
+            assert out.shape == want.shape
+            torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-6)
+            g = torch.randn_like(out)
+            out.backward(g)
+            xd = x.double().requires_grad_()
+            torch.logsumexp(xd, dims, keepdim).backward(g.double())
+            torch.testing.assert_close(xr.grad.double(), xd.grad, rtol=1e-5, atol=1e-7)
+    assert oss.logsumexp(torch.randn(0, 3, device=DEV), (0,), backend=backend).tolist() == [-math.inf] * 3
+    assert oss.logsumexp(torch.tensor(2.0, device=DEV), (0,), backend=backend).item() == 2.0
+    with pytest.raises(ValueError, match="logsumexp: dim .* more than once"):
+        oss.logsumexp(x, (0, -4), backend=backend)
+    with pytest.raises(ValueError, match="at least one"):
+        oss.logsumexp(x, (), backend=backend)
+    with pytest.raises(IndexError, match="logsumexp: dim"):
+        oss.logsumexp(x, (0, 4), backend=backend)

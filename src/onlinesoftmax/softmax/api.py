@@ -434,9 +434,13 @@ def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None
     return _softmax_call("log_softmax", LOG_SOFTMAX, x, dim, dtype, backend)
 
 
-def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False, *,
+def logsumexp(x: torch.Tensor, dim: int | tuple[int, ...] = -1, keepdim: bool = False, *,
               backend: str | None = None) -> torch.Tensor:
-    """``torch.logsumexp`` over one ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf."""
+    """``torch.logsumexp`` over ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf. ``dim``
+    an int, or a tuple / list of distinct ints as torch takes them (those dims moved last and reduced as one row:
+    a copy where they do not fold into one)."""
+    if isinstance(dim, (tuple, list)):
+        return _logsumexp_dims(x, dim, keepdim, backend)
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
     if functorch_active():
         out = _LogsumexpFunction.apply(x, dim, backend).to(x.dtype)
@@ -447,6 +451,23 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False, *,
     else:                           # no autograd: the kernel writes x's dtype (no second launch to cast)
         out = _logsumexp_rows(x, dim, backend, x.dtype)
     return out.unsqueeze(dim) if keepdim and x.dim() else out
+
+
+def _logsumexp_dims(x, dims, keepdim: bool, backend) -> torch.Tensor:
+    check_float_tensor(x, "logsumexp: x")
+    if not dims:
+        raise ValueError("logsumexp: dim must name at least one dimension, got an empty tuple")
+    ds = [check_dim(d, x.dim(), "logsumexp: dim") for d in dims]
+    if len(set(ds)) != len(ds):
+        raise ValueError(f"logsumexp: dim {dims} names a dimension more than once")
+    if x.dim() == 0 or len(ds) == 1:
+        return logsumexp(x, ds[0], keepdim, backend=backend)
+    rest = [i for i in range(x.dim()) if i not in ds]
+    rows = x.permute(*rest, *ds)
+    out = logsumexp(rows.reshape(*rows.shape[:len(rest)], -1), -1, backend=backend)
+    if keepdim:
+        out = out.reshape([1 if i in ds else x.shape[i] for i in range(x.dim())])
+    return out
 
 
 # ---- introspection ------------------------------------------------------------------------------------------------
