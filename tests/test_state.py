@@ -145,6 +145,17 @@ def test_bad_arguments():
         SoftmaxState.from_tensor(torch.zeros(2, dtype=torch.int64))
 
 
+def test_combine_shapes_broadcast_or_raise():
+    a = SoftmaxState.from_tensor(torch.randn(3, 10))
+    b = SoftmaxState.from_tensor(torch.randn(1, 10))                # shape (1,): broadcasts
+    torch.testing.assert_close((a | b).logsumexp(), torch.logaddexp(a.logsumexp(), b.logsumexp()))
+    torch.testing.assert_close((a | SoftmaxState.identity(())).logsumexp(), a.logsumexp())
+    with pytest.raises(ValueError, match=r"SoftmaxState.combine: the states' shapes \(3,\) and \(2,\)"):
+        a | SoftmaxState.from_tensor(torch.randn(2, 10))
+    with pytest.raises(TypeError, match="SoftmaxState.combine: other"):
+        a.combine(torch.randn(3))
+
+
 def test_reduce_takes_a_sequence_and_plus_is_refused():
     """``reduce([s1, s2])`` merges a list of states (it used to fail unpacking it); ``s + s`` used to return a
     4-tuple (NamedTuple concatenation) and now says what to use instead."""

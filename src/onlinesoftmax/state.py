@@ -76,7 +76,16 @@ class SoftmaxState(NamedTuple):
         return SoftmaxState(m, d)
 
     def combine(self, other: SoftmaxState) -> SoftmaxState:
-        """The paper's ⊕: ``m = max(m1, m2)``, ``d = d1·e^(m1−m) + d2·e^(m2−m)``."""
+        """The paper's ⊕: ``m = max(m1, m2)``, ``d = d1·e^(m1−m) + d2·e^(m2−m)``. The two states' shapes
+        broadcast, as torch's elementwise ops (``identity(())`` merges with a state of any shape)."""
+        if not isinstance(other, SoftmaxState):
+            raise TypeError(f"SoftmaxState.combine: other must be a SoftmaxState, got {type(other).__name__}")
+        if self.m.shape != other.m.shape:
+            try:
+                torch.broadcast_shapes(self.m.shape, other.m.shape)
+            except RuntimeError:
+                raise ValueError(f"SoftmaxState.combine: the states' shapes {tuple(self.m.shape)} and "
+                                 f"{tuple(other.m.shape)} do not broadcast") from None
         m = torch.maximum(self.m, other.m)  # NaN propagates
         d = self.d * _rescale(self.m, m) + other.d * _rescale(other.m, m)
         return SoftmaxState(m, d)
