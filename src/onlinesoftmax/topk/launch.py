@@ -259,10 +259,10 @@ GRAD_TILE = 4096        # entries per program of the backward's row kernel (rows
 
 @cached
 def _grad_launch(B: int, V: int) -> BoundKernel:
+    """The backward's row kernel for ``[B, V]``: ``[ROWS, BLOCK]`` tiles of GRAD_TILE entries, one per program."""
     block = min(pow2(V), GRAD_TILE)
     rows = GRAD_TILE // block
-    nb = -(-V // block)
-    return BoundKernel(_topk_grad_kernel, (-(-B // rows) * nb,), dict(ROWS=rows, BLOCK=block, num_warps=4))
+    return BoundKernel(_topk_grad_kernel, (-(-B // rows) * -(-V // block),), dict(ROWS=rows, BLOCK=block, num_warps=4))
 
 
 def topk_backward(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
@@ -278,8 +278,8 @@ def topk_backward(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, 
         c -= dlse.float()
     dx = torch.empty((B, V), device=x.device, dtype=x.dtype)
     if B:
-        _grad_launch(B, V)((x, lse, c, dx, x.stride(0), x.stride(1), B, V, -(-V // min(pow2(V), GRAD_TILE))),
-                           (x,), x.device)
+        bk = _grad_launch(B, V)
+        bk((x, lse, c, dx, x.stride(0), x.stride(1), B, V, -(-V // bk.meta["BLOCK"])), (x,), x.device)
     if dvalues is not None:
         dx.scatter_(-1, indices, (values * (dvalues.float() - c.unsqueeze(-1))).to(x.dtype))
     return dx

@@ -28,8 +28,8 @@ from .._triton.launch import (
     stream_scratch,
 )
 from ..target import target_of
+from .launch import _empty_like, final_meta, workspaces
 from .launch import _launches as topk_launches
-from .launch import final_meta, workspaces
 from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BINS_CAP, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
 
@@ -217,9 +217,6 @@ class SampleCall:
         self.ws = views                                  # held: the pointers in the lanes stay valid
         self.like = (torch.empty_like(ids), torch.empty_like(logp))     # templates of later calls' outputs
         self.lanes = tuple(lanes)
-
-
-_empty_like = torch.empty_like
 
 
 # x, ids, logp, u, then (ptr, value, stride) of temperature, top_k, top_p, min_p, then the Philox key, counter and
