@@ -630,8 +630,20 @@ def test_tiny_temperatures_take_the_argmax(backend, kernel_device):
     assert (ids < 50).all() and torch.allclose(logp, torch.full_like(logp, -math.log(50)))
 
 
-@pytest.mark.xfail(strict=True, reason="the row kernel's p = 2^(x·c − lse2) at |x| / T past ~7e8 (a tiny T) where "
-                                       "more than K = 64 entries tie at the max: the row comes back undefined")
-def test_tiny_temperature_flat_row_past_the_candidates(kernel_device):
-    ids, logp = sample(torch.ones(2, 300, device=kernel_device), temperature=1e-10, top_p=0.9, backend="triton")
-    assert (ids >= 0).all() and torch.isfinite(logp).all()
+def test_tiny_temperature_ties_past_the_candidates(kernel_device):
+    """More than K = 64 ties at the max at a tiny T, with top-p / min-p past them: the row kernel decides the row.
+    Its p = 2^(x·c − lse2) lost lse2 to the lse conversion there (ulps of 2^30: the row came back -1 on the
+    interpreter); the nucleus is the first ceil(top_p · n) ties (exact masses: 270 of 300 flat entries at 0.9)."""
+    u = torch.tensor([0.0, 0.5, 0.999], device=kernel_device)
+    ids, logp = sample(torch.ones(3, 300, device=kernel_device), temperature=1e-10, top_p=0.9, uniform=u,
+                       backend="triton")
+    assert (ids >= 0).all() and (ids < 271).all() and ids[0] == 0
+    assert (logp.cpu() >= -math.log(271)).all() and (logp.cpu() <= -math.log(270) + 1e-6).all()
+    x = torch.randn(3, 300, device=kernel_device)
+    x[:, 7:80] = 5.0                                                # 73 ties at the max
+    ids, logp = sample(x, temperature=1e-10, top_p=0.5, uniform=u, backend="triton")
+    assert ids.tolist() == [7, 7 + 18, 7 + 36]                      # 37 of the 73 ties kept: 0.5 · 73 = 36.5
+    torch.testing.assert_close(logp.cpu(), torch.full((3,), -math.log(37)))
+    ids, logp = sample(x, temperature=1e-10, top_k=100, min_p=0.5, uniform=u, backend="triton")
+    assert ids.tolist() == [7, 7 + 36, 7 + 72]                      # min-p keeps the ties, no other entry
+    torch.testing.assert_close(logp.cpu(), torch.full((3,), -math.log(73)))

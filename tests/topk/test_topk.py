@@ -62,7 +62,8 @@ def _special_rows(n: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def assert_matches_ref(out: TopK, x: torch.Tensor, k: int, dim: int = -1):
-    xn = x.double().cpu().numpy()
+    out = TopK(*(t.detach() for t in out))                # outputs of a differentiable call compare as values
+    xn = x.detach().double().cpu().numpy()
     if xn.shape[dim] * k <= 200_000:
         v, i, l = ref_topk(xn, k, axis=dim)            # the paper's algorithm
     else:                                               # its O(N·k) loop is too slow here: the sort oracle
@@ -810,7 +811,7 @@ def test_kernel_backward_runs_and_special_rows(kernel_device, monkeypatch):
     x = _special_rows(300, torch.Generator().manual_seed(1))
     grads = {}
     for backend in ("torch", "triton"):
-        xr = x.to(kernel_device if backend == "triton" else "cpu").requires_grad_()
+        xr = x.detach().clone().to(kernel_device if backend == "triton" else "cpu").requires_grad_()
         r = softmax_topk(xr, 5, backend=backend)
         ((r.values * torch.arange(5.0, device=xr.device)).sum() + r.lse.sum()).backward()
         grads[backend] = xr.grad.cpu()
@@ -819,6 +820,35 @@ def test_kernel_backward_runs_and_special_rows(kernel_device, monkeypatch):
     nan_rows = torch.isnan(torch.softmax(x.double(), -1)).any(-1)
     assert torch.equal(torch.isnan(a).any(-1), nan_rows) and torch.equal(torch.isnan(b).any(-1), nan_rows)
     torch.testing.assert_close(b[~nan_rows], a[~nan_rows], rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_backward_one_gradient_strided_gradients_and_large_k(kernel_device):
+    """The one-launch backward: only the values' or only the lse's gradient flowing (the other None), gradients
+    of any strides (``.sum()``'s expanded ones: stride 0), k past one step of its loop over k (KC) with the
+    selected entries spread over two column blocks; eager autograd is the Function (not the custom op's
+    dispatch), once differentiable."""
+    x = torch.randn(3, 5000)
+    x[1, 100:2000] = 3.0                                 # ties across the k boundary
+    uses = (lambda r: r.values.sum(), lambda r: r.lse.sum(), lambda r: (r.values.t() * 2).sum() + r.lse[1],
+            lambda r: (r.values * torch.linspace(0, 1, r.values.shape[1], device=r.values.device)).sum())
+    for k in (7, 3000):
+        for use in uses:
+            grads = []
+            for backend, dev in (("torch", torch.device("cpu")), ("triton", kernel_device)):
+                xr = x.detach().clone().to(dev).requires_grad_()
+                r = softmax_topk(xr, k, backend=backend)
+                fn = r.values.grad_fn
+                while fn is not None and type(fn).__name__ in ("PermuteBackward0", "ViewBackward0"):
+                    fn = fn.next_functions[0][0]          # movedim and reshape's views over [B, k]
+                assert type(fn).__name__ == "_SoftmaxTopKFunctionBackward"
+                use(r).backward()
+                grads.append(xr.grad.cpu())
+            torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+    xr = x.detach().clone().to(kernel_device).requires_grad_()
+    r = softmax_topk(xr, 3, backend="triton")
+    (g,) = torch.autograd.grad((r.lse * xr[:, 0]).sum(), xr, create_graph=True)   # dlse depends on x
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        g.sum().backward()
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

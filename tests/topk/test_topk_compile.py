@@ -26,6 +26,7 @@ PROBE = r"""
 import itertools, json, sys
 import torch
 import compiler_report as CR
+from onlinesoftmax._triton.host import int_spec
 from onlinesoftmax.target import H200
 from onlinesoftmax.topk import launch as TL
 from onlinesoftmax.topk import plan as tp
@@ -58,18 +59,22 @@ for k, knobs in ((1, dict(tree=2, exact_apart=True)), (1, dict(tree=2)), (3, dic
                  (3, dict(kb=2, width=8, peel=2)), (1, dict(radix=3))):
     plan = tp.topk_plan(1, 300, k, 4, H200, tp.Knobs.of(block=128, **knobs))
     compile_plan(plan, 1, 300, k, 300, 1)
-for B, V in ((1, 1), (1, 3), (3, 1), (2, 300), (70, 64)):      # the backward's row kernel
-    bk = TL._grad_launch(B, V)
-    for (sb, sv), dt in itertools.product(((V, 1), (1, B), (1, 1)), (torch.float32, torch.bfloat16)):
-        a = (CR._meta((B, V), dt), CR._meta((B,), torch.float32), CR._meta((B,), torch.float32), CR._meta((B, V), dt),
-             sb, sv, B, V, -(-V // bk.meta["BLOCK"]))
+for B, V, k in ((1, 1, 1), (1, 3, 2), (3, 1, 1), (2, 300, 13), (70, 64, 8), (1, 5000, 3000)):   # the backward's
+    for (sb, sv), dt, has in itertools.product(((V, 1), (1, B), (1, 1)), (torch.float32, torch.bfloat16),
+                                               ((True, True), (True, False), (False, True))):
+        bk = TL._grad_launch(B, V, k, *has, int_spec(sb, sv, k, 1, 1))
+        f32 = torch.float32
+        a = (CR._meta((B, V), dt), CR._meta((B,), f32), CR._meta((B, k), f32), CR._meta((B, k), torch.int64),
+             CR._meta((B, k), f32), CR._meta((B,), f32), CR._meta((B, V), dt), sb, sv, k, 1, 1, B, V, k,
+             -(-V // bk.meta["BLOCK"]))
         key = CR._key(bk.fn, bk.meta, a)
         if key not in seen:
             try:
                 seen[key] = CR.compile_launch(bk.fn, a, bk.meta, 90)
             except Exception as e:
                 seen[key] = None
-                failed.append(f"_topk_grad_kernel B={B} V={V} strides=({sb}, {sv}) {dt}: {type(e).__name__}: {e}")
+                failed.append(f"_topk_grad_kernel B={B} V={V} k={k} strides=({sb}, {sv}) {dt} {has}: "
+                              f"{type(e).__name__}: {e}")
 names = sorted({json.loads(key)[0] for key in seen})
 print(json.dumps(dict(compiled=len(seen), failed=failed, names=names)))
 """
@@ -149,6 +154,7 @@ CALL_PROBE = r"""
 import itertools, json
 import torch
 import compiler_report as CR
+from onlinesoftmax._triton.host import int_spec
 from onlinesoftmax.target import H200
 from onlinesoftmax.topk.plan import SampleKnobs, sample_plan
 from onlinesoftmax.topk.sampling_launch import SampleCall

@@ -19,6 +19,7 @@ import math
 from typing import NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._checks import check_dim, check_float_tensor
 from ..backend import functorch_active, resolve_backend
@@ -254,6 +255,25 @@ def _rows_backward(ctx, dvalues, _dindices, dlse):
 torch.library.register_autograd("onlinesoftmax::softmax_topk", _rows_backward, setup_context=_rows_setup)
 
 
+class _SoftmaxTopKFunction(torch.autograd.Function):
+    """Eager autograd: the custom ops' implementations, without their dispatch (tens of µs of host time per call
+    each way); the custom op is what torch.compile traces."""
+
+    @staticmethod
+    def forward(ctx, x2, k, backend):
+        ctx.set_materialize_grads(False)
+        values, indices, lse = _rows_op_impl(x2, k, backend)
+        ctx.mark_non_differentiable(indices)
+        _rows_setup(ctx, (x2, k, backend), (values, indices, lse))
+        return values, indices, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dvalues, _dindices, dlse):
+        x2, values, indices, lse = ctx.saved_tensors
+        return _rows_backward_impl(x2, values, indices, lse, dvalues, dlse, ctx.backend), None, None
+
+
 def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None = None) -> TopK:
     """The ``k`` largest probabilities of ``softmax(x, dim)``, their indices and ``logsumexp(x, dim)``.
 
@@ -291,8 +311,10 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     x2, lead, dim, k, squeeze = _rows(x, k, dim)
     if functorch_active():      # torch.func transforms (vmap, grad): torch ops they trace, a sort for the indices
         values, indices, lse = _torch_2d(x2, k)
-    elif traced:                # autograd or torch.compile: the custom op (its backward above)
+    elif torch.compiler.is_compiling():     # the custom op (its backward above)
         values, indices, lse = torch.ops.onlinesoftmax.softmax_topk(x2, k, which)
+    elif traced:                # eager autograd
+        values, indices, lse = _SoftmaxTopKFunction.apply(x2, k, which)
     else:
         values, indices, lse = _rows_impl(x2, k, which)
     values = values.reshape(*lead, k).movedim(-1, dim)

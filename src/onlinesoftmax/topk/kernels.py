@@ -591,20 +591,48 @@ def _ranked(buf, n, m, d, c, CAP: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _topk_grad_kernel(x_ptr, lse_ptr, c_ptr, dx_ptr, stride_b, stride_v, B, V, NB,
-                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """The backward of ``(values, lse)`` over a ``[ROWS, BLOCK]`` tile of rows (NB column blocks per row block):
-    ``dx = −p·c`` with ``p = 2^((x − lse)·log2 e)`` from the forward's lse and ``c = Σ dv·v − dlse`` per row.
-    The k selected entries are overwritten after by ``v·(dv − c)`` (``launch.topk_backward``)."""
+def _topk_grad_kernel(x_ptr, lse_ptr, v_ptr, ind_ptr, dv_ptr, dlse_ptr, dx_ptr, stride_b, stride_v, dv_sb, dv_sk,
+                      dlse_s, B, V, K, NB, ROWS: tl.constexpr, BLOCK: tl.constexpr, KC: tl.constexpr,
+                      HAS_DV: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """The backward of ``(values, lse)`` over a ``[ROWS, BLOCK]`` tile of rows (NB column blocks per row block).
+    With p = softmax(x) and v = p at the k indices: ``∂v_a/∂x_j = v_a(δ_aj − p_j)``, ``∂lse/∂x_j = p_j``, so
+    ``dx = −p·c`` with ``c = Σ_a dv_a·v_a − dlse`` per row, except at the k selected entries, ``v·(dv − c)``.
+    1. c from the row's k values and gradients, KC at a time (each column block of a row computes it: k loads)
+    2. the dense ``−p·c``, ``p = 2^((x − lse)·log2 e)`` from the forward's lse: one read of x, one write of dx
+    3. after a barrier (the dense store above may hold the same addresses, from other threads), the selected
+       entries that fall in this tile."""
     pid = tl.program_id(0)
     rb = pid // NB
+    c0 = (pid - rb * NB) * BLOCK
     rows = rb * ROWS + tl.arange(0, ROWS)
-    cols = (pid - rb * NB) * BLOCK + tl.arange(0, BLOCK)
+    cols = c0 + tl.arange(0, BLOCK)
     ok_r = rows < B
-    mask = ok_r[:, None] & (cols < V)[None, :]
     r64 = rows.to(tl.int64)[:, None]
+    # 1. c = Σ dv·v − dlse
+    c = tl.zeros([ROWS], tl.float32)
+    if HAS_DV:
+        for k0 in range(0, K, KC):
+            ks = k0 + tl.arange(0, KC)
+            sel_ok = ok_r[:, None] & (ks < K)[None, :]
+            v = tl.load(v_ptr + r64 * K + ks[None, :], mask=sel_ok, other=0.0)
+            dv = tl.load(dv_ptr + r64 * dv_sb + ks[None, :] * dv_sk, mask=sel_ok, other=0.0).to(tl.float32)
+            c += tl.sum(dv * v, axis=1)
+    if HAS_DLSE:
+        c -= tl.load(dlse_ptr + rows.to(tl.int64) * dlse_s, mask=ok_r, other=0.0).to(tl.float32)
+    # 2. dx = −p·c
+    mask = ok_r[:, None] & (cols < V)[None, :]
     x = tl.load(x_ptr + r64 * stride_b + cols.to(tl.int64)[None, :] * stride_v, mask=mask, other=0.0)
     lse = tl.load(lse_ptr + rows, mask=ok_r, other=0.0)
-    c = tl.load(c_ptr + rows, mask=ok_r, other=0.0)
     p = tl.exp2((x.to(tl.float32) - lse[:, None]) * LOG2E)
     tl.store(dx_ptr + r64 * V + cols[None, :], (-p * c[:, None]).to(dx_ptr.dtype.element_ty), mask=mask)
+    # 3. the selected entries of this tile: v·(dv − c)
+    if HAS_DV:
+        tl.debug_barrier()
+        for k0 in range(0, K, KC):
+            ks = k0 + tl.arange(0, KC)
+            sel_ok = ok_r[:, None] & (ks < K)[None, :]
+            ind = tl.load(ind_ptr + r64 * K + ks[None, :], mask=sel_ok, other=-1)
+            mine = sel_ok & (ind >= c0) & (ind < c0 + BLOCK)
+            v = tl.load(v_ptr + r64 * K + ks[None, :], mask=mine, other=0.0)
+            dv = tl.load(dv_ptr + r64 * dv_sb + ks[None, :] * dv_sk, mask=mine, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + r64 * V + ind, (v * (dv - c[:, None])).to(dx_ptr.dtype.element_ty), mask=mine)

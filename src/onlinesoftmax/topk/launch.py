@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._triton.host import int_spec
 from .._triton.launch import (
     BoundKernel,
     Slot,
@@ -255,31 +256,36 @@ def topk_2d(x: torch.Tensor, k: int) -> tuple | None:
 
 
 GRAD_TILE = 4096        # entries per program of the backward's row kernel (rows of fewer entries share a tile)
+GRAD_K_TILE = 1024      # selected entries per step of its loops over k (ROWS rows at a time)
 
 
 @cached
-def _grad_launch(B: int, V: int) -> BoundKernel:
-    """The backward's row kernel for ``[B, V]``: ``[ROWS, BLOCK]`` tiles of GRAD_TILE entries, one per program."""
+def _grad_launch(B: int, V: int, k: int, has_dv: bool, has_dlse: bool, spec: tuple) -> BoundKernel:
+    """The backward's row kernel for ``[B, V]`` and k selected entries: ``[ROWS, BLOCK]`` tiles of GRAD_TILE
+    entries, one per program; ``spec``: :func:`int_spec` of the strides (x's, dv's, dlse's: the bound kernel
+    replays the variant its first call compiled)."""
     block = min(pow2(V), GRAD_TILE)
     rows = GRAD_TILE // block
-    return BoundKernel(_topk_grad_kernel, (-(-B // rows) * -(-V // block),), dict(ROWS=rows, BLOCK=block, num_warps=4))
+    kc = min(pow2(k), max(GRAD_K_TILE // rows, 16))
+    return BoundKernel(_topk_grad_kernel, (-(-B // rows) * -(-V // block),),
+                       dict(ROWS=rows, BLOCK=block, KC=kc, HAS_DV=has_dv, HAS_DLSE=has_dlse, num_warps=4))
 
 
 def topk_backward(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
                   dvalues: torch.Tensor | None, dlse: torch.Tensor | None) -> torch.Tensor:
-    """dx ``[B, V]`` (x's dtype, contiguous) of ``softmax_topk``'s values and lse: with ``p = softmax(x)`` and
-    ``v = p`` at the indices, ``dx = scatter(dv·v) − p·c``, ``c = Σ dv·v − dlse``: one read of x and one write
-    of dx (``_topk_grad_kernel``), then the k selected entries set to ``v·(dv − c)``."""
+    """dx ``[B, V]`` (x's dtype, contiguous) of ``softmax_topk``'s values and lse (contiguous ``[B, k]``,
+    ``[B]``): with ``p = softmax(x)`` and ``v = p`` at the indices, ``dx = scatter(dv·v) − p·c``,
+    ``c = Σ dv·v − dlse``, in one launch of ``_topk_grad_kernel`` (one read of x, one write of dx). ``dvalues``
+    / ``dlse``: any strides, or None (a gradient that does not flow)."""
     B, V = x.shape
-    c = torch.zeros(B, device=x.device, dtype=torch.float32)
-    if dvalues is not None:
-        c += (dvalues.float() * values).sum(-1)
-    if dlse is not None:
-        c -= dlse.float()
+    k = indices.shape[1]
     dx = torch.empty((B, V), device=x.device, dtype=x.dtype)
     if B:
-        bk = _grad_launch(B, V)
-        bk((x, lse, c, dx, x.stride(0), x.stride(1), B, V, -(-V // bk.meta["BLOCK"])), (x,), x.device)
-    if dvalues is not None:
-        dx.scatter_(-1, indices, (values * (dvalues.float() - c.unsqueeze(-1))).to(x.dtype))
+        dv_s = dvalues.stride() if dvalues is not None else (0, 0)
+        dl_s = dlse.stride(0) if dlse is not None else 0
+        bk = _grad_launch(B, V, k, dvalues is not None, dlse is not None, int_spec(*x.stride(), *dv_s, dl_s))
+        dv = dvalues if dvalues is not None else values
+        dl = dlse if dlse is not None else lse
+        bk((x, lse, values, indices, dv, dl, dx, x.stride(0), x.stride(1), *dv_s, dl_s, B, V, k,
+            -(-V // bk.meta["BLOCK"])), (x, dv, dl), x.device)
     return dx

@@ -611,8 +611,15 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                          q_ptr, q_val, q_stride, row, V)
     c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
-    lse2 = tl.load(lse_ptr + row) * LOG2E
     x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
+    lse2 = tl.load(lse_ptr + row) * LOG2E
+    m2 = x_max * c
+    if (m2 >= 1073741824.0) | (m2 <= -1073741824.0):
+        # |x| / T past ~7e8 (a tiny T): lse2 converted from lse errs by ulps of 2^30 (p = 2^(x·c − lse2) then
+        # overflows or vanishes); p = 2^(x·c − m2) instead, 1 at the max's ties, 0 elsewhere: every mass below is
+        # measured on this same form (top-p's W by its radix's first level, top-k's by the sums at tk), so the scale
+        # cancels
+        lse2 = m2
     p_max = tl.exp2(x_max * c - lse2)                # as every p here: the min-p test is on this same form
     lo = chunk * CH
     hi = tl.minimum(lo + CH, V)
