@@ -273,12 +273,13 @@ def _grad_launch(B: int, V: int, k: int, has_dv: bool, has_dlse: bool, spec: tup
 
 def topk_backward(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, lse: torch.Tensor,
                   dvalues: torch.Tensor | None, dlse: torch.Tensor | None) -> torch.Tensor:
-    """dx ``[B, V]`` (x's dtype, contiguous) of ``softmax_topk``'s values and lse (contiguous ``[B, k]``,
+    """dx ``[B, V]`` (x's dtype, contiguous) of ``softmax_topk``'s values and lse (``[B, k]``,
     ``[B]``): with ``p = softmax(x)`` and ``v = p`` at the indices, ``dx = scatter(dv·v) − p·c``,
     ``c = Σ dv·v − dlse``, in one launch of ``_topk_grad_kernel`` (one read of x, one write of dx). ``dvalues``
     / ``dlse``: any strides, or None (a gradient that does not flow)."""
     B, V = x.shape
     k = indices.shape[1]
+    values, indices, lse = values.contiguous(), indices.contiguous(), lse.contiguous()   # no copy from the forward
     dx = torch.empty((B, V), device=x.device, dtype=x.dtype)
     if B:
         dv_s = dvalues.stride() if dvalues is not None else (0, 0)
