@@ -162,3 +162,22 @@ def test_opcheck(backend, kernel_device):
                               (*(t.clone().requires_grad_() for t in args), backend))
         o, lse = oss.merge_attention_states(*args, backend=backend)
         assert o.is_contiguous() and lse.is_contiguous()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_large_lse_weights_from_the_difference(backend, kernel_device):
+    """|lse| ~ 1e7: the merged lse rounded to fp32 is off by up to half an ulp (0.5), so weights e^(lse_x − lse)
+    were off by e^(±0.5) (o of two equal sides 0.74 or 2.0 instead of 1; d o / d o_a 0.37 instead of 0.5); the
+    weights now come from lse_a − lse_b, as the kernel forms them."""
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    for L in (1e4, 1e7, 3e7, -3e7):
+        oa = torch.randn(3, 8, device=dev).requires_grad_()
+        ob = torch.randn(3, 8, device=dev).requires_grad_()
+        la = torch.full((3,), L, device=dev)
+        lb = la + torch.tensor([0.0, 4.0, -4.0], device=dev)      # exact in fp32 at these magnitudes
+        o, lse = oss.merge_attention_states(oa, la, ob, lb, backend=backend)
+        w = torch.sigmoid(torch.tensor([0.0, -4.0, 4.0], dtype=torch.float64)).to(dev)   # weight of side a
+        want = w[:, None] * oa.double() + (1 - w[:, None]) * ob.double()
+        torch.testing.assert_close(o.double(), want, rtol=1e-6, atol=1e-6)
+        o.sum().backward()
+        torch.testing.assert_close(oa.grad.double(), w[:, None].expand(3, 8), rtol=1e-6, atol=1e-7)

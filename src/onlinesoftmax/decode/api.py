@@ -40,12 +40,24 @@ def _merge_torch(o_a, lse_a, o_b, lse_b):
     acc = _acc(o_a, lse_a, o_b, lse_b)
     la, lb = lse_a.to(acc), lse_b.to(acc)
     lse = torch.logaddexp(la, lb)
-    ref = torch.where(lse == float("-inf"), 0.0, lse)
-    wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref)).unsqueeze(-1)
-    wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref)).unsqueeze(-1)
+    wa, wb = _merge_weights(la, lb)
+    wa, wb = wa.unsqueeze(-1), wb.unsqueeze(-1)
     o = torch.where(wa > 0, wa * o_a.to(acc), 0.0) + torch.where(wb > 0, wb * o_b.to(acc), 0.0)
     # contiguous, as the kernels' outputs and the fake implementation's (elementwise ops follow the inputs' strides)
     return o.to(o_a.dtype).contiguous(), lse.contiguous()
+
+
+def _merge_weights(la, lb):
+    """``w_x = e^(lse_x − m) / W``, ``m = max(lse_a, lse_b)``, ``W = e^(lse_a − m) + e^(lse_b − m)`` (0 where
+    lse_x = −inf), as the kernel forms them: from the inputs' difference. ``e^(lse_x − lse)`` with the merged lse
+    rounded to fp32 is off by up to e^(ulp / 2): 26 % at |lse| ~ 1e7."""
+    m = torch.maximum(la, lb)
+    ref = torch.where(torch.isinf(m), 0.0, m)
+    ea = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref))
+    eb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref))
+    W = ea + eb
+    W = torch.where(W > 0, W, 1.0)
+    return ea / W, eb / W
 
 
 def _acc(*ts) -> torch.dtype:
@@ -88,12 +100,10 @@ def _merge_grads(o_a, lse_a, o_b, lse_b, o, lse, do, dlse):
     """o = wa·o_a + wb·o_b, lse = logaddexp(lse_a, lse_b), w_x = e^(lse_x − lse): do_x = w_x·do and
     dlse_x = w_x·(dlse + Σ_D do·(o_x − o)) (∂w_a/∂lse_a = w_a(1 − w_a), ∂w_b/∂lse_a = −w_a·w_b)."""
     acc = _acc(o_a, lse_a, o_b, lse_b)
-    ref = torch.where(lse == float("-inf"), 0.0, lse).to(acc)
     la, lb = lse_a.to(acc), lse_b.to(acc)
-    wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref))
-    wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref))
+    wa, wb = _merge_weights(la, lb)
     dof = do.to(acc) if do is not None else torch.zeros(o.shape, device=o.device, dtype=acc)
-    dl = dlse.to(acc) if dlse is not None else torch.zeros_like(ref)
+    dl = dlse.to(acc) if dlse is not None else torch.zeros_like(wa)
     of = o.to(acc)
 
     def side(w, ox):

@@ -63,8 +63,12 @@ def merge_attention_states(o_a, lse_a, o_b, lse_b):
     """(o_a, lse_a) ⊕ (o_b, lse_b) in fp64, an empty side (lse -inf) weighing exactly 0."""
     la, lb = lse_a.double(), lse_b.double()
     lse = torch.logaddexp(la, lb)
-    ref = torch.where(torch.isinf(lse), 0.0, lse)
-    wa = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref))[..., None]
-    wb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref))[..., None]
+    # weights from the inputs' difference, not from the rounded lse: w_x = e^(lse_x − m) / W, m = max
+    m = torch.maximum(la, lb)
+    ref = torch.where(torch.isinf(m), 0.0, m)
+    ea = torch.where(la == float("-inf"), 0.0, torch.exp(la - ref))
+    eb = torch.where(lb == float("-inf"), 0.0, torch.exp(lb - ref))
+    W = torch.where(ea + eb > 0, ea + eb, 1.0)
+    wa, wb = (ea / W)[..., None], (eb / W)[..., None]
     o = torch.where(wa > 0, wa * o_a.double(), 0.0) + torch.where(wb > 0, wb * o_b.double(), 0.0)
     return o, lse
