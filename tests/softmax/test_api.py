@@ -406,3 +406,28 @@ def test_logsumexp_over_several_dims(backend):
         oss.logsumexp(x, (), backend=backend)
     with pytest.raises(IndexError, match="logsumexp: dim"):
         oss.logsumexp(x, (0, 4), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logsumexp_dims_with_an_empty_kept_dim(backend):
+    """A tuple of dims where a dim not reduced has size 0: an empty result, as torch (the rows' reshape took -1,
+    ambiguous over no elements)."""
+    for shape, dims in (((0, 3, 4), (1, 2)), ((3, 0, 4), (0, 2)), ((2, 0, 4, 5), (0, 3))):
+        x = torch.randn(shape, device=DEV)
+        for keepdim in (False, True):
+            got = oss.logsumexp(x, dims, keepdim, backend=backend)
+            assert got.shape == torch.logsumexp(x, dims, keepdim).shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+def test_upcast_to_fp64_gradient(fn, backend):
+    """``dtype=torch.float64`` of a bf16 / fp16 x: the gradient in x's dtype, as torch's (the kernels' dx is fp64,
+    rounded once after; the interpreter's fp64 -> bf16 store gave zeros)."""
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.randn(3, 40, device=DEV).to(dt).requires_grad_()
+        g = torch.randn(3, 40, device=DEV, dtype=torch.float64)
+        got = torch.autograd.grad(getattr(oss, fn)(x, -1, torch.float64, backend=backend), x, g)[0]
+        want = torch.autograd.grad(getattr(torch, fn)(x, -1, dtype=torch.float64), x, g)[0]
+        assert got.dtype == dt
+        torch.testing.assert_close(got, want)

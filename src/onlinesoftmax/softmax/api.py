@@ -8,6 +8,7 @@ Layers, bottom up: the Triton launches (``launch.py``, imported on first use) an
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -129,12 +130,15 @@ def _softmax_backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: boo
         return _in_layout_of(_torch_backward_fast(y, dy, dim, log, in_dtype), y)
     K = _kernels()
 
-    dx = torch.empty_like(y, dtype=in_dtype)       # the fake implementation's strides
+    # the fake implementation's strides; an fp64 y of a narrower x (``dtype=torch.float64``): dx in fp64, then
+    # rounded as torch rounds (the kernels' fp64 -> bf16 store is wrong in Triton 3.6's interpreter)
+    narrow = y.dtype == torch.float64 and in_dtype != torch.float64
+    dx = torch.empty_like(y, dtype=torch.float64 if narrow else in_dtype)
     (yc, dyc, dxc), (M, N, inner, (gy, gdy, gdx)) = rows_or_copy([y, dy, dx], dim)
     K.backward(yc, dyc, dxc, gy, gdy, gdx, M, N, inner, log)
     if dxc is not dx:
         dx.copy_(dxc)
-    return dx
+    return dx.to(in_dtype) if narrow else dx
 
 
 _softmax_backward_op = torch.library.custom_op("onlinesoftmax::softmax_backward", _softmax_backward_impl,
@@ -464,7 +468,8 @@ def _logsumexp_dims(x, dims, keepdim: bool, backend) -> torch.Tensor:
         return logsumexp(x, ds[0], keepdim, backend=backend)
     rest = [i for i in range(x.dim()) if i not in ds]
     rows = x.permute(*rest, *ds)
-    out = logsumexp(rows.reshape(*rows.shape[:len(rest)], -1), -1, backend=backend)
+    n = math.prod(x.shape[d] for d in ds)        # not -1: ambiguous where a kept dim is 0
+    out = logsumexp(rows.reshape(*rows.shape[:len(rest)], n), -1, backend=backend)
     if keepdim:
         out = out.reshape([1 if i in ds else x.shape[i] for i in range(x.dim())])
     return out
