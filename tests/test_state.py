@@ -173,3 +173,18 @@ def test_reduce_takes_a_sequence_and_plus_is_refused():
         SoftmaxState.reduce([])
     with pytest.raises(TypeError, match="sequence of SoftmaxState"):
         SoftmaxState.reduce([a.m, a.d, b.m])
+
+
+def test_reduce_of_an_empty_stack_and_named_dim_errors():
+    """A stack of no states reduces to the identity (as ``from_tensor`` of an empty dim); a scalar state to
+    itself; a bad dim names the method."""
+    empty = SoftmaxState(torch.empty(0, 3), torch.empty(0, 3))
+    r = SoftmaxState.reduce(empty, 0)
+    assert torch.equal(r.m, torch.full((3,), float("-inf"))) and torch.equal(r.d, torch.zeros(3))
+    one = SoftmaxState(torch.tensor(1.0), torch.tensor(2.0))
+    r = SoftmaxState.reduce(one, 0)
+    assert r.m.item() == 1.0 and r.d.item() == 2.0
+    with pytest.raises((IndexError, ValueError), match="SoftmaxState.reduce: dim"):
+        SoftmaxState.reduce(SoftmaxState.from_tensor(torch.randn(4, 5)), 3)
+    with pytest.raises((IndexError, ValueError), match="SoftmaxState.from_tensor: dim"):
+        SoftmaxState.from_tensor(torch.randn(3), 5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -24,3 +26,16 @@ def check_float_tensor(x, name: str, dtypes=FLOAT_DTYPES) -> None:
     if x.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
+
+
+def check_attention_scalars(scale, softcap, op: str) -> None:
+    """An attention call's ``scale`` (None or a finite number) and ``softcap`` (None or a positive finite number)."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"{op}: scale must be None or a float, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be finite, got {scale}")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(f"{op}: softcap must be None or a positive float, got {type(softcap).__name__}")
+        if not (softcap > 0 and math.isfinite(softcap)):
+            raise ValueError(f"{op}: softcap must be a positive finite float, got {softcap}")

@@ -64,7 +64,7 @@ class SoftmaxState(NamedTuple):
             raise TypeError(f"SoftmaxState.from_tensor: x must be a floating tensor, got dtype={x.dtype}")
         if x.dim() == 0:
             x = x.unsqueeze(0)
-        dim = check_dim(dim, x.dim(), "dim")
+        dim = check_dim(dim, x.dim(), "SoftmaxState.from_tensor: dim")
         acc = accumulation_dtype(x.dtype)
         if x.shape[dim] == 0:
             shape = x.shape[:dim] + x.shape[dim + 1:]
@@ -121,6 +121,12 @@ class SoftmaxState(NamedTuple):
         else:
             raise TypeError("SoftmaxState.reduce: states must be a SoftmaxState or a sequence of SoftmaxState, got "
                             f"{type(states).__name__}")
+        if m_all.dim() == 0:             # one state of scalars: itself (as torch reduces a 0-d tensor)
+            m_all, d_all = m_all.unsqueeze(0), d_all.unsqueeze(0)
+        dim = check_dim(dim, m_all.dim(), "SoftmaxState.reduce: dim")
+        if m_all.shape[dim] == 0:       # a stack of no states: the identity, as from_tensor of an empty dim
+            shape = m_all.shape[:dim] + m_all.shape[dim + 1:]
+            return SoftmaxState.identity(shape, device=m_all.device, dtype=m_all.dtype)
         m = m_all.amax(dim=dim)
         d = (d_all * _rescale(m_all, m.unsqueeze(dim))).sum(dim=dim)
         return SoftmaxState(m, d)

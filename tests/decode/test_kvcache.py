@@ -376,3 +376,42 @@ def test_strided_lengths_and_table(page, kernel_device):
     o, lse = oss.attention_with_kvcache(q, k, v, sl2, block_table=bt2, return_lse=True, backend="triton")
     ro, rl = ref.attention_with_kvcache(q, k, v, sl, block_table=bt)
     assert_matches(o, lse, ro, rl, torch.float32)
+
+
+def test_gradients_take_the_torch_path(kernel_device):
+    """q / k_cache / v_cache requiring grad: the eager call is differentiable on either backend (the kernels have
+    no backward: the triton backend takes torch ops there), gradients as the torch backend's."""
+    q = torch.randn(2, 4, 1, 16, device=kernel_device, requires_grad=True)
+    k, v = (torch.randn(2, 2, 8, 16, device=kernel_device, requires_grad=True) for _ in range(2))
+    lens = torch.tensor([8, 5], dtype=torch.int32, device=kernel_device)
+    grads = []
+    for backend in ("torch", "triton"):
+        o = oss.attention_with_kvcache(q, k, v, lens, backend=backend)
+        assert o.grad_fn is not None
+        grads.append(torch.autograd.grad(o.square().sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        assert oss.attention_with_kvcache(q, k, v, lens, backend="triton").grad_fn is None
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    (dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (dict(scale=True), TypeError, "scale must be None or a float"),
+    (dict(softcap=float("inf")), ValueError, "softcap must be a positive finite"),
+    (dict(softcap=0.0), ValueError, "softcap must be a positive finite"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+])
+def test_scalar_arguments_checked_as_attention(kw, err, msg):
+    q = torch.randn(1, 2, 1, 16)
+    k = v = torch.randn(1, 2, 8, 16)
+    with pytest.raises(err, match=f"attention_with_kvcache: {msg}"):
+        oss.attention_with_kvcache(q, k, v, torch.tensor([8], dtype=torch.int32), **kw)
+
+
+def test_dense_lengths_past_the_cache():
+    q = torch.randn(1, 2, 1, 16)
+    k = v = torch.randn(1, 2, 8, 16)
+    msg = "attention_with_kvcache: cache_seqlens holds 12, past the dense cache.s S_max = 8"
+    with pytest.raises(ValueError, match=msg):
+        oss.attention_with_kvcache(q, k, v, torch.tensor([12], dtype=torch.int32))

@@ -647,3 +647,16 @@ def test_tiny_temperature_ties_past_the_candidates(kernel_device):
     ids, logp = sample(x, temperature=1e-10, top_k=100, min_p=0.5, uniform=u, backend="triton")
     assert ids.tolist() == [7, 7 + 36, 7 + 72]                      # min-p keeps the ties, no other entry
     torch.testing.assert_close(logp.cpu(), torch.full((3,), -math.log(73)))
+
+
+def test_uniform_as_a_python_float(kernel_device):
+    """``uniform=0.5``: one draw for every row, as a one-value tensor; other types a TypeError naming sample."""
+    x = torch.randn(3, 300, device=kernel_device)
+    for backend in ("torch", "triton"):
+        a = sample(x, top_k=20, uniform=0.5, backend=backend)
+        b = sample(x, top_k=20, uniform=torch.tensor(0.5, device=kernel_device), backend=backend)
+        assert torch.equal(a[0], b[0])
+    with pytest.raises(ValueError, match="sample: uniform must be in"):
+        sample(x, uniform=1.5)
+    with pytest.raises(TypeError, match="sample: uniform must be a float tensor, a float or None"):
+        sample(x, uniform="0.5")

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._checks import check_float_tensor
+from .._checks import check_attention_scalars, check_float_tensor
 from .._triton.host import cached
 from ..backend import functorch_active, raw_apply, resolve_backend
 from ..target import target_of
@@ -41,18 +41,6 @@ def _check_window(window, op: str) -> tuple[int, int]:
     if left < -1 or right < -1:
         raise ValueError(f"{op}: window entries must be >= -1 (-1 = unbounded), got {window!r}")
     return left, right
-
-
-def _check_scalars(scale, softcap, op: str) -> None:
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"{op}: scale must be None or a float, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{op}: scale must be finite, got {scale}")
-    if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-            raise TypeError(f"{op}: softcap must be None or a positive float, got {type(softcap).__name__}")
-        if not (softcap > 0 and math.isfinite(softcap)):
-            raise ValueError(f"{op}: softcap must be a positive finite float, got {softcap}")
 
 
 def _check_qkv(q, k, v, op: str, ndim: int, seq_dim: int, head_dim: int) -> None:
@@ -619,7 +607,7 @@ _OP = "onlinesoftmax.attention"
 
 def _prepare(q, k, v, causal, scale, window, softcap, backend, op=_OP):
     _check_qkv(q, k, v, op, ndim=4, seq_dim=2, head_dim=1)
-    _check_scalars(scale, softcap, op)
+    check_attention_scalars(scale, softcap, op)
     if not isinstance(causal, bool):
         raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
     if q.shape[0] != k.shape[0]:
@@ -763,7 +751,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     o ``[total_q, H, D]`` (q's dtype), or ``(o, lse)`` with lse float32 ``[H, total_q]`` (FlashAttention's layout).
     """
     _check_qkv(q, k, v, _VOP, ndim=3, seq_dim=0, head_dim=1)
-    _check_scalars(scale, softcap, _VOP)
+    check_attention_scalars(scale, softcap, _VOP)
     if not isinstance(causal, bool):
         raise TypeError(f"{_VOP}: causal must be a bool, got {type(causal).__name__}")
     _check_cu(cu_seqlens_q, "cu_seqlens_q", q, _VOP)

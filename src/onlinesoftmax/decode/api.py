@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .._checks import check_float_tensor
+from .._checks import check_attention_scalars, check_float_tensor
 from ..backend import resolve_backend
 from ..target import Target, target_of
 from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_plan, merge_plan
@@ -287,6 +287,9 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
     if block_table is None:
         if ks[0] != B:
             raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(ks)}")
+        if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and int(cache_seqlens.max()) > ks[2]:
+            raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.max())}, past the dense cache's "
+                             f"S_max = {ks[2]}")
     else:
         if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
                 or block_table.dim() != 2 or block_table.shape[0] != B):
@@ -296,10 +299,7 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
         if not 1 <= ks[2] <= 256:
             raise ValueError(f"{f}: page size must be in [1, 256], got {ks[2]}")
         _check_pages(cache_seqlens, block_table, ks[0], ks[2])
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"{f}: scale must be a number or None, got {type(scale).__name__}")
-    if softcap is not None and (not isinstance(softcap, (int, float)) or softcap < 0):
-        raise ValueError(f"{f}: softcap must be None or a positive number, got {softcap!r}")
+    check_attention_scalars(scale, softcap, f)
 
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -329,12 +329,16 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     -------
     o ``[B, H, Sq, D]`` in q's dtype, or ``(o, lse)`` with lse float32 ``[B, H, Sq]`` (natural log). A row with no
     attended key gives o = 0 and lse = −inf. On CUDA fp32 inputs take full fp32 dot products (no TF32).
+    Differentiable in q, k_cache and v_cache: with grad mode on and one of them requiring grad, eager calls take
+    the torch path (torch ops; the decode kernels have no backward).
 
     The split count comes from shapes (the cache's ``S_max`` or ``max_pages · page_size``), never from the values
     of ``cache_seqlens``: no host synchronisation, and a CUDA graph captured once replays correctly after
     ``cache_seqlens`` and ``block_table`` change.
     """
     _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap)
+    if not isinstance(causal, bool):
+        raise TypeError(f"attention_with_kvcache: causal must be a bool, got {type(causal).__name__}")
     left, right = _window(window)
     which = resolve_backend(backend, q, "attention_with_kvcache")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -346,8 +350,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)
-    elif which == "torch" or q.dtype == torch.float64:
-        o, lse = _torch_kvcache(*args[:-1])
+    elif which == "torch" or q.dtype == torch.float64 or (
+            torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)):
+        o, lse = _torch_kvcache(*args[:-1])     # torch ops: differentiable (the kernels have no backward)
     else:
         o, lse = _kernels().attention_decode(*args[:-1], return_lse)
     return (o, lse) if return_lse else o

@@ -43,12 +43,21 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{name}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
+    if not 0.0 <= _number(name, "label_smoothing", label_smoothing) <= 1.0:
         raise ValueError(f"{name}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not float(z_loss) >= 0.0:
+    if not _number(name, "z_loss", z_loss) >= 0.0:
         raise ValueError(f"{name}: z_loss must be >= 0, got {z_loss}")
-    if softcap is not None and not float(softcap) > 0.0:
+    if softcap is not None and not _number(name, "softcap", softcap) > 0.0:
         raise ValueError(f"{name}: softcap must be None or > 0, got {softcap}")
+
+
+def _number(name: str, arg: str, v) -> float:
+    """A Python real (or a one-value real tensor, as torch takes) as a float, else a TypeError naming the argument."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool:
+        return float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name}: {arg} must be a float, got {type(v).__name__}")
+    return float(v)
 
 
 def _check_target_values(name, target, V: int, ignore_index: int) -> None:

@@ -152,9 +152,10 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     (a NaN or ``+inf`` logit, or every logit ``-inf``), or with a parameter out of range on a device tensor,
     gets id -1 and log-probability NaN (see the module's docstring for what is checked where).
 
-    ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all), in place
-    of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose running mass
-    reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device). ``backend``:
+    ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all, a float
+    too), in place of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose
+    running mass reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device).
+    ``backend``:
     ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
     ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests). The outputs carry no gradient.
     Under ``torch.compile`` a call is one custom op (``onlinesoftmax::sample``), its draws ``torch.rand`` in the
@@ -177,6 +178,10 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
                 return _draw(logits, (B,), B, logits.device, "triton", temperature,
                              None if top_k is None else min(top_k, V), top_p, min_p, u, NO_SAMPLE_KNOBS, generator,
                              False)
+    if uniform is not None and not isinstance(uniform, torch.Tensor):
+        if isinstance(uniform, bool) or not isinstance(uniform, (int, float)):
+            raise TypeError(f"sample: uniform must be a float tensor, a float or None, got {type(uniform).__name__}")
+        uniform = torch.tensor(float(uniform))      # one draw for every row (checked in [0, 1) as a CPU tensor)
     if torch.compiler.is_compiling():
         return _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
