@@ -155,8 +155,7 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all, a float
     too), in place of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose
     running mass reaches past ``uniform · (mass kept)`` (both backends; values are not checked on a device).
-    ``backend``:
-    ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
+    ``backend``: ``None`` (the kernels on CUDA, torch ops elsewhere), ``"torch"`` or ``"triton"``. ``knobs``: a
     ``topk.plan.SampleKnobs`` overriding the kernels' plan (tools, tests). The outputs carry no gradient.
     Under ``torch.compile`` a call is one custom op (``onlinesoftmax::sample``), its draws ``torch.rand`` in the
     graph; ``generator`` and ``knobs`` are not supported there.
