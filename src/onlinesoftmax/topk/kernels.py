@@ -93,6 +93,14 @@ def _exp2(x, FAST: tl.constexpr):
 
 
 @triton.jit
+def _huge(m2):
+    """``|m2| >= 2^30``, m2 a row's max in base 2 (``x·c``; |x| / T past ~7e8: a tiny temperature): past it an
+    exponent relative to a rounded reference (the FMA's residual, an lse converted to base 2) errs by ulps of m2
+    (>= 64), so the kernels take a row's terms as 1 at the max's ties and 0 elsewhere."""
+    return (m2 >= 1073741824.0) | (m2 <= -1073741824.0)
+
+
+@triton.jit
 def _log2_rel(x, c, m2, FAST: tl.constexpr):
     """``x·c − m2`` (``c = log2(e) / T``) with one rounding: an FMA, so the term is exact relative to the row's
     reference even when |x| is large (the interpreter emulates the FMA in fp64). Stage 1 and the merge use this
@@ -102,7 +110,7 @@ def _log2_rel(x, c, m2, FAST: tl.constexpr):
     up to half an ulp of m2 (>= 64), would overflow the exponentials: there ``x·c`` rounded as ``x / T`` is in
     fp32 (torch's form), and the terms are 0 for the entries whose rounded ``x·c`` equals m2 and -inf for the
     others (each at least 2^64 times less likely: 2^-64 is not kept anywhere in fp32 sums of 1)."""
-    if (m2 >= 1073741824.0) | (m2 <= -1073741824.0):        # a uniform branch: one per chunk or row
+    if _huge(m2):                                           # a uniform branch: one per chunk or row
         r = tl.where(x * c == m2, 0.0, float("-inf"))
     elif FAST:
         r = tl.fma(x, c, -m2)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .._triton.online import LN2, LOG2E, _row_barrier, _row_generation
-from .kernels import INT32_MIN, _key_of, _log2_scale, _merge_rows, _param, _ranked
+from .kernels import INT32_MIN, _huge, _key_of, _log2_scale, _merge_rows, _param, _ranked
 
 
 @triton.jit
@@ -614,7 +614,7 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
     x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
     lse2 = tl.load(lse_ptr + row) * LOG2E
     m2 = x_max * c
-    if (m2 >= 1073741824.0) | (m2 <= -1073741824.0):
+    if _huge(m2):
         # |x| / T past ~7e8 (a tiny T): lse2 converted from lse errs by ulps of 2^30 (p = 2^(x·c − lse2) then
         # overflows or vanishes); p = 2^(x·c − m2) instead, 1 at the max's ties, 0 elsewhere: every mass below is
         # measured on this same form (top-p's W by its radix's first level, top-k's by the sums at tk), so the scale
