@@ -173,6 +173,29 @@ def test_extremes(path):
     torch.testing.assert_close(oss.cross_entropy(x, t, backend="torch", reduction="none"), lr.float())
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.1, z_loss=1e-3)])
+def test_nonfinite_rows_as_torch(path, opts):
+    """A +inf logit (on the target or off it) or a NaN in a row: loss NaN and the row's whole gradient NaN, as
+    F.cross_entropy gives (its log_softmax is inf − inf there); the other rows untouched (a −inf logit: a finite
+    loss, +inf with smoothing, whose term takes −z_j)."""
+    x, t = _inputs(5, 300, ignore_every=0)
+    x[0, 5], t[0] = float("inf"), 5
+    x[1, 7], t[1] = float("inf"), 1
+    x[2, 3] = float("nan")
+    x[3, 9] = float("-inf")
+    loss, g = _run(x, t, backend="triton", knobs=PATHS[path], reduction="none", **opts)
+    lt, gt = _run(x, t, backend="torch", reduction="none", **opts)
+    xl = x.clone().requires_grad_()
+    torch_loss = F.cross_entropy(xl, t, reduction="none", label_smoothing=opts.get("label_smoothing", 0.0))
+    (torch_loss.sum() * 1.5).backward()
+    assert loss[:3].isnan().all() and g[:3].isnan().all() and lt[:3].isnan().all() and gt[:3].isnan().all()
+    assert torch_loss[:3].isnan().all() and xl.grad[:3].isnan().all()
+    assert torch.isfinite(g[3:]).all() and torch.isfinite(loss[4]) and loss[3].isinf() == bool(opts)  # ε·(−inf)
+    torch.testing.assert_close(loss[3:], lt[3:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g[3:], gt[3:], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_all_ignored(backend):
     x, t = _inputs(4, 50)

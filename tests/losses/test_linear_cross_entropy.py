@@ -76,6 +76,25 @@ def test_only_weight_requires_grad_and_no_grad():
     assert abs(a.item() - ref.linear_cross_entropy(h, w, t).item()) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_inf_logit_rows_nan_as_torch(backend):
+    """A weight row of +inf gives a +inf logit in rows whose hidden state is positive there: NaN loss and NaN
+    gradients in those rows, as F.cross_entropy(h @ wᵀ) (the kernels' lse was +inf, the loss inf)."""
+    h, w, _, t = _case(N=6, bias=False)
+    t[:] = 3
+    h[:3, 0], h[3:, 0] = 1.0, -1.0
+    w[5, 0] = float("inf")
+    hl = h.clone().requires_grad_()
+    loss = oss.linear_cross_entropy(hl, w, t, reduction="none", backend=backend)
+    loss.sum().backward()
+    assert loss[:3].isnan().all() and hl.grad[:3].isnan().all()
+    hr = h.clone().requires_grad_()
+    lr = torch.nn.functional.cross_entropy(hr @ w.T, t, reduction="none")
+    lr.sum().backward()
+    assert lr[:3].isnan().all() and torch.isfinite(lr[3:]).all()
+    torch.testing.assert_close(loss[3:], lr[3:].detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_all_ignored():
     h, w, b, t = _case()
     t[:] = -100

@@ -185,3 +185,23 @@ def test_linear_cross_entropy_gpu_vs_fp64(bias, reduction, scheme):
     assert _rel(loss, lr) < 1e-3
     for leaf, g in zip(leaves, grs):
         assert _rel(leaf.grad, g) < 2e-2
+
+
+@pytest.mark.parametrize("name", ["coop", "row", "split", "smem"])
+def test_cross_entropy_gpu_inf_logit_rows_nan(name):
+    """A +inf logit (on or off the target) or a NaN in a row: the row's loss and whole gradient NaN, as
+    F.cross_entropy; the other rows as fp64 (every path, the Gluon one included)."""
+    knobs = SMEM[name] if name in SMEM else KNOBS[name]
+    x, t, _ = _hard_rows(128256, {}, N=64)
+    x[2, 5], t[2] = float("inf"), 5
+    x[3, 7], t[3] = float("inf"), 11
+    x[4, 9] = float("nan")
+    xl = x.clone().requires_grad_()
+    loss = oss.cross_entropy(xl, t, knobs=knobs, reduction="none")
+    loss.sum().backward()
+    assert loss[2:5].isnan().all() and xl.grad[2:5].isnan().all()
+    keep = torch.ones(64, dtype=torch.bool, device=x.device)
+    keep[2:5] = False
+    lr, (gr,) = _grads_ref(lambda a: ref.cross_entropy(a, t[keep], reduction="none"), x[keep])
+    assert _rel(loss[keep], lr) < 1e-5
+    assert _rel(xl.grad[keep], gr) < 8e-3

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._triton.online import _exp
+from .._triton.online import _exp, _lse
 
 
 @triton.jit
@@ -18,6 +18,13 @@ def _softcapped(x, softcap, HAS_SOFTCAP: tl.constexpr, FAST: tl.constexpr):
         return softcap * (1.0 - 2.0 / (e + 1.0))
     else:
         return x
+
+
+@triton.jit
+def _ce_lse(m, d):
+    """The row's lse for the loss: m + log d, but NaN where a logit is +inf (m = +inf), as torch's log_softmax
+    gives (inf − inf); the loss and every p_j = e^(z_j − lse) of that row are then NaN, not inf and a lone −1."""
+    return tl.where(m == float("inf"), float("nan"), _lse(m, d))
 
 
 @triton.jit

@@ -46,8 +46,8 @@ import triton.language as tl
 
 from .._triton.host import int_spec
 from .._triton.launch import BoundKernel, cached, pow2, stream_scratch
-from .._triton.online import _alpha, _exp, _lse, _merge_row, _row_barrier, _row_generation, _shift, _state
-from .common import _coefs, _grad_tile, _row_loss, _softcapped, _target_terms
+from .._triton.online import _alpha, _exp, _merge_row, _row_barrier, _row_generation, _shift, _state
+from .common import _ce_lse, _coefs, _grad_tile, _row_loss, _softcapped, _target_terms
 from .plan import CEPlan
 from .smem import ce_coop_smem_kernel
 
@@ -122,7 +122,7 @@ def ce_row_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g
             # 2. (m, d) of the row; lse = m + log d
             m = tl.max(z, axis=0)
             d = tl.sum(_exp(z - _shift(m), FAST), axis=0)
-            lse = _lse(m, d)
+            lse = _ce_lse(m, d)
             sz = 0.0
             if HAS_SMOOTH:
                 if HAS_WEIGHT:
@@ -148,7 +148,7 @@ def ce_row_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_g
             for start in range(0, V, BLOCK):
                 m, d, sz = _fold_tile(X_row, W, start, cols, V, m, d, sz, softcap, "evict_last", HAS_WEIGHT,
                                       HAS_SMOOTH, HAS_SOFTCAP, FAST)
-            lse = _lse(m, d)
+            lse = _ce_lse(m, d)
             s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
             tl.store(LOSS + row, _row_loss(lse, zt, wt, sz, Wsum, eps, V, HAS_SMOOTH))
             tl.store(LSE + row, lse)
@@ -210,7 +210,7 @@ def ce_split_grad_kernel(X, stride_x, T, W, COEF, PM, PD, PS, LOSS, LSE, DX, str
         pd = tl.load(PD + row * C + k, mask=k < C, other=0.0)
         m = tl.max(pm, axis=0)
         d = tl.sum(pd * _alpha(pm, m), axis=0)
-        lse = _lse(m, d)
+        lse = _ce_lse(m, d)
         zt, wt = _target_terms(X_row, W, t, V, softcap, ignore_index, HAS_WEIGHT, HAS_SOFTCAP, FAST)
         s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
         if c == 0:
@@ -276,7 +276,7 @@ def ce_coop_kernel(X, stride_x, T, W, COEF, LOSS, LSE, DX, stride_dx, G, stride_
         # 3. (m, d) = ⊕_c (m_c, d_c), lse = m + log d
         k = tl.arange(0, CP)
         m, d = _merge_row(PART_M, PART_D, row, C, k)
-        lse = _lse(m, d)
+        lse = _ce_lse(m, d)
         s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
         # 4. chunk 0 writes the row's loss and lse
         if c == 0:

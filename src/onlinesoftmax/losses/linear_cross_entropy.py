@@ -215,6 +215,7 @@ def _vocab_loop(h, W, b, t, coef, g, need_dh, need_dW, need_db, plan: LCEPlan, b
         valid = ts != ignore_index
         m, d, sz, zt = st[0], st[1], st[2], st[3]
         lse_ = torch.where(torch.isinf(m), 0.0, m) + torch.log(d)
+        lse_ = torch.where(m == float("inf"), float("nan"), lse_)   # a +inf logit: NaN, as torch's log_softmax
         ce = lse_ - zt
         if eps:
             ce = (1 - eps) * ce + (eps / V) * (V * lse_ - sz)

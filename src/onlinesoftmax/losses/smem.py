@@ -24,9 +24,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
-from .._triton.online import _bf16_halves, _exp, _lse, _merge_row, _pack_bf16x2, _row_barrier, _row_generation, _shift
+from .._triton.online import _bf16_halves, _exp, _merge_row, _pack_bf16x2, _row_barrier, _row_generation, _shift
 from .._triton.smem import _chunk_of_program, _copy_sub_tile, _fold_reg_max, _reg_tiles, _smem_max
-from .common import _coefs, _grad_tile, _row_loss, _softcapped, _target_terms
+from .common import _ce_lse, _coefs, _grad_tile, _row_loss, _softcapped, _target_terms
 
 
 @gluon.jit
@@ -174,7 +174,7 @@ def ce_coop_smem_kernel(
             sz = 0.0
             if HAS_SMOOTH:
                 sz = gl.sum(gl.load(PART_S + row * C + k, mask=k < C, other=0.0, volatile=True), axis=0)
-        lse = _lse(m, d)
+        lse = _ce_lse(m, d)
         s_ce, A, Wsum = _coefs(COEF, lse, wt, eps, V, z_loss, HAS_SMOOTH, HAS_Z)
         if c == 0:
             gl.store(LOSS + row, _row_loss(lse, zt, wt, sz, Wsum, eps, V, HAS_SMOOTH))
