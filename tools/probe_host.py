@@ -8,7 +8,7 @@ Rows, µs per call (the bench's host timing: a loop of 200 eager calls between t
 samples; the rows interleaved round by round, best round of three): torch's ops; ours through the public
 function (the no-autograd fast path: one dict look-up, then the bound launch's C launcher with int pointers);
 ``backend="triton"`` (the checks, ``_prepare``, the layout look-up, the same launch); the bound launch alone
-(``Launch.__call__`` on its lane) and through ``BoundKernel`` with tensors (the lanes off); the pieces
+(``Launch.__call__`` on its lane; ``Launch.pair``, the fast path's inline call of the C launcher) and through ``BoundKernel`` with tensors (the lanes off); the pieces
 (``torch.empty_like``, the stream and device look-ups, an empty Python loop). A canary (``torch.empty(1)`` on the
 CPU) says how fast this host ran.
 
@@ -92,6 +92,7 @@ def main():
         "oss.log_softmax": lambda: oss.log_softmax(x, -1),
         "oss.softmax backend='triton'": lambda: oss.softmax(x, -1, backend="triton"),
         "Launch (lane)": lambda: launch((x, y), dev),
+        "Launch.pair (inline C launcher)": lambda: launch.pair(x, y),
         "Launch (BoundKernel, tensors)": bound_path,
         "torch.empty_like(x)": lambda: torch.empty_like(x),
         "current_stream(current_device())": lambda: TL.current_stream(TL.current_device()),

@@ -245,6 +245,9 @@ def test_gpu_fast_path_and_lanes(shape):
     torch.testing.assert_close(oss.softmax(x), torch.softmax(x, -1))
     launch = SL_API._fast[(SOFTMAX, -1, x.shape, x.stride(), x.dtype, 0)]
     assert set(launch.lanes) == {0} and len(launch.lanes[0]) == len(launch.kernels)
+    # one kernel without workspace: the fast path calls its C launcher inline (the coop plan keeps Launch.__call__)
+    direct = len(launch.kernels) == 1 and launch.workspace is None
+    assert direct == (shape == (4, 1024)) and (launch.pair.__name__ == "pair") == direct
 
     def refuse(*args):
         raise AssertionError("a fast call went through BoundKernel")
@@ -283,3 +286,25 @@ def test_gpu_fast_path_and_lanes(shape):
     xr = x.clone().requires_grad_()
     torch.softmax(xr, -1).pow(2).sum().backward()
     torch.testing.assert_close(xg.grad, xr.grad)
+
+
+def test_direct_pair_calls_the_launcher_inline_or_falls_back(monkeypatch):
+    """``_direct``'s pair(x, y): the C launcher with (head3, the current stream, head9, x's and y's pointers, the
+    scalars, the constexpr tail); the fallback under a launch hook or on another current device."""
+    from onlinesoftmax.softmax import launch as SL
+
+    calls, fell = [], []
+    x, y = torch.empty(4), torch.empty(4)
+    pair = SL._direct(1, lambda *a: calls.append(a), (1, 2, 3), ("h",) * 9, ("T",), (5, 6.0),
+                      lambda a, b: fell.append((a, b)))
+    monkeypatch.setattr(SL, "current_device", lambda: 1)
+    monkeypatch.setattr(SL, "current_stream", lambda i: 77 + i)
+    monkeypatch.setattr(SL, "hooks_installed", lambda: False)
+    pair(x, y)
+    assert calls == [(1, 2, 3, 78, *("h",) * 9, x.data_ptr(), y.data_ptr(), 5, 6.0, "T")] and not fell
+    monkeypatch.setattr(SL, "current_device", lambda: 0)
+    pair(x, y)
+    monkeypatch.setattr(SL, "current_device", lambda: 1)
+    monkeypatch.setattr(SL, "hooks_installed", lambda: True)
+    pair(x, y)
+    assert len(calls) == 1 and len(fell) == 2 and fell[0][0] is x and fell[1][1] is y

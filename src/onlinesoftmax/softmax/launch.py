@@ -70,11 +70,15 @@ class Launch:
     tensors); later calls there take ``lanes[device index]``: the kernels' C launchers called straight, with every
     pointer as an int (``data_ptr()``: the launcher then neither calls it nor asks the driver about the pointer)."""
 
-    __slots__ = ("plan", "kernels", "scalars", "workspace", "lanes")
+    __slots__ = ("plan", "kernels", "scalars", "workspace", "lanes", "pair")
 
     def __init__(self, plan: Plan, kernels: list, scalars: tuple, workspace):
         self.plan, self.kernels, self.scalars, self.workspace = plan, kernels, scalars, workspace
         self.lanes: dict = {}
+        self.pair = self._pair          # pair(x, y): the launch on tensors (x, y); see _direct
+
+    def _pair(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self((x, y), x.device)
 
     def __call__(self, tensors: tuple, device: torch.device) -> None:
         lanes = self.lanes
@@ -104,6 +108,23 @@ class Launch:
             lane = tuple(bound.lane(index) for bound in self.kernels)
             if None not in lane:
                 lanes[index] = lane
+                if len(lane) == 1 and self.workspace is None and len(args) == 2 + len(self.scalars):
+                    self.pair = _direct(index, *lane[0], self.scalars, self._pair)
+
+
+def _direct(index: int, run, head3: tuple, head9: tuple, tail: tuple, scalars: tuple, fallback):
+    """``pair(x, y)`` of a one-kernel launch without workspace bound on device ``index``: its C launcher called
+    with x's and y's pointers as ints, the scalars and the constexpr tail (the eager softmax's fast path; what
+    ``Launch.__call__`` does on a lane, without its loops). Launch hooks or another current device: ``fallback``."""
+    rest = scalars + tail
+
+    def pair(x: torch.Tensor, y: torch.Tensor) -> None:
+        if hooks_installed() or current_device() != index:
+            fallback(x, y)
+        else:
+            run(*head3, current_stream(index), *head9, x.data_ptr(), y.data_ptr(), *rest)
+
+    return pair
 
 
 def workspace(device: torch.device, rows: int, parts: int, dtype: torch.dtype):
