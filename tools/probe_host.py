@@ -8,7 +8,8 @@ Rows, µs per call (the bench's host timing: a loop of 200 eager calls between t
 samples; the rows interleaved round by round, best round of three): torch's ops; ours through the public
 function (the no-autograd fast path: one dict look-up, then the bound launch's C launcher with int pointers);
 ``backend="triton"`` (the checks, ``_prepare``, the layout look-up, the same launch); the bound launch alone
-(``Launch.__call__`` on its lane; ``Launch.pair``, the fast path's inline call of the C launcher) and through ``BoundKernel`` with tensors (the lanes off); the pieces
+(``Launch.__call__`` on its lane; ``Launch.pair``, the fast path's inline call of the C launcher) and through
+``BoundKernel`` with tensors (the lanes off); the pieces
 (``torch.empty_like``, the stream and device look-ups, an empty Python loop). A canary (``torch.empty(1)`` on the
 CPU) says how fast this host ran.
 
