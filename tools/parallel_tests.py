@@ -30,11 +30,16 @@ def main() -> int:
     alone = [i for i in ids if any(a in i for a in alone_pats)]
     ids = [i for i in ids if i not in alone]
     print(len(ids), "tests in", P, "processes,", len(alone), "after them in one", flush=True)
+    if not ids and not alone:
+        print("no tests selected", flush=True)
+        return 5
+    P = max(1, min(P, len(ids)))            # a process with no node ids would run pytest's whole testpaths
     procs = []
-    for i in range(P):
+    for i in range(P if ids else 0):
         log = open(f"{out}/tests{i}.log", "w")
-        cmd = ["timeout", str(T), sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-p", "no:cacheprovider",
-               *ids[i::P]]
+        cmd = ["timeout", str(T), sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:warnings", "-p",
+               "no:cacheprovider", *ids[i::P]]     # -v: a line per test, so a process killed by timeout still
+        #                                           names its failures
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
     t0 = time.time()
     rc = 0
@@ -42,16 +47,18 @@ def main() -> int:
         rc |= p.wait()
         log.close()
     print(f"{time.time() - t0:.0f} s", flush=True)
-    logs = [f"tests{i}" for i in range(P)]
+    logs = [f"tests{i}" for i in range(P if ids else 0)]
     if alone:
         with open(f"{out}/alone.log", "w") as log:
-            rc |= subprocess.run(["timeout", str(T), sys.executable, "-m", "pytest", "-q", "-p", "no:warnings", "-p",
-                                  "no:cacheprovider", *alone], stdout=log, stderr=subprocess.STDOUT).returncode
+            cmd = ["timeout", str(T), sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:warnings", "-p",
+                   "no:cacheprovider", *alone]
+            rc |= subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
         print(f"{time.time() - t0:.0f} s with the ones alone", flush=True)
         logs.append("alone")
     for name in logs:
         lines = open(f"{out}/{name}.log").read().splitlines()
-        print(f"-- {name}:", *[line for line in lines if "FAILED" in line][:10], *lines[-2:], sep="\n")
+        bad = [line for line in lines if " FAILED" in line or " ERROR" in line]
+        print(f"-- {name}:", *bad[:10], *lines[-1:], sep="\n")
     return rc
 
 
