@@ -5,6 +5,8 @@
   tests exercise the kernels' logic in CI at small sizes.
 * ``@pytest.mark.gpu`` tests skip with a reason when no CUDA device is present. On the GPU machine run
   them with ``PYTHONPATH=src python -m pytest -m gpu`` (see README).
+* ``@pytest.mark.interpreter`` tests run ``backend="triton"`` on CPU tensors: on a CUDA machine (no interpreter)
+  they skip with a reason. The other CPU tests run their kernels on ``kernel_device``, the GPU where there is one.
 """
 
 import os
@@ -25,10 +27,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device; none here (run `pytest -m gpu` on the GPU machine)")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return
+        mark, why = "interpreter", ("runs backend='triton' on CPU tensors; needs Triton's interpreter (CI runs it; "
+                                    "here set TRITON_INTERPRET=1 and hide the GPU)")
+    else:
+        mark, why = "gpu", "needs a CUDA device; none here (run `pytest -m gpu` on the GPU machine)"
+    skip = pytest.mark.skip(reason=why)
     for item in items:
-        if "gpu" in item.keywords:
+        if mark in item.keywords:
             item.add_marker(skip)
 
 

@@ -82,6 +82,7 @@ def test_torch_backend_equals_torch(kw):
     assert _rel(loss, lr) < 1e-6 and _rel(g, gr) < 1e-5
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("kw", OPTIONS, ids=lambda k: ",".join(k) or "default")
 def test_triton_vs_fp64(path, kw):
@@ -97,6 +98,7 @@ def test_triton_vs_fp64(path, kw):
     assert _rel(g, gr) < 2e-5
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("kw", OPTIONS, ids=lambda k: ",".join(k) or "default")
 def test_every_target_ignored(kw):
     """The coefficient kernel's 1 / 0 with every target ignored: NaN for "mean" (as torch), 0 otherwise, and zero
@@ -110,6 +112,7 @@ def test_every_target_ignored(kw):
     assert torch.equal(g, torch.zeros_like(g))
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_coef_and_loss_kernels_past_one_block(reduction, weighted):
@@ -132,6 +135,7 @@ def test_coef_and_loss_kernels_past_one_block(reduction, weighted):
     torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=0)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("V", [1, 3, 1000])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_small_vocab_bf16(V, path):
@@ -143,6 +147,7 @@ def test_small_vocab_bf16(V, path):
     assert _rel(g, gr) < 8e-3          # bf16 rounding of dlogits
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("V", [50257, 128256])
 def test_llm_vocab(V):
     """Real vocabularies: the torch path and the Triton two-pass / split kernels at 2 rows (large tiles)."""
@@ -156,6 +161,7 @@ def test_llm_vocab(V):
         assert _rel(g, gr) < 8e-3, kw
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("path", list(PATHS))
 def test_extremes(path):
     """±1e4 logits and -inf entries off the target; loss and gradients finite and as the reference."""
@@ -173,6 +179,7 @@ def test_extremes(path):
     torch.testing.assert_close(oss.cross_entropy(x, t, backend="torch", reduction="none"), lr.float())
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("opts", [dict(), dict(label_smoothing=0.1, z_loss=1e-3)])
 def test_nonfinite_rows_as_torch(path, opts):
@@ -196,6 +203,7 @@ def test_nonfinite_rows_as_torch(path, opts):
     torch.testing.assert_close(g[3:], gt[3:], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_all_ignored(backend):
     x, t = _inputs(4, 50)
@@ -224,6 +232,7 @@ def test_class_dim_last(backend):
     torch.testing.assert_close(xl.grad, xr.grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("bad", [25, 20, -1, -101])
 def test_out_of_range_target(bad, monkeypatch):
     """CPU tensors: an IndexError naming the function on both backends (torch's own message named neither, and the
@@ -242,6 +251,7 @@ def test_out_of_range_target(bad, monkeypatch):
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
 
 
+@pytest.mark.interpreter
 def test_no_grad_and_empty():
     x, t = _inputs(5, 30)
     with torch.no_grad():
@@ -253,6 +263,7 @@ def test_no_grad_and_empty():
     assert oss.cross_entropy(e, te, backend="triton", reduction="sum").item() == 0.0
 
 
+@pytest.mark.interpreter
 def test_second_backward_is_an_error():
     x, t = _inputs(4, 30)
     x.requires_grad_()
@@ -262,6 +273,7 @@ def test_second_backward_is_an_error():
         loss.backward()
 
 
+@pytest.mark.interpreter
 def test_torch_compile_fullgraph():
     x, t = _inputs(6, 100)
     f = torch.compile(lambda x, t: oss.cross_entropy(x, t, backend="triton", label_smoothing=0.1, z_loss=1e-3),
@@ -368,6 +380,7 @@ def test_smem_plan_limits():
     assert smem_rows(x) and not smem_rows(x[:, :40]) and not smem_rows(x[:, 1:]) and not smem_rows(x.double())
 
 
+@pytest.mark.interpreter
 def test_explain():
     x, t = _inputs(20, 3000)
     x.requires_grad_()
@@ -380,6 +393,7 @@ def test_explain():
     assert explain(oss.cross_entropy, x, t, backend="triton", knobs=PATHS["split"]).chunks == 12
 
 
+@pytest.mark.interpreter
 def test_bound_kernels_keyed_by_integer_specialisation():
     """One plan serves rows of several strides (two passes of the same tiles): a bound kernel replays the variant
     Triton compiled at its first call, so each specialisation of the run-time integers (== 1, % 16) gets its own (on

@@ -28,6 +28,7 @@ def _case(N=37, H=16, V=300, bias=True, dtype=torch.float32):
     return h, w, b, t
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("kw", [dict(), dict(reduction="sum", label_smoothing=0.1),
@@ -64,6 +65,7 @@ def test_bf16_and_batch_dims():
     assert hl.grad.shape == h3.shape and _rel(hl.grad, hd.grad) < 2e-2 and _rel(wl.grad, wd.grad) < 2e-2
 
 
+@pytest.mark.interpreter
 def test_only_weight_requires_grad_and_no_grad():
     h, w, _, t = _case(bias=False)
     wl = w.clone().requires_grad_()
@@ -76,6 +78,7 @@ def test_only_weight_requires_grad_and_no_grad():
     assert abs(a.item() - ref.linear_cross_entropy(h, w, t).item()) < 1e-5
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_inf_logit_rows_nan_as_torch(backend):
     """A weight row of +inf gives a +inf logit in rows whose hidden state is positive there: NaN loss and NaN
@@ -95,6 +98,7 @@ def test_inf_logit_rows_nan_as_torch(backend):
     torch.testing.assert_close(loss[3:], lr[3:].detach(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.interpreter
 def test_all_ignored():
     h, w, b, t = _case()
     t[:] = -100
@@ -106,6 +110,7 @@ def test_all_ignored():
     assert s.item() == 0.0 and torch.equal(hl.grad, torch.zeros_like(h))
 
 
+@pytest.mark.interpreter
 def test_compile_fullgraph():
     h, w, b, t = _case()
     hl, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
@@ -116,6 +121,7 @@ def test_compile_fullgraph():
     assert _rel(hl.grad, hd.grad) < 1e-4 and _rel(wl.grad, wd.grad) < 1e-4
 
 
+@pytest.mark.interpreter
 def test_plan_fits_budget():
     """The default is scheme "vocab" (16-bit: an fp32 grad-hidden accumulator; fp32: none); scheme "tokens" on
     request; both within their budgets."""
@@ -153,6 +159,7 @@ def test_errors(bad, match):
 VOCAB = LCEKnobs(scheme="vocab", chunk_tokens=16, vocab_chunk=64)   # 3 token blocks, 5 vocab chunks, both ragged
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("kw", [dict(), dict(reduction="sum", label_smoothing=0.1),
                                 dict(reduction="none", z_loss=1e-3), dict(softcap=4.0)],
@@ -171,6 +178,7 @@ def test_vocab_scheme_vs_fp64(backend, kw):
         assert leaf.grad.dtype == leaf.dtype and _rel(leaf.grad, x.grad) < 1e-4
 
 
+@pytest.mark.interpreter
 def test_vocab_scheme_bf16_fp32_accumulator_and_no_grad():
     h, w, b, t = _case(N=24, V=500, dtype=torch.bfloat16)
     hd, wd = h.double().requires_grad_(), w.double().requires_grad_()

@@ -469,8 +469,11 @@ def test_kernel_one_launch_matches_two(kernel_device, V, block):
         assert_matches_ref(out, x, k)
         _, two = _run_cfg(x, k, block=block, one=False)
         torch.testing.assert_close(out.indices, two.indices, rtol=0, atol=0)
-        torch.testing.assert_close(out.values, two.values, rtol=0, atol=0, equal_nan=True)
-        torch.testing.assert_close(out.lse, two.lse, rtol=0, atol=0, equal_nan=True)
+        # the interpreter: bit for bit; the GPU's compiler contracts the two kernels' arithmetic into FMAs apart
+        # (values off by an ulp, 7e-8 relative, seen on the H200)
+        ulps = 2.5e-7 if x.is_cuda else 0.0
+        torch.testing.assert_close(out.values, two.values, rtol=ulps, atol=0, equal_nan=True)
+        torch.testing.assert_close(out.lse, two.lse, rtol=ulps, atol=0, equal_nan=True)
 
 
 def test_kernel_merge_streams_tiles(kernel_device):
@@ -774,6 +777,7 @@ def test_compile_fullgraph_forward_and_backward(backend, kernel_device):
     torch.testing.assert_close(r.values, softmax_topk(x, 3, backend=backend).values)
 
 
+@pytest.mark.interpreter
 def test_torch_func_transforms():
     """vmap, grad and jacrev trace torch ops (a stable sort for the indices): the same values and gradients."""
     x = torch.randn(4, 3, 30)

@@ -5,6 +5,7 @@ compiled kernels (the H200's launches are not run here; ``test_gpu_fast_call_ski
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import onlinesoftmax as oss
@@ -60,6 +61,7 @@ def test_calls_cached_per_problem():
     assert launch.topk_call(x, 5, 7) is not a                         # stream
 
 
+@pytest.mark.interpreter
 def test_results_through_bound_calls():
     """Two shapes on one stream share the workspace; repeated calls (bound) give the reference every time."""
     for B, V, k in ((2, 700, 7), (5, 300, 3), (2, 700, 7)):
