@@ -216,6 +216,7 @@ def test_all_ignored(backend):
     assert math.isnan(oss.cross_entropy(x, t, backend=backend).item())
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_class_dim_last(backend):
     x = torch.randn(2, 3, 4, 17)
@@ -431,6 +432,7 @@ def test_smem_path_is_the_hopper_default_for_16_bit_rows_with_a_gradient():
     assert plan_cross_entropy(CEProblem(64, 128256, 2, True, smem_rows=True), INTERPRETER).path != "smem"
 
 
+@pytest.mark.interpreter
 def test_bound_call_cache_hits_misses_and_no_stale_state():
     """The eager call's plan and launches (``_bound_run``) are bound once per (rows, classes, dtype, row stride,
     alignment, device, options, knobs): a repeat hits and gives the same bits; every option change misses and is
@@ -468,6 +470,7 @@ def test_bound_call_cache_hits_misses_and_no_stale_state():
         assert _bound_run.cache_info().misses == before + 1
 
 
+@pytest.mark.interpreter
 def test_eager_call_matches_the_custom_op_bitwise():
     """The eager path (the bound call under an autograd.Function) and the custom op (torch.compile's) run the same
     kernels: the same loss and gradient bits."""
@@ -482,7 +485,7 @@ def test_eager_call_matches_the_custom_op_bitwise():
         assert torch.equal(loss, op.detach()) and torch.equal(g, xl.grad), kw
 
 
-@pytest.mark.parametrize("backend_device", ["cpu", "kernel"])
+@pytest.mark.parametrize("backend_device", [pytest.param("cpu", marks=pytest.mark.interpreter), "kernel"])
 def test_opcheck(backend_device, kernel_device):
     """The forward op against its fake implementation (loss and the gradient it writes) for each reduction, with
     and without weight and a gradient; the in-place scale op too."""

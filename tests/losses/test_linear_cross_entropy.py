@@ -51,6 +51,7 @@ def test_vs_fp64(backend, bias, kw):
         assert _rel(leaf.grad, x.grad) < 1e-4
 
 
+@pytest.mark.interpreter
 def test_bf16_and_batch_dims():
     h, w, b, t = _case(N=24, V=500, dtype=torch.bfloat16)
     h3, t3 = h.reshape(2, 12, -1), t.reshape(2, 12)
