@@ -125,3 +125,120 @@ def test_unexpressible_mask_falls_back_to_sdpa_with_a_warning():
     ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), k.repeat_interleave(2, 1),
                                                            attn_mask=mask4, scale=0.25)
     torch.testing.assert_close(o, ref.transpose(1, 2))
+
+
+def test_static_cache_prefill_and_decode_match_eager():
+    """An empty static cache's prefill arrives with no mask (transformers' skip for SDPA's top-left is_causal) and
+    keys past the prompt that are unwritten slots: they are left out, not attended bottom-right; the decode steps'
+    masks (those slots unattended) run our kernels too, with no fallback."""
+    cfg = _configs()["llama"]
+    ids, mask = _batch(False)
+    out = {}
+    for impl in ("onlinesoftmax", "eager"):
+        m = _model("llama", impl)
+        with torch.no_grad():
+            cache = transformers.StaticCache(config=cfg, max_cache_len=24)
+            out[impl, "prefill"] = m(ids, past_key_values=cache, use_cache=True).logits
+        osst._warned.clear()
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            out[impl, "gen"] = m.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
+                                          cache_implementation="static", pad_token_id=0)
+        assert not [x for x in w if "onlinesoftmax" in str(x.message)]
+    torch.testing.assert_close(out["onlinesoftmax", "prefill"], out["eager", "prefill"], **TOL)
+    torch.testing.assert_close(out["onlinesoftmax", "gen"], out["eager", "gen"])
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_right_padding_runs_our_kernels(name):
+    """Right padding (training collators): each sequence's keys [0, len), run as varlen; the real positions'
+    logits as eager's, no fallback (Gemma 2's softcap has none in SDPA)."""
+    ids, _ = _batch(False)
+    mask = torch.ones_like(ids)
+    mask[0, 9:] = 0
+    mask[1, 12:] = 0
+    ours = _model(name, "onlinesoftmax")
+    osst._warned.clear()
+    with torch.no_grad():
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = ours(ids, attention_mask=mask).logits
+        want = _model(name, "eager")(ids, attention_mask=mask).logits
+    assert not [x for x in w if "onlinesoftmax" in str(x.message)]
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], **TOL)
+
+
+def test_softcap_fallback_is_explicit_attention():
+    """A mask the kernels do not express (a hole in the keys) on a softcapped layer: SDPA has no softcap, so the
+    fallback is the explicit fp32 attention, with one warning; as eager."""
+    ids, _ = _batch(False)
+    mask = torch.ones_like(ids)
+    mask[0, 4] = 0                                                         # a hole
+    ours = _model("gemma2", "onlinesoftmax")
+    osst._warned.clear()
+    with torch.no_grad(), pytest.warns(UserWarning, match="explicit fp32 attention"):
+        got = ours(ids, attention_mask=mask).logits
+    want = _model("gemma2", "eager")(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], **TOL)
+
+
+def test_batch_broadcast_mask():
+    """A [1, 1, Sq, Sk] boolean mask for a batch of 2 (SDPA broadcasts it): expanded, not an IndexError."""
+    m = _model("llama", "onlinesoftmax")
+    attn = m.model.layers[0].self_attn
+    q = torch.randn(2, 4, 10, 16, device=DEV)
+    k = torch.randn(2, 2, 10, 16, device=DEV)
+    mask = torch.ones(10, 10, dtype=torch.bool, device=DEV).tril()
+    mask[:, :3] = False                                                    # left padding, the same for both rows
+    o, _ = osst.attention_forward(attn, q, k, k, mask[None, None], scaling=0.25)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), k.repeat_interleave(2, 1),
+                                                           attn_mask=mask[None, None], scale=0.25).transpose(1, 2)
+    torch.testing.assert_close(o[:, 3:], ref[:, 3:], **TOL)
+    assert (o[:, :3] == 0).all()                                           # padded query rows: zeros
+
+
+def test_attention_sinks_as_eager():
+    """GPT-OSS passes per-head sinks (``s_aux``): merged into each row's normalizer, o · sigmoid(lse − s); logits
+    and the sinks' gradients as eager's."""
+    def cfg():          # one per model: from_config records the implementation in the config it is given
+        return transformers.GptOssConfig(vocab_size=211, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                         num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+                                         max_position_embeddings=256, layer_types=["sliding_attention",
+                                                                                  "full_attention"])
+    ids, mask = _batch(True)
+    models = {}
+    for impl in ("onlinesoftmax", "eager"):
+        torch.manual_seed(0)
+        models[impl] = m = transformers.AutoModelForCausalLM.from_config(cfg(), attn_implementation=impl).to(DEV)
+        assert m.config._attn_implementation == impl
+        for layer in m.model.layers:
+            torch.nn.init.normal_(layer.self_attn.sinks, std=1.0)
+    got = models["onlinesoftmax"](ids, attention_mask=mask).logits
+    want = models["eager"](ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], want[keep], **TOL)
+    got[keep].sum().backward()
+    want[keep].sum().backward()
+    for a, b in zip(models["onlinesoftmax"].model.layers, models["eager"].model.layers):
+        torch.testing.assert_close(a.self_attn.sinks.grad, b.self_attn.sinks.grad, rtol=2e-3, atol=2e-5)
+
+
+@pytest.mark.parametrize("family", ["cohere", "granite"])
+def test_causal_lm_loss_logit_scaling(family):
+    """Cohere multiplies the logits by logit_scale, Granite divides them by logits_scaling: the loss as the model's."""
+    c = dict(vocab_size=211, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=12, max_position_embeddings=256)
+    cfg = (transformers.CohereConfig(**c, logit_scale=0.0625) if family == "cohere"
+           else transformers.GraniteConfig(**c, logits_scaling=8.0))
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="onlinesoftmax").to(DEV).eval()
+    ids, mask = _batch(False)
+    with torch.no_grad():
+        want = m(ids, attention_mask=mask, labels=ids).loss
+        got = osst.causal_lm_loss(m, ids, ids, attention_mask=mask)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -7,10 +7,12 @@
 
 The attention function serves what a decoder layer passes: prefill and training (``onlinesoftmax.attention``, or
 ``attention_varlen`` when a padding mask is present), decoding with transformers' caches (q shorter than k and v:
-causal aligned bottom-right, as ``onlinesoftmax.attention`` defines it), GQA, the layer's sliding window and softcap,
-``scaling``. It reads the boolean mask transformers builds for SDPA (registered for this implementation too) and
-recognises the masks it can express: none, causal (with a sliding window), and those with key padding that leaves
-each sequence's keys one contiguous run. Any other mask runs SDPA instead, with one warning.
+causal aligned bottom-right, as ``onlinesoftmax.attention`` defines it; a static cache's unwritten slots left out),
+GQA, the layer's sliding window and softcap, ``scaling``, attention sinks (``s_aux``: merged into each row's
+normalizer). It reads the boolean mask transformers builds for SDPA (registered for this implementation too) and
+recognises the masks it can express: none, causal (with a sliding window), and those with padding at one end (left
+or right) that leaves each sequence's keys one contiguous run. Any other mask runs SDPA instead (the explicit fp32
+scores where the layer has a softcap or sinks, which SDPA refuses), with one warning.
 """
 
 from __future__ import annotations
@@ -54,65 +56,117 @@ def _pattern(Sq: int, Sk: int, causal: bool, left: int, device) -> torch.Tensor:
     return keep
 
 
-def _as_sdpa(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def _fallback(module, query, key, value, attention_mask, scaling, dropout, softcap, sinks, causal: bool, why: str,
+              **kwargs):
+    """A layer this implementation does not express: transformers' SDPA function, or where the layer has a softcap
+    or attention sinks (which SDPA refuses) the explicit scores in fp32 (no mask: causal as SDPA's is_causal, top
+    left, where more than one query); one warning per reason."""
+    _warn_once(why, f"onlinesoftmax attention: {why}; this layer runs "
+               f"{'SDPA' if softcap is None and sinks is None else 'explicit fp32 attention'} instead")
+    if softcap is None and sinks is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  **kwargs)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    g = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(g, 1).float(), value.repeat_interleave(g, 1).float()
+    s = query.float() @ k.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if attention_mask is None and causal and query.shape[2] > 1:
+        attention_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()[None, None]
+    if attention_mask is not None:
+        m = attention_mask[:, :, :, : k.shape[-2]]
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+    if sinks is not None:                       # one more logit per head in each row's softmax, no value
+        s = torch.cat([s, sinks.float().reshape(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)    # a row that attends nothing: zeros
+    o = p[..., : k.shape[-2]] @ v
+    return o.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _with_sinks(fn, sinks: torch.Tensor | None, *args, **kwargs) -> torch.Tensor:
+    """``fn(*args, **kwargs)`` (attention or attention_varlen) with the layer's attention sinks: a sink is one more
+    score s_h per head with no value, so each row's normalizer grows from e^lse to e^lse + e^s_h and o scales by
+    e^lse / (e^lse + e^s_h) = sigmoid(lse − s_h) (the row's (m, d) state merged with the sink's)."""
+    if sinks is None:
+        return fn(*args, **kwargs)
+    o, lse = fn(*args, return_lse=True, **kwargs)
+    if fn is _attention_varlen:                 # o [total_q, H, D], lse [H, total_q]
+        w = torch.sigmoid(lse.transpose(0, 1) - sinks.float()[None, :])
+    else:                                       # o [B, H, Sq, D], lse [B, H, Sq]
+        w = torch.sigmoid(lse - sinks.float()[None, :, None])
+    return (o.float() * w[..., None]).to(o.dtype)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                       sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
                       **kwargs):
     """transformers' attention-interface function: q ``[B, H, Sq, D]``, k / v ``[B, Hkv, Sk, D]`` (GQA: not
-    repeated) -> ``(o [B, Sq, H, D], None)``."""
+    repeated) -> ``(o [B, Sq, H, D], None)``. Attention sinks (``s_aux=`` / ``sinks=``, one score per head) are
+    merged into each row's normalizer."""
     if dropout and module.training:
         raise ValueError("onlinesoftmax attention: dropout > 0 in training is not supported (set the model's "
-                         "attention_dropout to 0)")
+                         "attention dropout probability to 0: config.attention_dropout, or attn_pdrop for GPT-2)")
     if kwargs.get("output_attentions"):
         raise ValueError("onlinesoftmax attention: output_attentions=True needs the attention weights, which this "
                          "implementation never forms; use attn_implementation='eager'")
+    sinks = kwargs.pop("s_aux", None)
+    if sinks is None:
+        sinks = kwargs.pop("sinks", None)
+    else:
+        kwargs.pop("sinks", None)
+    softcap = softcap or None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     B, H, Sq, D = query.shape
     Sk = key.shape[2]
+    fallback = dict(module=module, query=query, key=key, value=value, attention_mask=attention_mask, scaling=scaling,
+                    dropout=dropout, softcap=softcap, sinks=sinks, causal=causal, is_causal=is_causal, **kwargs)
+    if value.shape[-1] != D:
+        return _fallback(why="a value head dim unlike the query's arrived", **fallback)
     left = sliding_window - 1 if sliding_window else -1
     window = (left, 0 if causal else -1) if left >= 0 else None
-    common = dict(scale=scaling, softcap=softcap or None, window=window)
+    common = dict(scale=scaling, softcap=softcap, window=window)
     if attention_mask is None:
-        o = _attention(query, key, value, causal=causal, **common)
-        return o.transpose(1, 2), None
-    if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
-        _warn_once("mask", "onlinesoftmax attention: a mask other than transformers' boolean [B, 1, Sq, Sk] SDPA mask "
-                   "arrived; this layer runs SDPA instead")
-        return _as_sdpa(module, query, key, value, attention_mask, scaling, dropout, is_causal=is_causal,
-                        softcap=softcap, **kwargs)
+        if causal and 1 < Sq < Sk:
+            # transformers skips the mask of an empty static cache's prefill for SDPA's top-left is_causal: the keys
+            # past Sq are the cache's unwritten slots
+            key, value = key[:, :, :Sq], value[:, :, :Sq]
+        return _with_sinks(_attention, sinks, query, key, value, causal=causal, **common).transpose(1, 2), None
+    if (attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+            or attention_mask.shape[0] not in (1, B)):
+        return _fallback(why="a mask other than transformers' boolean [B, 1, Sq, Sk] SDPA mask arrived", **fallback)
     mask = attention_mask[:, 0, :, -Sk:] if attention_mask.shape[-1] > Sk else attention_mask[:, 0]
-    pattern = _pattern(Sq, Sk, causal, left, query.device)
+    mask = mask.expand(B, Sq, Sk)
     keep_k = mask.any(1)                                                  # [B, Sk]: keys some query attends
-    first = torch.where(keep_k.any(-1), keep_k.to(torch.int8).argmax(-1), torch.full_like(keep_k[:, 0], Sk,
-                                                                                         dtype=torch.int64))
-    suffix = torch.arange(Sk, device=query.device)[None, :] >= first[:, None]    # left padding: keys [first, Sk)
+    used = keep_k.any(0)
+    if Sk > 1 and not bool(used[-1]) and bool(used.any()):
+        # trailing keys no query attends (a static cache's unwritten slots): dropped
+        Sk = int(used.nonzero().max()) + 1
+        key, value, mask, keep_k = key[:, :, :Sk], value[:, :, :Sk], mask[..., :Sk], keep_k[:, :Sk]
+    j = torch.arange(Sk, device=query.device)
+    none = torch.full_like(keep_k[:, 0], Sk, dtype=torch.int64)
+    first = torch.where(keep_k.any(-1), keep_k.to(torch.int8).argmax(-1), none)
+    last = torch.where(keep_k.any(-1), Sk - keep_k.flip(-1).to(torch.int8).argmax(-1), none * 0)
+    run = (j[None, :] >= first[:, None]) & (j[None, :] < last[:, None])  # each sequence's keys: [first, last)
     pos_q = torch.arange(Sq, device=query.device)[None, :] + (Sk - Sq)
-    keep_q = pos_q >= first[:, None]                                     # the queries of real tokens
-    want = pattern[None] & suffix[:, None, :]
-    # the rows of real queries must be exactly that; padded query rows are left out (their outputs are zeros here,
-    # whatever SDPA's mask lets them see)
+    keep_q = (pos_q >= first[:, None]) & (pos_q < last[:, None])          # the queries of real tokens
+    want = _pattern(Sq, Sk, causal, left, query.device)[None] & run[:, None, :]
+    # the rows of real queries must be exactly that (left padding: keys [first, Sk); right padding: [0, last));
+    # padded query rows are left out (their outputs are zeros here, whatever SDPA's mask lets them see)
     if not torch.equal(mask[keep_q], want[keep_q]):
-        _warn_once("pattern", "onlinesoftmax attention: a mask that is not causal / sliding-window plus left padding "
-                   "arrived; this layer runs SDPA instead")
-        return _as_sdpa(module, query, key, value, attention_mask, scaling, dropout, is_causal=is_causal,
-                        softcap=softcap, **kwargs)
-    if bool(suffix.all()):
-        o = _attention(query, key, value, causal=causal, **common)
-        return o.transpose(1, 2), None
-    # key padding: the real tokens of each sequence, packed (varlen); padded query rows get zeros
+        return _fallback(why="a mask that is not causal / sliding-window with padding at one end arrived", **fallback)
+    if bool(run.all()) and bool(keep_q.all()):
+        return _with_sinks(_attention, sinks, query, key, value, causal=causal, **common).transpose(1, 2), None
+    # padding: the real tokens of each sequence, packed (varlen); padded query rows get zeros
     q_rows = query.transpose(1, 2)[keep_q]                              # [total_q, H, D]
-    k_rows = key.transpose(1, 2)[suffix]
-    v_rows = value.transpose(1, 2)[suffix]
+    k_rows = key.transpose(1, 2)[run]
+    v_rows = value.transpose(1, 2)[run]
     zero = torch.zeros(1, dtype=torch.int32, device=query.device)
     cu_q = torch.cat([zero, keep_q.sum(-1).cumsum(0).to(torch.int32)])
-    cu_k = torch.cat([zero, suffix.sum(-1).cumsum(0).to(torch.int32)])
-    o_rows = _attention_varlen(q_rows, k_rows, v_rows, cu_q, cu_k, Sq, Sk, causal=causal, **common)
+    cu_k = torch.cat([zero, run.sum(-1).cumsum(0).to(torch.int32)])
+    o_rows = _with_sinks(_attention_varlen, sinks, q_rows, k_rows, v_rows, cu_q, cu_k, Sq, Sk, causal=causal,
+                         **common)
     out = query.new_zeros(B, Sq, H, value.shape[-1])
     out[keep_q] = o_rows
     return out, None
@@ -128,11 +182,23 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
+def _logit_scale(model) -> float:
+    """The factor a causal-LM head multiplies its logits by before the softcap: Cohere's ``logit_scale`` (kept on the
+    model), Granite's ``1 / config.logits_scaling``; 1 for the others."""
+    scale = getattr(model, "logit_scale", None)
+    if scale is None:
+        scale = getattr(model.config, "logit_scale", None)
+    scale = 1.0 if scale is None else float(scale)
+    div = getattr(model.config, "logits_scaling", None)
+    return scale / float(div) if div is not None else scale
+
+
 def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_index: int = -100,
                    num_items_in_batch=None, knobs: LCEKnobs | None = LOSS_KNOBS, **model_kwargs):
     """``model(input_ids, labels=labels).loss`` without the ``[tokens, vocab]`` logits: the base model's hidden states
     and ``onlinesoftmax.linear_cross_entropy`` against ``model.lm_head``; labels shifted as transformers does
-    (token t predicts label t + 1, the last position ignored), the model's final logit softcap applied, the mean
+    (token t predicts label t + 1, the last position ignored), the model's logit scale (Cohere's ``logit_scale``,
+    Granite's ``logits_scaling``) and final logit softcap applied, the mean
     over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation).
     ``knobs``: the loss's ``LCEKnobs`` (default ``LOSS_KNOBS``: a logits tile of up to 1 GiB; None: the library's
     60 MiB default)."""
@@ -143,7 +209,12 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
     shift = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     softcap = getattr(model.config, "final_logit_softcapping", None)
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    bias = head.bias
+    scale = _logit_scale(model)
+    if scale != 1.0:            # logits = scale · (h Wᵀ + b): h and b scaled instead
+        hidden = hidden * scale
+        bias = bias * scale if bias is not None else None
     loss = _linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, shift.reshape(-1).to(hidden.device),
-                                 bias=head.bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
+                                 bias=bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
                                  knobs=knobs)
     return loss / num_items_in_batch if num_items_in_batch is not None else loss
