@@ -1313,3 +1313,22 @@ def test_gpu_sm90_backward_persistent(D, knobs, kw, backward_knobs):
     for Hkv, Sq, Sk in ((4, 777, 1500), (4, 1500, 777), (16, 1000, 1000)):
         q, k, v = make(1, 16, Hkv, Sq, Sk, D, torch.bfloat16, grad=True)
         check_backward(q, k, v, "triton", with_lse=True, **kw)
+
+
+def test_backward_op_takes_a_strided_lse(kernel_device):
+    """``attention_bwd`` given lse as a strided view (a zigzag ring passes each half's rows as a slice): the same
+    gradients as with a dense lse (Δ and dQ's rows are laid out as lse: they were dense buffers indexed by the
+    view's strides, out of bounds)."""
+    B, H, Sq, Sk, D = 1, 2, 12, 24, 16
+    q, k, v = make(B, H, H, Sq, Sk, D, device=kernel_device)
+    o, lse = oss.attention(q, k, v, causal=True, return_lse=True, backend="torch")
+    wide = torch.full((B, H, Sq, 3), float("nan"), device=kernel_device)
+    wide[..., 1] = lse
+    strided = wide[..., 1]                                  # strides (H·Sq·3, Sq·3, 3)
+    assert not strided.is_contiguous() and torch.equal(strided, lse)
+    do = torch.randn_like(o)
+    tail = (True, D ** -0.5, -1, 0, 0.0)
+    want = torch.ops.onlinesoftmax.attention_bwd(do, None, q, k, v, o, lse.contiguous(), *tail)
+    got = torch.ops.onlinesoftmax.attention_bwd(do, None, q, k, v, o, strided, *tail)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

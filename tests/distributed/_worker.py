@@ -85,6 +85,53 @@ def check_vocab(rank: int, P: int, device: str):
     assert (a.grad == 0).all()
 
 
+def check_vocab_edges(rank: int, P: int, device: str):
+    """An empty slice on the last rank; −inf off the target at ε = 0 (a finite loss), +inf in a row (a NaN loss and a
+    NaN gradient row; an ignored row's gradient 0), fp64 top-k past fp32's resolution, an out-of-range target."""
+    V = 12
+    ws = [V // (P - 1)] * (P - 1) + [0]
+    ws[0] += V - sum(ws)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(4, V, generator=gen, dtype=torch.float64)
+    xs = _slice(x, rank, ws).to(device)
+    assert xs.shape[-1] == ws[rank]
+    torch.testing.assert_close(D.softmax(xs).cpu(), _slice(torch.softmax(x, -1), rank, ws))
+    torch.testing.assert_close(D.log_softmax(xs).cpu(), _slice(torch.log_softmax(x, -1), rank, ws))
+    torch.testing.assert_close(D.logsumexp(xs).cpu(), torch.logsumexp(x, -1))
+    top = D.softmax_topk(xs, 3)
+    torch.testing.assert_close(top.indices.cpu(), oss.softmax_topk(x, 3, backend="torch").indices)
+    # fp64 logits whose differences fp32 cannot hold: ranked and normalised in fp64
+    big = torch.tensor([[1e8, 1e8 + 1, 0.0, 1e8 - 0.5] * 3], dtype=torch.float64)
+    tb = D.softmax_topk(_slice(big, rank, ws).to(device), 2)
+    assert tb.indices.cpu().tolist() == [[1, 5]], tb.indices
+    torch.testing.assert_close(tb.values.cpu(), torch.softmax(big, -1)[:, [1, 5]].float())
+    # cross-entropy with special values
+    logits = torch.randn(5, V, generator=gen, dtype=torch.float64)
+    target = torch.tensor([1, 2, 3, 4, -100])
+    logits[0, 5] = -INF                         # off the target, ε = 0: a finite loss
+    logits[1, 6] = INF                          # off the target: NaN
+    logits[2, 3] = INF                          # on the target: NaN
+    logits[4, 0] = INF                          # an ignored row: loss 0, gradient 0
+    for eps in (0.0, 0.1):
+        a = _slice(logits, rank, ws).to(device).requires_grad_()
+        loss = D.cross_entropy(a, target.to(device), reduction="none", label_smoothing=eps)
+        b = logits.clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(b, target, reduction="none", label_smoothing=eps)
+        torch.testing.assert_close(loss.cpu(), want, equal_nan=True)
+        loss[[0, 3]].sum().backward()
+        want[[0, 3]].sum().backward()
+        torch.testing.assert_close(a.grad.cpu()[[0, 3]], _slice(b.grad, rank, ws)[[0, 3]])
+        a.grad = None
+        D.cross_entropy(a, target.to(device), reduction="none", label_smoothing=eps).sum().backward()
+        assert a.grad[1:3].isnan().all() and (a.grad[4] == 0).all()
+    if device == "cpu":
+        try:
+            D.cross_entropy(xs, torch.tensor([0, 1, V, 2]))
+            raise AssertionError("an out-of-range target was accepted")
+        except IndexError as e:
+            assert "distributed.cross_entropy" in str(e) and str(V) in str(e)
+
+
 def _positions(layout: str, rank: int, P: int, S: int) -> torch.Tensor:
     if layout == "contiguous":
         return torch.arange(rank * S // P, (rank + 1) * S // P)
@@ -117,6 +164,23 @@ def check_ring(rank: int, P: int, device: str):
             (o * do[:, :, pos].to(device, dt)).sum().backward()
             for mine, ref in ((ql, qa), (kl, ka), (vl, va)):
                 torch.testing.assert_close(mine.grad.double().cpu(), ref.grad[:, :, pos], **tol)
+
+
+def check_ring_triton(rank: int, P: int, device: str):
+    gen = torch.Generator().manual_seed(5)
+    B, H, Dh, S = 1, 2, 16, 4 * P
+    q, k, v, do = (torch.randn(B, H, S, Dh, generator=gen) for _ in range(4))
+    pos = _positions("zigzag", rank, P, S)
+    qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
+    o_ref = oss.attention(qa, ka, va, causal=True, backend="torch")
+    (o_ref * do).sum().backward()
+    ql, kl, vl = (t[:, :, pos].to(device).requires_grad_() for t in (q, k, v))
+    o = D.attention(ql, kl, vl, causal=True, layout="zigzag", backend="triton")
+    (o * do[:, :, pos].to(device)).sum().backward()
+    tol = dict(rtol=1e-4, atol=1e-5) if device == "cpu" else dict(rtol=3e-3, atol=3e-3)
+    torch.testing.assert_close(o.detach().cpu(), o_ref.detach()[:, :, pos], **tol)
+    for mine, ref in ((ql, qa), (kl, ka), (vl, va)):
+        torch.testing.assert_close(mine.grad.cpu(), ref.grad[:, :, pos], **tol)
 
 
 def main(rank: int, P: int, port: int, device: str, checks: tuple):

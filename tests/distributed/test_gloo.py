@@ -43,8 +43,20 @@ def test_vocab_parallel_gloo(P):
 
 
 @pytest.mark.parametrize("P", [2, 3])
+def test_vocab_parallel_edges_gloo(P):
+    """An empty slice, non-finite logits, fp64 top-k, an out-of-range target (``_worker.check_vocab_edges``)."""
+    run_ranks(P, ("check_vocab_edges",))
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
 def test_ring_attention_gloo(P):
     run_ranks(P, ("check_ring",))
+
+
+def test_ring_attention_triton_zigzag_gloo():
+    """The Triton kernels (the interpreter here) on a zigzag ring: the backward takes each half's lse, a strided
+    slice (its Δ and dQ rows were laid out dense but indexed by the slice's strides: out of bounds)."""
+    run_ranks(2, ("check_ring_triton",))
 
 
 @pytest.mark.gpu

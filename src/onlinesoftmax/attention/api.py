@@ -395,6 +395,7 @@ def persistent_units(n_m: int, heads: int, pairs: bool) -> int:
 def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: BackwardPlan, scale: float,
                      softcap: float, cu=None):
     p = problem
+    lse = lse.contiguous()      # Δ and dQ's fp32 rows are laid out as lse: a strided slice of one (a ring's) made dense
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if p.Sk == 0 or p.Sq == 0 or q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

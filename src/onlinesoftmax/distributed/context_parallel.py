@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .._checks import check_attention_scalars
 from ..attention.api import attention as _attention
 from ..decode.api import merge_attention_states
 from .state import world
@@ -82,8 +83,8 @@ def _block_bwd(q, k, v, o, lse, do, causal, scale, backend):
     GQA group."""
     if backend == "triton":
         left, right = -1, (0 if causal else -1)
-        dq, dk, dv = torch.ops.onlinesoftmax.attention_bwd(do.to(q.dtype), None, q, k, v, o.to(q.dtype), lse,
-                                                           causal, scale, left, right, 0.0)
+        dq, dk, dv = torch.ops.onlinesoftmax.attention_bwd(do.to(q.dtype), None, q, k, v, o.to(q.dtype),
+                                                           lse.contiguous(), causal, scale, left, right, 0.0)
         return dq.float(), dk.float(), dv.float()
     G = q.shape[1] // k.shape[1]
     qf, kf, vf, dof, of = q.float(), k.float(), v.float(), do.float(), o.float()
@@ -145,7 +146,8 @@ class _RingAttention(torch.autograd.Function):
                 dq[:, :, qs] += gq
                 dkv[0][:, :, ks] += gk
                 dkv[1][:, :, ks] += gv
-            dkv = _Transfer(dkv, group).wait()        # on to the next rank: after P passes, home
+            if P > 1:
+                dkv = _Transfer(dkv, group).wait()    # on to the next rank: after P passes, home
             if nxt is not None:
                 kv = nxt.wait()
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
@@ -166,6 +168,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, layo
             raise ValueError(f"distributed.attention: {name} must be a 4-d tensor [B, heads, S_r, D]")
     if k.shape[2] != q.shape[2] or v.shape[:3] != k.shape[:3]:
         raise ValueError("distributed.attention: q, k and v must hold the same S_r positions on this rank")
+    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"distributed.attention: q, k and v must have one head dim, got {q.shape[-1]}, "
+                         f"{k.shape[-1]} and {v.shape[-1]}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"distributed.attention: causal must be a bool, got {type(causal).__name__}")
+    check_attention_scalars(scale, None, "distributed.attention")
     if layout == "zigzag" and q.shape[2] % 2:
         raise ValueError(f"distributed.attention: layout 'zigzag' needs an even S_r, got {q.shape[2]}")
     if q.shape[1] % k.shape[1]:

@@ -14,6 +14,7 @@ or only -inf, normalises to NaN).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -33,11 +34,16 @@ class TopK(NamedTuple):
     lse: torch.Tensor
 
 
+def _2d(x: torch.Tensor) -> torch.Tensor:
+    """[rows, width] view of x (class dim last); a shard of width 0 included (reshape(-1, 0) is ambiguous)."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
 def _rows(name: str, x: torch.Tensor) -> torch.Tensor:
     check_float_tensor(x, f"{name}: x_shard")
     if x.dim() == 0:
         raise ValueError(f"{name}: x_shard must have a last (vocabulary) dim")
-    return x.reshape(-1, x.shape[-1])
+    return _2d(x)
 
 
 def _row_state(x2: torch.Tensor, group):
@@ -65,7 +71,7 @@ def _row_sum(t: torch.Tensor, group) -> torch.Tensor:
 class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, log, group):
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = _2d(x)
         m, d = _row_state(x2, group)
         y = _normalise(x2, m, d, log).to(x.dtype).reshape(x.shape)
         ctx.save_for_backward(y)
@@ -100,7 +106,7 @@ def log_softmax(x_shard: torch.Tensor, *, group=None) -> torch.Tensor:
 class _Logsumexp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = _2d(x)
         m, d = _row_state(x2, group)
         lse = m + torch.log(d)                    # -inf for all -inf rows, +inf with +inf, NaN with NaN
         ctx.save_for_backward(x, lse)
@@ -109,7 +115,7 @@ class _Logsumexp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, lse = ctx.saved_tensors             # d lse / dx = e^(x - lse): local
-        dx = g.reshape(-1, 1).to(lse.dtype) * torch.exp(x.reshape(-1, x.shape[-1]).to(lse.dtype) - lse[:, None])
+        dx = g.reshape(-1, 1).to(lse.dtype) * torch.exp(_2d(x).to(lse.dtype) - lse[:, None])
         return dx.to(x.dtype).reshape(x.shape), None
 
 
@@ -123,11 +129,22 @@ def logsumexp(x_shard: torch.Tensor, *, keepdim: bool = False, group=None) -> to
 
 
 # ---- softmax + top-k ---------------------------------------------------------------------------------------------
+def _best(values: torch.Tensor, index: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k first of each row by (value descending, NaN first, -0.0 == 0.0; then ``index``
+    ascending): fp32 by one int64 key and a top-k, fp64 by two stable sorts (its bits do not fit the key)."""
+    if values.dtype == torch.float64:
+        by_index = torch.argsort(index, dim=-1, stable=True)
+        order = torch.sort(values.gather(-1, by_index), dim=-1, descending=True, stable=True)[1]
+        return by_index.gather(-1, order[..., :k])
+    return torch.topk(order_key(values, index), k, dim=-1)[1]
+
+
 def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     """The k largest probabilities of the full rows' softmax, their indices into the full vocabulary (ties to the
     lowest global index) and the rows' logsumexp, the same on every rank; ``k`` may exceed a shard's width.
     Communication: (m, d) (8 bytes per row per rank) and each rank's best k (value and index: 12·k bytes per row
-    per rank), one all_gather each. Values float32, indices int64, as ``onlinesoftmax.softmax_topk``."""
+    per rank), one all_gather each. Values float32 (fp64 inputs selected and normalised in fp64), indices int64, as
+    ``onlinesoftmax.softmax_topk``."""
     x2 = _rows("distributed.softmax_topk", x_shard)
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"distributed.softmax_topk: k must be an int, got {type(k).__name__}")
@@ -138,11 +155,11 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
         raise ValueError(f"distributed.softmax_topk: k={k} is out of range for a vocabulary of {total} (need 1 <= k "
                          f"<= {total})")
     rows, w = x2.shape
-    xf = x2.float()
+    xf = x2.to(accumulation_dtype(x2.dtype))      # fp64 stays fp64, as onlinesoftmax.softmax_topk
     kl = min(k, w)
     idx = torch.arange(w, device=x2.device).expand(rows, w)
-    _, pos = torch.topk(order_key(xf, idx), kl, dim=-1) if kl else (None, idx[:, :0])
-    cand = torch.full((rows, k), float("-inf"), device=x2.device)
+    pos = _best(xf, idx, kl) if kl else idx[:, :0]
+    cand = torch.full((rows, k), float("-inf"), device=x2.device, dtype=xf.dtype)
     cidx = torch.full((rows, k), total, dtype=torch.int64, device=x2.device)      # pads: after every real index
     cand[:, :kl] = xf.gather(-1, pos)
     cidx[:, :kl] = pos + offsets[rank]
@@ -152,13 +169,13 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     m, d = merge_gathered(g_vals[:, :2])
     vals = g_vals[:, 2:].permute(2, 0, 1).reshape(rows, P * k)
     inds = g_idx.permute(2, 0, 1).reshape(rows, P * k)
-    _, best = torch.topk(order_key(vals, inds), k, dim=-1)
+    best = _best(vals, inds, k)
     top, top_i = vals.gather(-1, best), inds.gather(-1, best)
     p = torch.exp(top - m.unsqueeze(-1)) / d.unsqueeze(-1)                     # e^(x - m) / d: exact at large x
     p = torch.where(torch.isfinite(m).unsqueeze(-1), p, torch.full_like(p, float("nan")))
     lse = m + torch.log(d)
     lead = x_shard.shape[:-1]
-    return TopK(p.reshape(*lead, k), top_i.reshape(*lead, k), lse.reshape(lead))
+    return TopK(p.float().reshape(*lead, k), top_i.reshape(*lead, k), lse.float().reshape(lead))
 
 
 # ---- cross-entropy -----------------------------------------------------------------------------------------------
@@ -166,7 +183,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, target, ignore_index, reduction, eps, group):
         rank, P = world(group)
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = _2d(x)
         t = target.reshape(-1)
         rows, w = x2.shape
         offsets, V = slices(w, x2.device, group)
@@ -180,9 +197,18 @@ class _CrossEntropy(torch.autograd.Function):
         g = gather_rows(torch.stack([s.m, s.d, z_t, xf.sum(-1)]), group)       # [P, 4, rows]: 16 bytes per row
         m, d = merge_gathered(g[:, :2])
         z_t, z_sum = g[:, 2].sum(0), g[:, 3].sum(0)
-        lse = m + torch.log(d)
         keep = t != ignore_index
-        loss = lse - (1 - eps) * z_t - eps * z_sum / V                            # per token
+        outside = keep & ((t < 0) | (t >= V))
+        if x2.device.type == "cpu" and bool(outside.any()):
+            bad = int(t[outside][0])
+            raise IndexError(f"distributed.cross_entropy: target {bad} is out of bounds for a vocabulary of {int(V)} "
+                             f"(and is not ignore_index={ignore_index})")
+        z_t = torch.where(outside, float("nan"), z_t)     # (on a GPU, no host check: that row's loss is NaN)
+        # +inf in the row: NaN, as F.cross_entropy's log_softmax (inf − inf); the loss and the whole gradient row
+        lse = torch.where(m == float("inf"), float("nan"), m + torch.log(d))
+        loss = lse - (1 - eps) * z_t                                              # per token
+        if eps:         # (left out at ε = 0: a −inf logit off the target would make it 0 · −inf)
+            loss = loss - eps * z_sum / V
         loss = torch.where(keep, loss, torch.zeros_like(loss))
         n = keep.sum()
         if reduction == "mean":
@@ -191,14 +217,15 @@ class _CrossEntropy(torch.autograd.Function):
             out, scale = loss.sum(), torch.ones((), device=x2.device, dtype=xf.dtype)
         else:
             out, scale = loss.reshape(target.shape), None
-        ctx.save_for_backward(x, t, offsets, m, d, scale if scale is not None else torch.ones(()), V)
+        ctx.save_for_backward(x, t, offsets, torch.where(torch.isnan(lse), lse, m), d,
+                              scale if scale is not None else torch.ones(()), V)
         ctx.ignore_index, ctx.reduction, ctx.eps, ctx.rank = ignore_index, reduction, eps, rank
         return out
 
     @staticmethod
     def backward(ctx, g):
         x, t, offsets, m, d, scale, V = ctx.saved_tensors
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = _2d(x)
         rows, w = x2.shape
         keep = (t != ctx.ignore_index).to(m.dtype)
         coef = (g.reshape(-1) if ctx.reduction == "none" else g * scale) * keep    # per row
@@ -210,7 +237,8 @@ class _CrossEntropy(torch.autograd.Function):
             hot = torch.zeros_like(dx).scatter_(-1, local.clamp(0, w - 1).unsqueeze(-1),
                                                 mine.to(dx.dtype).unsqueeze(-1))
             dx = dx - (1 - ctx.eps) * hot
-        return (dx * coef.unsqueeze(-1)).to(x.dtype).reshape(x.shape), None, None, None, None, None
+        dx = torch.where(keep.unsqueeze(-1) > 0, dx * coef.unsqueeze(-1), 0.0)     # ignored rows: 0, NaN rows too
+        return dx.to(x.dtype).reshape(x.shape), None, None, None, None, None
 
 
 def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
@@ -228,6 +256,9 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, *, ignore_in
                          f"{tuple(target.shape)}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"distributed.cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+        raise TypeError(f"distributed.cross_entropy: label_smoothing must be a float, got "
+                        f"{type(label_smoothing).__name__}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"distributed.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     del x2
