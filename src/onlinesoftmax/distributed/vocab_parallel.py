@@ -120,8 +120,8 @@ class _Logsumexp(torch.autograd.Function):
 
 
 def logsumexp(x_shard: torch.Tensor, *, keepdim: bool = False, group=None) -> torch.Tensor:
-    """The full row's logsumexp (fp32; fp64 for fp64), the same on every rank. Communication: 8 bytes per row per
-    rank; the backward none."""
+    """The full row's logsumexp in x_shard's dtype (computed in fp32, fp64 for fp64), the same on every rank.
+    Communication: 8 bytes per row per rank; the backward none."""
     _rows("distributed.logsumexp", x_shard)
     out = _Logsumexp.apply(x_shard, group)
     out = out if out.dtype == x_shard.dtype else out.to(x_shard.dtype)
