@@ -246,8 +246,11 @@ def test_opcheck(backend, kernel_device):
                               (q, k, v, sl, table, True, 0.25, -1, -1, 0.0, backend))
 
 
-def test_compile_fullgraph():
-    k, v, sl, table = make_cache(2, 2, 16, [5, 9], 16, torch.float32, CPU, page=4)
+@pytest.mark.parametrize("page", [4, 0], ids=["paged", "dense"])
+def test_compile_fullgraph(page):
+    """Paged and dense caches (the dense CPU lengths' range check is eager-only: under torch.compile it read a
+    data-dependent value and failed to trace)."""
+    k, v, sl, table = make_cache(2, 2, 16, [5, 9], 16, torch.float32, CPU, page=page)
     q = torch.randn(2, 4, 2, 16)
     f = torch.compile(lambda *a: oss.attention_with_kvcache(*a[:4], block_table=a[4], return_lse=True),
                       fullgraph=True, backend="aot_eager")
@@ -255,6 +258,13 @@ def test_compile_fullgraph():
     ro, rl = oss.attention_with_kvcache(q, k, v, sl, block_table=table, return_lse=True)
     torch.testing.assert_close(o, ro)
     torch.testing.assert_close(lse, rl)
+
+
+def test_head_dim_zero_is_an_error():
+    q = torch.randn(1, 2, 1, 0)
+    k = torch.randn(1, 2, 8, 0)
+    with pytest.raises(ValueError, match="attention_with_kvcache: the head dim"):
+        oss.attention_with_kvcache(q, k, k, torch.tensor([3], dtype=torch.int32))
 
 
 # ---- plans ----------------------------------------------------------------------------------------------------

@@ -181,3 +181,15 @@ def test_large_lse_weights_from_the_difference(backend, kernel_device):
         torch.testing.assert_close(o.double(), want, rtol=1e-6, atol=1e-6)
         o.sum().backward()
         torch.testing.assert_close(oa.grad.double(), w[:, None].expand(3, 8), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_and_inf_lse_give_nan(backend, kernel_device):
+    """A NaN or +inf lse on either side: o NaN on both backends (the torch path's where() turned the NaN weights into
+    o = 0, a corrupted state merged away silently); −inf stays the empty side."""
+    o = torch.randn(4, 2, device=kernel_device)
+    la = torch.tensor([float("nan"), float("inf"), float("inf"), float("-inf")], device=kernel_device)
+    lb = torch.tensor([0.0, 0.0, float("inf"), 0.5], device=kernel_device)
+    mo, ml = oss.merge_attention_states(o, la, o * 2, lb, backend=backend)
+    assert mo[:3].isnan().all() and ml[0].isnan() and (ml[1:3] == float("inf")).all()
+    torch.testing.assert_close(mo[3], o[3] * 2)

@@ -140,7 +140,7 @@ def _torch_attention(q, k, v, scale, left, right, softcap, keep=None):
         m = s.new_zeros(s.shape[:-1] + (1,))
     p = torch.exp(s - m)
     d = p.sum(dim=-1, keepdim=True)
-    some = d > 0
+    some = (d > 0) | torch.isnan(d)             # d = 0: no key (lse −inf); NaN scores: lse NaN, as the kernels
     o = (p @ vf) / torch.where(some, d, torch.ones_like(d))
     lse = torch.where(some, m + torch.log(torch.where(some, d, torch.ones_like(d))), torch.full_like(d, -math.inf))
     return o.to(q.dtype), lse.squeeze(-1).to(torch.float32)
@@ -672,11 +672,23 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
     if backend == "torch":
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
+        o = _in_layout_of_q(o, q)
     elif _decode_call(q, k, v):
         o, lse = _full_cache()(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0, return_lse)
+        o = _in_layout_of_q(o, q)
     else:
         o, lse = _attention_fwd(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
+
+
+def _in_layout_of_q(o: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """o (contiguous, from the torch path or the decode kernels) with q's strides (``torch.empty_like(q)``'s), as
+    the prefill kernels write it and the docs promise: a copy only where q is not contiguous (autograd flows
+    through it)."""
+    if q.is_contiguous() or o.numel() == 0:
+        return o
+    out = torch.empty_like(q)
+    return o if out.stride() == o.stride() else out.copy_(o)
 
 
 def _decode_call(q, k, v) -> bool:

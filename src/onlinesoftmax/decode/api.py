@@ -43,6 +43,8 @@ def _merge_torch(o_a, lse_a, o_b, lse_b):
     wa, wb = _merge_weights(la, lb)
     wa, wb = wa.unsqueeze(-1), wb.unsqueeze(-1)
     o = torch.where(wa > 0, wa * o_a.to(acc), 0.0) + torch.where(wb > 0, wb * o_b.to(acc), 0.0)
+    # a NaN or +inf lse on either side: NaN, as the kernel (its weights are NaN there; the where above hid them)
+    o = torch.where(torch.isnan(wa) | torch.isnan(wb), float("nan"), o)
     # contiguous, as the kernels' outputs and the fake implementation's (elementwise ops follow the inputs' strides)
     return o.to(o_a.dtype).contiguous(), lse.contiguous()
 
@@ -275,6 +277,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
         raise ValueError(f"{f}: k_cache and v_cache must have one shape, got {tuple(ks)} and "
                          f"{tuple(v_cache.shape)}")
     Hkv = ks[1]
+    if D < 1:
+        raise ValueError(f"{f}: the head dim (last dim of q) must be at least 1, got {D}")
     if ks[3] != D:
         raise ValueError(f"{f}: the caches' head dim {ks[3]} differs from q's {D}")
     if Hkv == 0 or H % Hkv:
@@ -287,7 +291,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
     if block_table is None:
         if ks[0] != B:
             raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(ks)}")
-        if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and int(cache_seqlens.max()) > ks[2]:
+        if (cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not torch.compiler.is_compiling()
+                and int(cache_seqlens.max()) > ks[2]):
             raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.max())}, past the dense cache's "
                              f"S_max = {ks[2]}")
     else:
