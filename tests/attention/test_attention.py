@@ -1357,3 +1357,12 @@ def test_o_keeps_q_strides(backend, Sk, kernel_device):
     assert o.stride() == q.stride()
     o.transpose(1, 2).view(1, 3, 32)
     torch.testing.assert_close(o, oss.attention(q.contiguous(), k, k, backend="torch"), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_torch_func_grad(backend, kernel_device):
+    """torch.func.grad takes the torch path (the custom op's autograd has no setup_context for functorch)."""
+    q, k, v = make(1, 2, 1, 5, 7, 16, device=kernel_device)
+    want = torch.func.grad(lambda a: oss.attention(a, k, v, causal=True, backend="torch").sum())(q)
+    got = torch.func.grad(lambda a: oss.attention(a, k, v, causal=True, backend=backend).sum())(q)
+    torch.testing.assert_close(got, want)

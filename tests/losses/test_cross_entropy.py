@@ -499,3 +499,32 @@ def test_opcheck(backend_device, kernel_device):
                               (x, t, weight, -100, reduction, 0.1, 1e-4, None, need, *CE._knob_args(CEKnobs())))
     torch.library.opcheck(torch.ops.onlinesoftmax.cross_entropy_scale_.default,
                           (x.clone(), torch.tensor(2.0, device=dev)))
+
+
+@pytest.mark.interpreter
+def test_double_backward_is_an_error_not_a_silent_zero():
+    """create_graph=True through the Triton path (whose gradient the forward wrote: no graph to give) raises, naming
+    the function; a gradient penalty lost its second-order term silently before. The torch path differentiates
+    twice."""
+    x, t = _inputs(4, 30, ignore_every=0)
+    xl = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(oss.cross_entropy(xl, t, backend="torch"), xl, create_graph=True)
+    (g * g).sum().backward()
+    assert xl.grad.abs().sum() > 0
+    xl = x.clone().requires_grad_()
+    loss = oss.cross_entropy(xl, t, backend="triton")
+    with pytest.raises(RuntimeError, match="cross_entropy: double backward"):
+        torch.autograd.grad(loss, xl, create_graph=True)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_torch_func_grad_and_vmap(backend):
+    """torch.func.grad / vmap take torch's ops (the custom op's autograd has no setup_context for functorch): the
+    gradient as F.cross_entropy's."""
+    x, t = _inputs(4, 6, ignore_every=0)
+    want = torch.func.grad(lambda z: F.cross_entropy(z, t))(x)
+    got = torch.func.grad(lambda z: oss.cross_entropy(z, t, backend=backend))(x)
+    torch.testing.assert_close(got, want)
+    per_row = torch.func.vmap(lambda z, y: oss.cross_entropy(z[None], y[None], backend=backend))(x, t)
+    torch.testing.assert_close(per_row, F.cross_entropy(x, t, reduction="none"))

@@ -228,3 +228,18 @@ def test_opcheck(backend, kernel_device):
                                             backend, None)
         torch.library.opcheck(torch.ops.onlinesoftmax.linear_cross_entropy.default,
                               (h2, W, bias, t2, -100, "mean", 0.0, 0.0, None, *need, which, *kargs))
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_double_backward_is_an_error_and_torch_func_grad(backend):
+    """create_graph=True raises naming the function (the gradients are written by the forward: a silent first-order
+    answer before); torch.func.grad takes the logits and torch's cross-entropy."""
+    h, w, _, t = _case(N=6, V=40, bias=False)
+    hl = h.clone().requires_grad_()
+    loss = oss.linear_cross_entropy(hl, w, t, backend=backend)
+    with pytest.raises(RuntimeError, match="linear_cross_entropy: double backward"):
+        torch.autograd.grad(loss, hl, create_graph=True)
+    want = torch.func.grad(lambda a: torch.nn.functional.cross_entropy(a @ w.T, t))(h)
+    got = torch.func.grad(lambda a: oss.linear_cross_entropy(a, w, t, backend=backend))(h)
+    torch.testing.assert_close(got, want)

@@ -419,6 +419,13 @@ def test_logsumexp_dims_with_an_empty_kept_dim(backend):
             assert got.shape == torch.logsumexp(x, dims, keepdim).shape
 
 
+def test_logsumexp_over_several_dims_compiles():
+    """A tuple of dims under torch.compile(fullgraph=True) (the dims' product was a generator dynamo refused)."""
+    x = torch.randn(3, 4, 5, device=DEV)
+    f = torch.compile(lambda t: oss.logsumexp(t, (0, 2)), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(f(x), torch.logsumexp(x, (0, 2)))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
 def test_upcast_to_fp64_gradient(fn, backend):

@@ -536,8 +536,8 @@ _eager_attention = raw_apply(_EagerAttention)
 
 
 def _attention_fwd(q, k, v, causal, scale, left, right, softcap):
-    """(o, lse): the custom op under torch.compile and torch.func, else the eager paths."""
-    if functorch_active() or torch.compiler.is_compiling():
+    """(o, lse): the custom op under torch.compile, else the eager paths."""
+    if torch.compiler.is_compiling():
         return torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right, softcap)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _eager_attention(q, k, v, causal, scale, left, right, softcap)
@@ -670,7 +670,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     >>> o = oss.attention(q, k, v, causal=True)          # GQA 8 / 2
     """
     (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
-    if backend == "torch":
+    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
         o = _in_layout_of_q(o, q)
     elif _decode_call(q, k, v):

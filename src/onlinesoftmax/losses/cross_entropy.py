@@ -234,8 +234,17 @@ def _setup(ctx, inputs, output):
     ctx.used = False
 
 
+def _no_double_backward(name: str, instead: str = "backend='torch'") -> None:
+    """The backward of a loss whose gradient the forward wrote: under create_graph=True (grad mode on in the
+    backward) it has no graph to give, so a gradient penalty would silently lose its second-order term."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError(f"{name}: double backward (create_graph=True) is not supported on this path (the "
+                           f"gradient is written by the forward pass); use {instead}")
+
+
 def _hand_over(ctx) -> torch.Tensor:
     """The forward's dlogits, held by ctx alone, handed to the (one) backward that scales it in place."""
+    _no_double_backward("cross_entropy")
     if ctx.used:
         raise RuntimeError("cross_entropy: a second backward through the same loss is not supported (the "
                            "gradient is written by the forward pass and scaled in place); call it again")
@@ -318,14 +327,14 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
                               softcap, backend, knobs)
     softcap = float(softcap) if softcap is not None else None
     eps, z_loss = float(label_smoothing), float(z_loss)
-    if backend == "torch":
+    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
         loss = torch_cross_entropy(x2, t, weight, ignore_index, reduction, eps, z_loss, softcap)
         return loss.reshape(target.shape) if reduction == "none" else loss
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     t = t.contiguous()
     need_grad = logits.requires_grad and torch.is_grad_enabled()
-    if torch.compiler.is_compiling() or functorch_active() or x2.shape[0] == 0:
+    if torch.compiler.is_compiling() or x2.shape[0] == 0:
         loss, _ = torch.ops.onlinesoftmax.cross_entropy(x2, t, weight, ignore_index, reduction, eps, z_loss, softcap,
                                                         need_grad, *_knob_args(knobs or CEKnobs()))
     else:       # eager: the bound call, no dispatcher; an autograd.Function around it where a gradient is needed

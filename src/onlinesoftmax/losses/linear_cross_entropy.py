@@ -26,9 +26,16 @@ import math
 import torch
 
 from .._checks import check_float_tensor
-from ..backend import resolve_backend
+from ..backend import functorch_active, resolve_backend
 from ..target import target_of
-from .cross_entropy import _check_common, _check_target_values, _kernels, _reduction_coefs
+from .cross_entropy import (
+    _check_common,
+    _check_target_values,
+    _kernels,
+    _no_double_backward,
+    _reduction_coefs,
+    cross_entropy,
+)
 from .plan import CEKnobs, LCEKnobs, LCEPlan, LCEProblem, plan_linear_cross_entropy
 
 __all__ = ["explain_linear_cross_entropy", "linear_cross_entropy"]
@@ -393,6 +400,7 @@ def _backward(ctx, dloss, *_):
         h, W, b, t = ctx.saved_tensors
         dh, dW, db = torch.ops.onlinesoftmax.linear_cross_entropy_backward(h, W, b, t, dloss, *ctx.args)
     else:
+        _no_double_backward("linear_cross_entropy", "the logits and cross_entropy(backend='torch')")
         if not torch.compiler.is_compiling():
             if ctx.used:
                 raise RuntimeError("linear_cross_entropy: a second backward through the same loss is not supported "
@@ -460,6 +468,11 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     name = "linear_cross_entropy"
     h, t, backend, kargs = _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                     z_loss, softcap, backend, knobs)
+    if functorch_active():      # torch.func transforms: the logits and torch's cross-entropy, which compose with them
+        loss = cross_entropy(torch.nn.functional.linear(h, weight, bias), t, ignore_index=ignore_index,
+                             reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                             backend="torch")
+        return loss.reshape(target.shape) if reduction == "none" else loss
     h, t = h.contiguous(), t.contiguous()
     w = weight if weight.is_contiguous() else weight.contiguous()
     grad_on = torch.is_grad_enabled()

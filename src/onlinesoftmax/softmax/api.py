@@ -468,7 +468,7 @@ def _logsumexp_dims(x, dims, keepdim: bool, backend) -> torch.Tensor:
         return logsumexp(x, ds[0], keepdim, backend=backend)
     rest = [i for i in range(x.dim()) if i not in ds]
     rows = x.permute(*rest, *ds)
-    n = math.prod(x.shape[d] for d in ds)        # not -1: ambiguous where a kept dim is 0
+    n = math.prod([x.shape[d] for d in ds])      # not -1: ambiguous where a kept dim is 0 (a list: dynamo traces it)
     out = logsumexp(rows.reshape(*rows.shape[:len(rest)], n), -1, backend=backend)
     if keepdim:
         out = out.reshape([1 if i in ds else x.shape[i] for i in range(x.dim())])
