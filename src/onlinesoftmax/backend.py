@@ -31,6 +31,18 @@ def triton_available() -> bool:
 functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
+def values_unreadable(t: torch.Tensor) -> bool:
+    """Whether the host cannot read t's values now (a data-dependent check or index must be skipped): under
+    torch.compile or torch.func transforms, or t a meta or fake tensor (FakeTensorMode's shape propagation)."""
+    if torch.compiler.is_compiling() or functorch_active() or t.device.type == "meta":
+        return True
+    if type(t) is torch.Tensor:
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
 def raw_apply(fn: type[torch.autograd.Function]):
     """``fn.apply`` without its Python wrapper (default-argument binding, torch.func unwrapping: neither applies
     to eager calls, which torch.func transforms never reach): 2-3 µs less host time per call. ``fn.apply`` where

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .._checks import check_float_tensor
 from .._triton.host import cached
-from ..backend import functorch_active, raw_apply, resolve_backend
+from ..backend import functorch_active, raw_apply, resolve_backend, values_unreadable
 from ..target import target_of
 from .plan import CEKnobs, CEPlan, CEProblem, plan_cross_entropy
 
@@ -63,9 +63,8 @@ def _number(name: str, arg: str, v) -> float:
 def _check_target_values(name, target, V: int, ignore_index: int) -> None:
     """On the CPU (free to read): every target in [0, V) or ``ignore_index``, else an ``IndexError`` naming the
     first one. On a GPU the values are not read by the host (no synchronisation): the Triton path gives that row a
-    NaN loss. Not under torch.compile or functorch transforms (a data-dependent branch)."""
-    if (target.device.type != "cpu" or target.numel() == 0 or torch.compiler.is_compiling()
-            or functorch_active()):
+    NaN loss. Not under torch.compile, functorch transforms or fake tensors (a data-dependent branch)."""
+    if target.device.type != "cpu" or target.numel() == 0 or values_unreadable(target):
         return
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
     if bad.any():

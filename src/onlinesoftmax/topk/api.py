@@ -22,7 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._checks import check_dim, check_float_tensor
-from ..backend import functorch_active, resolve_backend
+from ..backend import functorch_active, resolve_backend, values_unreadable
 from ..target import Target, target_of
 from .plan import Plan, topk_plan
 
@@ -160,9 +160,10 @@ def _torch_2d(x: torch.Tensor, k: int):
 
     ``values`` are torch's ``softmax(x)`` at those entries: ``p = e^(x − m) / d``, exact at any magnitude of x
     (``e^(x − lse)`` loses ``log d`` to the rounding of a large lse). ``lse = m + log d = m − log p(argmax)``, as
-    ``p(argmax) = e^0 / d``. Under torch.func transforms the sort (``_top_indices`` synchronises)."""
+    ``p(argmax) = e^0 / d``. Under torch.func transforms, torch.compile and fake tensors the sort (``_top_indices``
+    synchronises)."""
     xf = x.float() if x.dtype != torch.float64 else x
-    idx = (_top_indices if xf.device.type == "cpu" and not functorch_active() else _sorted_indices)(xf, k)
+    idx = (_top_indices if xf.device.type == "cpu" and not values_unreadable(xf) else _sorted_indices)(xf, k)
     p = torch.softmax(xf, dim=-1).gather(-1, idx)
     m = xf.gather(-1, idx[:, :1]).squeeze(-1)           # the row's maximum (NaN if it holds one: NaN ranks first)
     ok = torch.isfinite(m)
