@@ -660,3 +660,16 @@ def test_uniform_as_a_python_float(kernel_device):
         sample(x, uniform=1.5)
     with pytest.raises(TypeError, match="sample: uniform must be a float tensor, a float or None"):
         sample(x, uniform="0.5")
+
+
+@pytest.mark.interpreter
+def test_knobs_type_and_numpy_top_k():
+    """``knobs`` of another type: a TypeError naming it on both backends (the torch path ignored it, the kernels'
+    an AttributeError); a NumPy integer top_k is taken as the Python int (NumPy floats already were)."""
+    x = torch.randn(2, 20)
+    u = torch.rand(2)
+    for backend in ("torch", "triton"):
+        with pytest.raises(TypeError, match="sample: knobs must be a SampleKnobs"):
+            sample(x, knobs="fast", backend=backend)
+        ids, _ = sample(x, top_k=np.int64(3), uniform=u, backend=backend)
+        torch.testing.assert_close(ids, sample(x, top_k=3, uniform=u, backend=backend)[0])

@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import math
 import os
-from numbers import Real
+from numbers import Integral, Real
 
 import torch
 
 from .._checks import check_float_tensor
 from ..backend import resolve_backend, triton_available
 from .api import softmax_topk
-from .plan import NO_SAMPLE_KNOBS, sample_draw_of, sample_graph_draw_of
+from .plan import NO_SAMPLE_KNOBS, SampleKnobs, sample_draw_of, sample_graph_draw_of
 
 __all__ = ["explain_sample", "sample"]
 
@@ -128,8 +128,9 @@ def _arguments(logits, temperature, top_k, top_p, min_p, backend) -> tuple:
     if min_p is not None and not isinstance(min_p, torch.Tensor):
         min_p = _number(min_p, "min_p", _q_rule, "in [0, 1]")
     if top_k is not None and not isinstance(top_k, torch.Tensor):
-        if isinstance(top_k, bool) or not isinstance(top_k, int):
+        if isinstance(top_k, bool) or not isinstance(top_k, Integral):
             raise TypeError(f"sample: top_k must be an int or an integer tensor, got {type(top_k).__name__}")
+        top_k = int(top_k)
         if top_k < 1:
             raise ValueError(f"sample: top_k must be >= 1 (or a per-row tensor, 0 for no top-k), got {top_k}")
         top_k = min(top_k, V)
@@ -150,7 +151,9 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     ``logits.shape[:-1]`` and float32 log-probabilities of those ids under the distribution sampled from
     (after temperature, top-k, top-p, min-p and renormalisation; 0 for greedy rows). A row with no distribution
     (a NaN or ``+inf`` logit, or every logit ``-inf``), or with a parameter out of range on a device tensor,
-    gets id -1 and log-probability NaN (see the module's docstring for what is checked where).
+    gets id -1 and log-probability NaN (see the module's docstring for what is checked where). fp64 logits are
+    sampled in fp32 on both backends (differences below fp32's resolution tie; magnitudes past its range
+    overflow to ``inf``: id -1).
 
     ``uniform``: the rows' draws, floats in ``[0, 1)`` of shape ``logits.shape[:-1]`` (or one for all, a float
     too), in place of ``torch.rand`` with ``generator``: the id is the first kept token, in index order, whose
@@ -190,6 +193,8 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         if uniform is None and generator.device.type != dev.type:
             raise ValueError(f"sample: generator is a {generator.device.type} generator and logits are on {dev}: "
                              f"draws for {dev.type} logits need a {dev.type} generator")
+    if knobs is not None and not isinstance(knobs, SampleKnobs):
+        raise TypeError(f"sample: knobs must be a SampleKnobs or None, got {type(knobs).__name__}")
     knobs = knobs or NO_SAMPLE_KNOBS
     if uniform is None:         # (greedy rows draw nothing: no uniforms for an all-greedy call)
         if not isinstance(t, torch.Tensor) and t == 0:
