@@ -88,7 +88,8 @@ def _main(argv=None) -> int:
         for path in args.json:
             if not os.path.isfile(path):
                 raise UserError(f"replot: no such file: {path}")
-            print(f"wrote {report.replot(path)}")
+            out = report.replot(path)
+            print(f"wrote {out}" if out else f"{path}: no row with a rate to draw (no PNG)")
         return 0
     from .bench import runner
     from .bench.harness import SUITES

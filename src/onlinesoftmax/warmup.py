@@ -25,6 +25,9 @@ def warmup(vocab_size: int | None = None, *, top_k=(50,), batch_sizes=BATCH_CLAS
     from .target import target_of
 
     if device is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("warmup: no CUDA device to compile for; pass device= (device='cpu' warms the "
+                               "interpreter's or the torch path's calls)")
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
     calls = 0

@@ -112,14 +112,14 @@ def _group_key(group: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", group)]
 
 
-def replot(json_path: str) -> str:
-    """Draw the PNG of a results JSON again (beside it), from its rows as measured."""
+def replot(json_path: str) -> str | None:
+    """Draw the PNG of a results JSON again (beside it), from its rows as measured; None where no row has a rate
+    to draw."""
     with open(json_path) as f:
         data = json.load(f)
     rows = [Row(**r) for r in data["rows"]]
     path = os.path.splitext(json_path)[0] + ".png"
-    plot(data["suite"], rows, data["copy_ceiling_gbps"], path)
-    return path
+    return path if plot(data["suite"], rows, data["copy_ceiling_gbps"], path) else None
 
 
 def write(suite: str, rows: list[Row], env: dict, ceiling: float, out_dir: str) -> list[str]:

@@ -19,7 +19,6 @@ import math
 from typing import NamedTuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._checks import check_dim, check_float_tensor
 from ..backend import functorch_active, resolve_backend, values_unreadable
@@ -269,8 +268,10 @@ class _SoftmaxTopKFunction(torch.autograd.Function):
         return values, indices, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dvalues, _dindices, dlse):
+        if torch.is_grad_enabled():     # create_graph=True: the kernels' backward forms no second-order graph (a
+            raise RuntimeError(         # gradient penalty would silently lose that term)
+                "softmax_topk: double backward (create_graph=True) is not supported")
         x2, values, indices, lse = ctx.saved_tensors
         return _rows_backward_impl(x2, values, indices, lse, dvalues, dlse, ctx.backend), None, None
 

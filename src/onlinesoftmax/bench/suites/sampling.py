@@ -23,7 +23,7 @@ import torch
 
 from ...topk.api import softmax_topk
 from ...topk.sampling import _warm_capture_draw, sample
-from ..harness import BenchContext, Case, cache_bytes, register_suite
+from ..harness import BenchContext, Case, Skip, cache_bytes, register_suite
 
 T = 0.8
 GRAPH_CALLS = 20
@@ -105,7 +105,7 @@ def _logits(B, V, kind, device):
 @register_suite("sample", x_label="B")
 def suite(ctx: BenchContext):
     if not ctx.is_cuda:
-        return
+        raise Skip("the fused sampling kernels against torch need a CUDA GPU (the CPU's rows: `bench cpu`)")
     Bs, Vs = [1, 8, 64, 256], [128256, 151936, 262144]
     if ctx.quick:
         Bs, Vs = [1, 8], [128256]
