@@ -329,6 +329,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     scale : default ``D ** -0.5``; ``softcap=c``: scores ``c·tanh(s / c)``; ``window=(left, right)`` (−1 unbounded):
         query i attends key j iff ``p − left <= j <= p + right`` with ``p = cache_seqlens[b] − Sq + i``, ANDed with
         causal. As ``oss.attention`` with ``Sk = cache_seqlens[b]``.
+    return_lse : also return the rows' lse. ``backend``: None (the kernels on CUDA, torch ops elsewhere),
+        ``"torch"`` or ``"triton"``.
 
     Returns
     -------

@@ -47,7 +47,7 @@ def v3_config(n: int) -> tuple[int, int] | None:
 def plan(version: str, n: int, *, block: int | None = None, config: tuple[int, int] | None = None) -> str:
     """Which kernel ``version`` launches for rows of ``n`` elements, e.g. ``'v3<256,4>'`` or ``'v2'``."""
     if version not in VERSIONS:
-        raise ValueError(f"version must be one of {sorted(VERSIONS)}, got {version!r}")
+        raise ValueError(f"ladder.plan: version must be one of {sorted(VERSIONS)}, got {version!r}")
     if version == "v1":
         return f"v1<{block or 256}>"
     if version == "v3":

@@ -459,11 +459,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
                          backend: str | None = None, knobs: LCEKnobs | None = None) -> torch.Tensor:
     """``cross_entropy(hidden @ weight.T + bias, target, ...)`` (see :func:`~onlinesoftmax.cross_entropy`) for
-    ``hidden [..., Hd]``, ``weight [V, Hd]``, ``bias [V]``, without holding the [N, V] logits: tiles of
-    ``chunk_tokens`` tokens × V (about 56 MiB) are computed, reduced to the loss and turned into the gradients one
-    after another. Autograd to hidden, weight and bias (the gradients of mean / sum are computed in the forward).
+    ``hidden [..., Hd]``, ``weight [V, Hd]``, ``bias [V]``, without holding the [N, V] logits: tiles of logits
+    within about 60 MiB (by default blocks of tokens against chunks of the vocabulary; ``LCEKnobs(scheme="tokens")``
+    chunks of tokens × V) are computed, reduced to the loss and turned into the gradients one after another.
+    Autograd to hidden, weight and bias (the gradients of mean / sum are computed in the forward).
 
-    ``knobs``: a :class:`~onlinesoftmax.losses.plan.LCEKnobs` override (chunk size, tile budget).
+    ``knobs``: a :class:`~onlinesoftmax.losses.plan.LCEKnobs` override (scheme, chunk sizes, tile budget).
     """
     name = "linear_cross_entropy"
     h, t, backend, kargs = _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
