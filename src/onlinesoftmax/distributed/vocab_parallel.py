@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .._checks import check_float_tensor
 from ..state import accumulation_dtype
-from ..topk.api import order_key
+from ..topk.api import first_k
 from .state import gather_rows, local_state, merge_gathered, slices, world
 
 __all__ = ["TopK", "cross_entropy", "log_softmax", "logsumexp", "softmax", "softmax_topk"]
@@ -129,16 +129,6 @@ def logsumexp(x_shard: torch.Tensor, *, keepdim: bool = False, group=None) -> to
 
 
 # ---- softmax + top-k ---------------------------------------------------------------------------------------------
-def _best(values: torch.Tensor, index: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the k first of each row by (value descending, NaN first, -0.0 == 0.0; then ``index``
-    ascending): fp32 by one int64 key and a top-k, fp64 by two stable sorts (its bits do not fit the key)."""
-    if values.dtype == torch.float64:
-        by_index = torch.argsort(index, dim=-1, stable=True)
-        order = torch.sort(values.gather(-1, by_index), dim=-1, descending=True, stable=True)[1]
-        return by_index.gather(-1, order[..., :k])
-    return torch.topk(order_key(values, index), k, dim=-1)[1]
-
-
 def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     """The k largest probabilities of the full rows' softmax, their indices into the full vocabulary (ties to the
     lowest global index) and the rows' logsumexp, the same on every rank; ``k`` may exceed a shard's width.
@@ -158,7 +148,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     xf = x2.to(accumulation_dtype(x2.dtype))      # fp64 stays fp64, as onlinesoftmax.softmax_topk
     kl = min(k, w)
     idx = torch.arange(w, device=x2.device).expand(rows, w)
-    pos = _best(xf, idx, kl) if kl else idx[:, :0]
+    pos = first_k(xf, idx, kl) if kl else idx[:, :0]
     cand = torch.full((rows, k), float("-inf"), device=x2.device, dtype=xf.dtype)
     cidx = torch.full((rows, k), total, dtype=torch.int64, device=x2.device)      # pads: after every real index
     cand[:, :kl] = xf.gather(-1, pos)
@@ -169,7 +159,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     m, d = merge_gathered(g_vals[:, :2])
     vals = g_vals[:, 2:].permute(2, 0, 1).reshape(rows, P * k)
     inds = g_idx.permute(2, 0, 1).reshape(rows, P * k)
-    best = _best(vals, inds, k)
+    best = first_k(vals, inds, k)
     top, top_i = vals.gather(-1, best), inds.gather(-1, best)
     p = torch.exp(top - m.unsqueeze(-1)) / d.unsqueeze(-1)                     # e^(x - m) / d: exact at large x
     p = torch.where(torch.isfinite(m).unsqueeze(-1), p, torch.full_like(p, float("nan")))

@@ -95,15 +95,15 @@ def _largest(xf: torch.Tensor, kk: int):
     return vals, ent.gather(-1, pos), cmax
 
 
-def _first_k(xc: torch.Tensor, ent: torch.Tensor, k: int) -> torch.Tensor:
-    """The k first of entries ``ent`` (values ``xc``) by (value descending, NaN first; index ascending), exactly:
-    fp32 as one int64 key (an order-preserving int of the value's bits, then the inverted index) and a top-k;
-    fp64 by two sorts."""
-    if xc.dtype == torch.float64:
-        ent, order = torch.sort(ent, dim=-1)
-        vals = torch.sort(xc.gather(-1, order), dim=-1, descending=True, stable=True)
-        return ent.gather(-1, vals[1][:, :k])
-    return 0xFFFFFFFF - (torch.topk(order_key(xc, ent), k, dim=-1)[0] & 0xFFFFFFFF)
+def first_k(values: torch.Tensor, index: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k first of each row by (value descending, NaN first, -0.0 == 0.0; then ``index``
+    ascending), exactly: fp32 as one int64 key (``order_key``) and a top-k; fp64 by two stable sorts (its bits do
+    not fit the key)."""
+    if values.dtype == torch.float64:
+        by_index = torch.argsort(index, dim=-1, stable=True)
+        order = torch.sort(values.gather(-1, by_index), dim=-1, descending=True, stable=True)[1]
+        return by_index.gather(-1, order[..., :k])
+    return torch.topk(order_key(values, index), k, dim=-1)[1]
 
 
 def order_key(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -141,7 +141,8 @@ def _top_indices(xf: torch.Tensor, k: int) -> torch.Tensor:
                 reach = (cm >= tr) | torch.isnan(cm)
                 C, g = _split(V, k + 1)
                 ent = _column_entries(torch.topk(cm, int(reach.sum(-1).max()), dim=-1, sorted=False)[1], C, g, V)
-            idx[rows] = _first_k(xf[rows.unsqueeze(-1), ent], ent, k)    # sorted: its values are the same
+            # sorted: its values are the same
+            idx[rows] = ent.gather(-1, first_k(xf[rows.unsqueeze(-1), ent], ent, k))
     if k > 1 and bool(_tie(vals[:, 1:], vals[:, :-1]).any()):
         idx = _by_rank(vals, idx)[1]
     return idx
