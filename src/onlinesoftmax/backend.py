@@ -43,6 +43,18 @@ def values_unreadable(t: torch.Tensor) -> bool:
     return is_fake(t)
 
 
+def in_layout_of(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``r`` (t's shape) with the strides of ``torch.empty_like(t)``, what the ops' fake implementations and docs
+    promise: torch's own kernels (and the torch paths' matmuls) return a dense layout of their choosing for some
+    strided inputs (a transposed 4-D one). A copy only where the two differ."""
+    if r.stride() == t.stride():
+        return r
+    y = torch.empty_like(t, dtype=r.dtype)
+    if y.stride() == r.stride():
+        return r
+    return y.copy_(r)
+
+
 def raw_apply(fn: type[torch.autograd.Function]):
     """``fn.apply`` without its Python wrapper (default-argument binding, torch.func unwrapping: neither applies
     to eager calls, which torch.func transforms never reach): 2-3 µs less host time per call. ``fn.apply`` where

@@ -15,7 +15,7 @@ import torch
 
 from .._checks import check_attention_scalars, check_float_tensor
 from .._triton.host import cached
-from ..backend import functorch_active, raw_apply, resolve_backend
+from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_shape, plan_attention
 
@@ -682,13 +682,10 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
 
 
 def _in_layout_of_q(o: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """o (contiguous, from the torch path or the decode kernels) with q's strides (``torch.empty_like(q)``'s), as
-    the prefill kernels write it and the docs promise: a copy only where q is not contiguous (autograd flows
-    through it)."""
-    if q.is_contiguous() or o.numel() == 0:
-        return o
-    out = torch.empty_like(q)
-    return o if out.stride() == o.stride() else out.copy_(o)
+    """o (contiguous, from the torch path or the decode kernels) with q's strides, as the prefill kernels write it
+    and the docs promise (``in_layout_of``; autograd flows through its copy). A contiguous q keeps o as it is:
+    the decode path's q [B, H, 1, D] is often a transposed view, contiguous but for a size-1 dim's stride."""
+    return o if q.is_contiguous() else in_layout_of(o, q)
 
 
 def _decode_call(q, k, v) -> bool:

@@ -13,7 +13,7 @@ import math
 import torch
 
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor
-from ..backend import functorch_active, raw_apply, resolve_backend
+from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
 from ..state import accumulation_dtype
 from ..target import Target, target_of
 from .geometry import rows_or_copy
@@ -81,22 +81,11 @@ def _kernels():
 
 
 
-def _in_layout_of(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``r`` (t's shape) with the strides of ``torch.empty_like(t)``, what the ops' fake implementations promise:
-    torch's own kernels return a dense layout of their choosing for some strided inputs (a transposed 4-D one)."""
-    if r.stride() == t.stride():
-        return r
-    y = torch.empty_like(t, dtype=r.dtype)
-    if y.stride() == r.stride():
-        return r
-    return y.copy_(r)
-
-
 def _softmax_impl(x: torch.Tensor, dim: int, mode: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
     dim %= max(x.dim(), 1)          # the ops take torch's negative dims too (the public functions check the range)
     if backend == "torch" or x.numel() == 0 or x.dim() == 0:
         r = _torch_forward(x, dim, mode, out_dtype)
-        return r if mode == LOGSUMEXP else _in_layout_of(r, x)
+        return r if mode == LOGSUMEXP else in_layout_of(r, x)
     y = torch.empty_like(x, dtype=out_dtype)
     _triton_forward(x, y, dim, mode)
     return y
@@ -127,7 +116,7 @@ def _softmax_backward_impl(y: torch.Tensor, dy: torch.Tensor, dim: int, log: boo
                            backend: str) -> torch.Tensor:
     dim %= max(y.dim(), 1)
     if backend == "torch" or y.numel() == 0 or y.dim() == 0:
-        return _in_layout_of(_torch_backward_fast(y, dy, dim, log, in_dtype), y)
+        return in_layout_of(_torch_backward_fast(y, dy, dim, log, in_dtype), y)
     K = _kernels()
 
     # the fake implementation's strides; an fp64 y of a narrower x (``dtype=torch.float64``): dx in fp64, then
