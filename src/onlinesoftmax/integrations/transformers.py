@@ -111,11 +111,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     if kwargs.get("output_attentions"):
         raise ValueError("onlinesoftmax attention: output_attentions=True needs the attention weights, which this "
                          "implementation never forms; use attn_implementation='eager'")
-    sinks = kwargs.pop("s_aux", None)
-    if sinks is None:
-        sinks = kwargs.pop("sinks", None)
-    else:
-        kwargs.pop("sinks", None)
+    s_aux, sinks = kwargs.pop("s_aux", None), kwargs.pop("sinks", None)
+    sinks = s_aux if s_aux is not None else sinks
     softcap = softcap or None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     B, H, Sq, D = query.shape
@@ -145,9 +142,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         Sk = int(used.nonzero().max()) + 1
         key, value, mask, keep_k = key[:, :, :Sk], value[:, :, :Sk], mask[..., :Sk], keep_k[:, :Sk]
     j = torch.arange(Sk, device=query.device)
-    none = torch.full_like(keep_k[:, 0], Sk, dtype=torch.int64)
-    first = torch.where(keep_k.any(-1), keep_k.to(torch.int8).argmax(-1), none)
-    last = torch.where(keep_k.any(-1), Sk - keep_k.flip(-1).to(torch.int8).argmax(-1), none * 0)
+    some = keep_k.any(-1)                                                 # no key attended: the run [Sk, 0)
+    first = torch.where(some, keep_k.to(torch.int8).argmax(-1), Sk)
+    last = torch.where(some, Sk - keep_k.flip(-1).to(torch.int8).argmax(-1), 0)
     run = (j[None, :] >= first[:, None]) & (j[None, :] < last[:, None])  # each sequence's keys: [first, last)
     pos_q = torch.arange(Sq, device=query.device)[None, :] + (Sk - Sq)
     keep_q = (pos_q >= first[:, None]) & (pos_q < last[:, None])          # the queries of real tokens
