@@ -83,8 +83,8 @@ def _block_bwd(q, k, v, o, lse, do, causal, scale, backend):
     GQA group."""
     if backend == "triton":
         left, right = -1, (0 if causal else -1)
-        dq, dk, dv = torch.ops.onlinesoftmax.attention_bwd(do.to(q.dtype), None, q, k, v, o.to(q.dtype),
-                                                           lse.contiguous(), causal, scale, left, right, 0.0)
+        dq, dk, dv = torch.ops.onlinesoftmax.attention_bwd(do.to(q.dtype), None, q, k, v, o.to(q.dtype), lse,
+                                                           causal, scale, left, right, 0.0)
         return dq.float(), dk.float(), dv.float()
     G = q.shape[1] // k.shape[1]
     qf, kf, vf, dof, of = q.float(), k.float(), v.float(), do.float(), o.float()
