@@ -315,6 +315,23 @@ def test_split_count_from_shapes_only():
             assert s <= max(1, -(-S // (tiles.block_n * 4)))
 
 
+def test_balanced_occupancy_register_cap():
+    """The paged balanced schedule fills 3 programs of 4 warps per SM: the plan caps their registers at 168 (the
+    causal mask of Sq > 1 rows took 200: 2 programs per SM, the grid in 1.5 waves); row blocks past 16 rows take
+    more shared memory and aim for 2 per SM, uncapped; dense balanced plans (one program per SM) and other targets
+    are not capped."""
+    paged = {Sq: decode_plan(Problem(8, 32, 8, Sq, 128, 32768, 16), H200) for Sq in (1, 4, 8, 16)}
+    assert all(pl.balanced and pl.num_warps == 4 for pl in paged.values())
+    assert paged[1].maxnreg == paged[4].maxnreg == 168 and paged[1].block_m == paged[4].block_m == 16
+    assert paged[1].splits == paged[4].splits == H200.sm_count * 3 // 8
+    for Sq in (8, 16):                  # 32 and 64 rows per program (G = 4)
+        assert paged[Sq].block_m == 4 * Sq and paged[Sq].maxnreg == 0
+        assert paged[Sq].splits == H200.sm_count * 2 // 8
+    assert decode_plan(Problem(8, 32, 8, 4, 128, 32768), H200).maxnreg == 0            # dense: 1 per SM
+    assert decode_plan(Problem(8, 32, 8, 4, 128, 32768, 16), A100).maxnreg == 0
+    assert decode_plan(Problem(8, 32, 8, 4, 128, 32768, 16), H200, Knobs.of(maxnreg=0)).maxnreg == 0
+
+
 def test_knobs():
     p = Problem(1, 8, 2, 1, 64, 1000)
     assert decode_plan(p, H200, Knobs.of(splits=7)).splits == 7

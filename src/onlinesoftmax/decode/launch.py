@@ -42,7 +42,8 @@ def _bound_split(plan: Plan, B: int, H: int, Hkv: int, Sq: int, D: int, page: in
     kv = BoundKernel(split_kv_kernel, (B * Hkv * plan.row_blocks, plan.splits), dict(
         G=H // Hkv, PAGED=paged, PAGE=max(page, 1), CAUSAL=causal, WINDOW_LEFT=wl, WINDOW_RIGHT=wr, SOFTCAP=sc,
         SPLIT=split, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, FAST=plan.fast, IEEE=ieee,
-        NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, BOUND=plan.bound, num_warps=plan.num_warps))
+        NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, BOUND=plan.bound, num_warps=plan.num_warps,
+        **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     merge = None
     if split:
         bs = max(1, 1 << (plan.splits - 1).bit_length())
@@ -59,7 +60,8 @@ def _bound_balanced(plan: Plan, B: int, H: int, Hkv: int, Sq: int, D: int, page:
     kv = BoundKernel(balanced_kv_kernel, ((1 if plan.cross else Hkv) * plan.row_blocks, plan.splits), dict(
         G=H // Hkv, PAGED=paged, PAGE=max(page, 1), CAUSAL=causal, WINDOW_LEFT=wl, WINDOW_RIGHT=wr, SOFTCAP=sc,
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_B=block_b, FAST=plan.fast,
-        IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, CROSS=plan.cross, num_warps=plan.num_warps))
+        IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, CROSS=plan.cross, num_warps=plan.num_warps,
+        **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     rows = max(1, min(plan.merge_rows, 2048 // block_b))     # its [rows, BLOCK_B] sums stay in registers
     merge = BoundKernel(merge_segments_kernel, (-(-B * H * Sq // rows),), dict(
         WINDOW_LEFT=wl, WINDOW_RIGHT=wr, BLOCK_N=plan.block_n, BLOCK_B=block_b, BLOCK_R=rows,

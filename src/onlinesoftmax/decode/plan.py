@@ -52,6 +52,7 @@ class Tiles:
     waves: int = 0
     balanced: bool = False
     balanced_per_sm: int = 0     # programs per SM of the balanced schedule (0: programs_per_sm)
+    wide_per_sm: int = 0         # the same for row blocks past 16 rows (G·Sq > 16; 0: balanced_per_sm)
     cross: bool = False          # the balanced line over all kv heads (Plan.cross)
 
 
@@ -70,8 +71,13 @@ class Tiles:
 # GB/s (B 8 / 32 / 64, H 32/32 and 32/8; 0.95-1.00x a uniform batch of the same keys), 0.96-1.01x them at full
 # lengths (page 256: 0.96-0.99x). One sequence keeps the per-sequence splits (nothing to balance: 0.65x at 128K).
 SM90 = Tiles(block_n=64, num_stages=4, max_rows=64, programs_per_sm=2, num_warps=8, ahead=2)
+# The paged balanced schedule's 3 programs per SM hold when the kernel takes <= 168 registers (3 x 128 threads): at
+# Sq = 1 it takes 168, with the causal mask of Sq = 2-16 rows 200-255, and the grid of 3 programs per SM then ran
+# in 1.5 waves (Sq = 4: 0.65-0.69x the GB/s of Sq = 1; tools/probe_sq4.py). The plan caps the registers at what
+# its programs per SM allow (``Plan.maxnreg``; the spills stay outside the key-tile loop). Row blocks of 32 or 64
+# rows take 78-115 KB of shared memory over 3 stages: 2 programs per SM (``wide_per_sm``).
 SM90_PAGED_BALANCED = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=4, ahead=2,
-                            balanced=True, balanced_per_sm=3)
+                            balanced=True, balanced_per_sm=3, wide_per_sm=2)
 PAGED_BALANCED_MIN_B = 8    # fewer paged sequences split per sequence (measured at 1 and from 8)
 SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8, balanced=True,
                    balanced_per_sm=1)
@@ -79,6 +85,7 @@ BALANCED_MAX_B = 256        # the balanced merge sums over all B lengths per row
 PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
 
+REGISTERS_PER_SM = 65536    # 32-bit registers per SM (sm_70 to sm_90)
 MAX_SPLITS = 128            # partial states per row, at most (the merge reads them all)
 MIN_TILES_PER_SPLIT = 4     # a split streams at least this many key tiles (s_max permitting)
 WAVE_EFFICIENCY = 0.85      # the fewest splits whose last wave is at least this full, relative to the best
@@ -101,6 +108,7 @@ class Plan:
     merge_rows: int = 16        # rows per merge program
     merge_warps: int = 4
     fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
+    maxnreg: int = 0            # registers per thread the split-KV launch may take (0: the compiler's choice)
     ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead; 3 as 2,
                                 # one number per page (pages of a multiple or a divisor of block_n keys)
     bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
@@ -129,6 +137,7 @@ class Knobs:
     balanced: bool | None = None            # the balanced schedule (kernels/split_kv.py: balanced_kv_kernel)
     cross: bool | None = None               # balanced: chunks of one line over all kv heads (fills every SM)
     dense_tiles: bool | None = None         # paged: the dense cache's tiles, page numbers one per page (ahead 3)
+    maxnreg: int | None = None              # register cap of the split-KV launch (0: none)
 
     @staticmethod
     def of(**overrides) -> Knobs:
@@ -238,11 +247,13 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     tiles = dataclasses.replace(tiles, block_n=block_n)
     balanced = (tiles.balanced and p.B <= BALANCED_MAX_B) if knobs.balanced is None else knobs.balanced
     cross = balanced and (tiles.cross if knobs.cross is None else knobs.cross)
+    per_sm = knobs.programs_per_sm or (block_m > 16 and tiles.wide_per_sm) or tiles.balanced_per_sm \
+        or tiles.programs_per_sm
+    num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
     if knobs.splits:
         splits = knobs.splits
     elif balanced:
-        splits = num_chunks(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
-                            knobs.programs_per_sm or tiles.balanced_per_sm or tiles.programs_per_sm, cross)
+        splits = num_chunks(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n, per_sm, cross)
     elif knobs.programs_per_sm or tiles.waves:
         splits = num_splits_waves(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, block_n,
                                   knobs.programs_per_sm or tiles.waves)
@@ -250,7 +261,9 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
         splits = num_splits_heuristic(p.B, p.Hkv, row_blocks, p.s_max, target.sm_count, tiles)
     if not 1 <= splits <= 4096:
         raise ValueError(f"decode_plan: splits must be in [1, 4096], got {splits}")
-    num_warps = knobs.num_warps or max(tiles.num_warps, 8 if block_m * block_d >= 64 * 256 else 4)
+    # the balanced grid fills per_sm programs on every SM once: their registers must let them fit
+    cap = REGISTERS_PER_SM // (per_sm * 32 * num_warps) // 8 * 8
+    maxnreg = (cap if balanced and target.sm90 and cap < 255 else 0) if knobs.maxnreg is None else knobs.maxnreg
     stages = knobs.num_stages or tiles.num_stages
     merge_rows = knobs.merge_rows or 16
     ahead = (tiles.ahead if knobs.ahead is None else knobs.ahead) if p.page else 0
@@ -259,7 +272,7 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
                          f"multiple or a divisor of block_n ({block_n})")
     bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret, ahead, bound, balanced, cross)
+                num_warps, stages, merge_rows, 4, not target.interpret, maxnreg, ahead, bound, balanced, cross)
 
 
 @dataclass(frozen=True)
