@@ -443,3 +443,15 @@ def test_dense_lengths_past_the_cache():
     msg = "attention_with_kvcache: cache_seqlens holds 12, past the dense cache.s S_max = 8"
     with pytest.raises(ValueError, match=msg):
         oss.attention_with_kvcache(q, k, v, torch.tensor([12], dtype=torch.int32))
+
+
+def test_paged_lengths_past_the_cache():
+    """A paged cache holds max_pages · page_size keys per sequence: a longer length is an error for CPU lengths, as
+    for a dense cache (the torch path clamped it and the kernels did not: 40 keys over 2 pages of 16 gave other rows
+    on each backend)."""
+    q = torch.randn(2, 2, 2, 16)
+    k = v = torch.randn(4, 2, 16, 16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    msg = r"attention_with_kvcache: cache_seqlens holds 40, past the paged cache.s max_pages · page_size = 32"
+    with pytest.raises(ValueError, match=msg):
+        oss.attention_with_kvcache(q, k, v, torch.tensor([20, 40], dtype=torch.int32), block_table=table)
