@@ -455,3 +455,12 @@ def test_paged_lengths_past_the_cache():
     msg = r"attention_with_kvcache: cache_seqlens holds 40, past the paged cache.s max_pages · page_size = 32"
     with pytest.raises(ValueError, match=msg):
         oss.attention_with_kvcache(q, k, v, torch.tensor([20, 40], dtype=torch.int32), block_table=table)
+
+
+@pytest.mark.parametrize("page", [0, 4])
+def test_negative_lengths(page):
+    """A negative length is an error for CPU lengths (it was taken as an empty sequence, silently)."""
+    k, v, _, table = make_cache(2, 2, 16, [5, 6], 8, torch.float32, CPU, page=page)
+    q = torch.randn(2, 2, 1, 16)
+    with pytest.raises(ValueError, match="attention_with_kvcache: cache_seqlens holds -1, a negative length"):
+        oss.attention_with_kvcache(q, k, v, torch.tensor([5, -1], dtype=torch.int32), block_table=table)

@@ -302,9 +302,11 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise ValueError(f"{f}: page size must be in [1, 256], got {ks[2]}")
         _check_pages(cache_seqlens, block_table, ks[0], ks[2])
         s_max, cache = block_table.shape[1] * ks[2], "the paged cache's max_pages · page_size"
-    if (cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not torch.compiler.is_compiling()
-            and int(cache_seqlens.max()) > s_max):
-        raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.max())}, past {cache} = {s_max}")
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not torch.compiler.is_compiling():
+        if int(cache_seqlens.min()) < 0:
+            raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.min())}, a negative length")
+        if int(cache_seqlens.max()) > s_max:
+            raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.max())}, past {cache} = {s_max}")
     check_attention_scalars(scale, softcap, f)
 
 
@@ -320,7 +322,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     k_cache, v_cache : dense ``[B, Hkv, S_max, D]``, or paged ``[num_pages, Hkv, page_size, D]`` with
         ``block_table``; any strides (a ``[B, S_max, Hkv, D]`` buffer viewed as ``[B, Hkv, S_max, D]`` works).
         Query head h reads kv head ``h // (H // Hkv)``.
-    cache_seqlens : int32 ``[B]``: valid keys of sequence b, the Sq new tokens included, at most the cache's
+    cache_seqlens : int32 ``[B]``: valid keys of sequence b, the Sq new tokens included, from 0 to the cache's
         ``S_max`` or ``max_pages · page_size`` (checked for CPU tensors). Slots at or past it (and pages past its
         last) are never read; they may hold NaN.
     block_table : int32 ``[B, max_pages]``: key j of sequence b is at page ``block_table[b, j // page_size]``,
