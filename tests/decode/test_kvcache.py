@@ -464,3 +464,23 @@ def test_negative_lengths(page):
     q = torch.randn(2, 2, 1, 16)
     with pytest.raises(ValueError, match="attention_with_kvcache: cache_seqlens holds -1, a negative length"):
         oss.attention_with_kvcache(q, k, v, torch.tensor([5, -1], dtype=torch.int32), block_table=table)
+
+
+@pytest.mark.parametrize("page", [0, 4], ids=["dense", "paged"])
+def test_shapes_of_meta_and_fake_tensors(page):
+    """Meta tensors and FakeTensorMode propagate o's and lse's shapes, as the other public ops do (the torch path read
+    cache_seqlens: "Cannot copy out of meta tensor", and the CPU range checks a DataDependentOutputException)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def call(device):
+        q = torch.empty(2, 4, 3, 16, device=device)
+        k = torch.empty(4 if page else 2, 2, page or 8, 16, device=device)
+        table = torch.zeros(2, 2, dtype=torch.int32, device=device) if page else None
+        lens = torch.full((2,), 5, dtype=torch.int32, device=device)
+        return oss.attention_with_kvcache(q, k, k, lens, block_table=table, return_lse=True)
+
+    o, lse = call("meta")
+    assert o.shape == (2, 4, 3, 16) and lse.shape == (2, 4, 3) and o.device.type == "meta"
+    with FakeTensorMode():
+        o, lse = call("cpu")
+    assert o.shape == (2, 4, 3, 16) and lse.shape == (2, 4, 3) and lse.dtype == torch.float32

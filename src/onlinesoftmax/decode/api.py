@@ -15,7 +15,7 @@ import functools
 import torch
 
 from .._checks import check_attention_scalars, check_float_tensor
-from ..backend import resolve_backend
+from ..backend import functorch_active, resolve_backend, values_unreadable
 from ..target import Target, target_of
 from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_plan, merge_plan
 
@@ -242,7 +242,7 @@ def _check_pages(cache_seqlens: torch.Tensor, block_table: torch.Tensor, num_pag
     """On the CPU (free to read): every page a sequence reads (the first ⌈min(len, max_pages·page) / page⌉ entries
     of its row) is in [0, num_pages), else an ``IndexError`` naming it (a negative entry would index from the end).
     On a GPU the entries are not read by the host (no synchronisation)."""
-    if cache_seqlens.device.type != "cpu" or block_table.numel() == 0 or torch.compiler.is_compiling():
+    if cache_seqlens.device.type != "cpu" or block_table.numel() == 0 or values_unreadable(cache_seqlens):
         return
     n = (cache_seqlens.long().clamp(0, block_table.shape[1] * page) + page - 1) // page
     used = torch.arange(block_table.shape[1]) < n.unsqueeze(1)
@@ -302,7 +302,7 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise ValueError(f"{f}: page size must be in [1, 256], got {ks[2]}")
         _check_pages(cache_seqlens, block_table, ks[0], ks[2])
         s_max, cache = block_table.shape[1] * ks[2], "the paged cache's max_pages · page_size"
-    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not torch.compiler.is_compiling():
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not values_unreadable(cache_seqlens):
         if int(cache_seqlens.min()) < 0:
             raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.min())}, a negative length")
         if int(cache_seqlens.max()) > s_max:
@@ -359,8 +359,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)
+    if torch.compiler.is_compiling() or (values_unreadable(cache_seqlens) and not functorch_active()):
+        o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)      # meta and fake tensors: its fake impl
     elif which == "torch" or q.dtype == torch.float64 or (
             torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)):
         o, lse = _torch_kvcache(*args[:-1])     # torch ops: differentiable (the kernels have no backward)
