@@ -289,6 +289,17 @@ def test_plans_per_target():
     assert explain(*cpu).path == "torch"
 
 
+def test_explain_takes_the_calls_keywords():
+    """explain accepts attention_with_kvcache's keywords (they do not change the plan); a misspelled one is a
+    TypeError, not a dense plan for a paged cache."""
+    q, k, v, sl, _ = _meta(2, 8, 2, 1, 64, 4096)
+    base = explain(q, k, v, sl, target=H200)
+    assert explain(q, k, v, sl, target=H200, causal=False, scale=0.1, window=(128, -1), softcap=30.0,
+                   return_lse=True) == base
+    with pytest.raises(TypeError):
+        explain(q, k, v, sl, target=H200, blocktable=None)
+
+
 def test_split_count_from_shapes_only():
     """Per-sequence splits (paged caches; dense ones on request): many (b, kv head) programs: no split; one long
     sequence: many; bounded. Dense caches on the H200 run the balanced schedule: one program per SM over all

@@ -386,11 +386,12 @@ def kvcache_problem(q, k_cache, block_table) -> Problem:
 
 def explain(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
             block_table: torch.Tensor | None = None, backend: str | None = None, target: Target | None = None,
-            knobs: Knobs = NO_KNOBS, **_options) -> Plan:
+            knobs: Knobs = NO_KNOBS, causal: bool = True, scale: float | None = None, window=None,
+            softcap: float | None = None, return_lse: bool = False) -> Plan:
     """The plan ``attention_with_kvcache`` runs for these arguments, without running it: ``path`` "split_kv"
     (``kernel`` "sm90" or "portable", ``splits`` key ranges per kv head) or "torch". ``target`` plans for another
-    GPU (e.g. ``onlinesoftmax.target.H200`` for CPU or meta tensors). The other keyword arguments of
-    attention_with_kvcache are accepted and do not change the plan."""
+    GPU (e.g. ``onlinesoftmax.target.H200`` for CPU or meta tensors). attention_with_kvcache's other keyword
+    arguments are accepted (an unknown one is a TypeError) and do not change the plan."""
     _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, None, None)
     if target is None and resolve_backend(backend, q, "explain(attention_with_kvcache)") == "torch":
         return TORCH_PLAN
