@@ -294,6 +294,7 @@ def test_torch_compile_fullgraph():
     (dict(weight=torch.ones(7)), "weight must be 1-d"),
     (dict(label_smoothing=1.5), "label_smoothing"),
     (dict(softcap=0.0), "softcap"),
+    (dict(softcap=math.inf), "softcap must be None or a positive finite"),     # c·tanh(x/c) would be NaN, silently
     (dict(z_loss=None), "z_loss must be a float"),
     (dict(softcap="x"), "softcap must be a float"),
     (dict(label_smoothing="0.1"), "label_smoothing must be a float"),

@@ -147,6 +147,7 @@ def test_plan_fits_budget():
     (dict(weight=torch.randn(300, 15)), "weight's dim 1"),
     (dict(target=torch.zeros(36, dtype=torch.int64)), "target shape"),
     (dict(bias=torch.randn(299)), "bias must be"),
+    (dict(softcap=float("inf")), "softcap must be None or a positive finite"),
 ])
 def test_errors(bad, match):
     h, w, b, t = _case()
