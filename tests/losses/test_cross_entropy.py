@@ -253,6 +253,20 @@ def test_out_of_range_target(bad, monkeypatch):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_weight_requiring_grad_is_an_error(backend):
+    """No gradient flows to the class weights (F.cross_entropy refuses them with a RuntimeError naming nll_loss):
+    a ValueError naming the function and the argument, where the kernel path dropped their gradient silently."""
+    x, t = _inputs(4, 30)
+    w = torch.rand(30, requires_grad=True)
+    with pytest.raises(ValueError, match="^cross_entropy: weight .* must not require grad"):
+        oss.cross_entropy(x.requires_grad_(), t, weight=w, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(oss.cross_entropy(x, t, weight=w, backend=backend),
+                                   F.cross_entropy(x, t, weight=w))
+
+
+@pytest.mark.interpreter
 def test_no_grad_and_empty():
     x, t = _inputs(5, 30)
     with torch.no_grad():

@@ -89,6 +89,9 @@ def _check_logits(name, logits, target, weight):
                              f"got shape {tuple(weight.shape)}")
         if weight.device != logits.device:
             raise ValueError(f"{name}: weight is on {weight.device}, logits on {logits.device}")
+        if weight.requires_grad and torch.is_grad_enabled():    # the kernels would drop its gradient silently
+            raise ValueError(f"{name}: weight (the class weights) must not require grad: no gradient flows to it, "
+                             "as F.cross_entropy's")
 
 
 # ---- the torch path: torch's own ops, torch's autograd ----------------------------------------------------
