@@ -397,11 +397,12 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, dloss, *_):
+    # (under "none" too: the backward op has no autograd formula, its gradients no graph)
+    _no_double_backward("linear_cross_entropy", "the logits and cross_entropy(backend='torch')")
     if ctx.reduction == "none":
         h, W, b, t = ctx.saved_tensors
         dh, dW, db = torch.ops.onlinesoftmax.linear_cross_entropy_backward(h, W, b, t, dloss, *ctx.args)
     else:
-        _no_double_backward("linear_cross_entropy", "the logits and cross_entropy(backend='torch')")
         if not torch.compiler.is_compiling():
             if ctx.used:
                 raise RuntimeError("linear_cross_entropy: a second backward through the same loss is not supported "
