@@ -41,6 +41,8 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
                         " (class probabilities as targets are not supported)")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -2**63 <= ignore_index < 2**63:
+        raise ValueError(f"{name}: ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{name}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     if not 0.0 <= _number(name, "label_smoothing", label_smoothing) <= 1.0:
