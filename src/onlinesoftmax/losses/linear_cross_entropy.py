@@ -51,7 +51,7 @@ def torch_ce_rows(x, t, coef, loss_rows, lse, dx, g, ignore_index, eps, z_loss, 
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
     lse_ = torch.logsumexp(z, dim=-1)
-    lse_ = torch.where(z.amax(-1) == float("inf"), float("nan"), lse_)   # a +inf logit: NaN, as torch's log_softmax
+    lse_ = torch.where(lse_ == float("inf"), float("nan"), lse_)   # a +inf logit: NaN, as torch's log_softmax
     valid = t != ignore_index
     tc = torch.where(valid, t, 0)
     zt = z.gather(1, tc[:, None])[:, 0]
