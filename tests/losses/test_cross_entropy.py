@@ -311,6 +311,7 @@ def test_torch_compile_fullgraph():
     (dict(softcap=0.0), "softcap"),
     (dict(softcap=math.inf), "softcap must be None or a positive finite"),     # c·tanh(x/c) would be NaN, silently
     (dict(z_loss=None), "z_loss must be a float"),
+    (dict(z_loss=math.inf), "z_loss must be >= 0 and finite"),
     (dict(softcap="x"), "softcap must be a float"),
     (dict(label_smoothing="0.1"), "label_smoothing must be a float"),
     (dict(backend="cuda"), "backend"),

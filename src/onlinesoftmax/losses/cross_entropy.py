@@ -47,8 +47,8 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         raise ValueError(f"{name}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
     if not 0.0 <= _number(name, "label_smoothing", label_smoothing) <= 1.0:
         raise ValueError(f"{name}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not _number(name, "z_loss", z_loss) >= 0.0:
-        raise ValueError(f"{name}: z_loss must be >= 0, got {z_loss}")
+    if not 0.0 <= _number(name, "z_loss", z_loss) < math.inf:            # inf: inf·lse², NaN where lse = 0
+        raise ValueError(f"{name}: z_loss must be >= 0 and finite, got {z_loss}")
     if softcap is not None and not 0.0 < _number(name, "softcap", softcap) < math.inf:   # inf: c·tanh(x/c) is NaN
         raise ValueError(f"{name}: softcap must be None or a positive finite float, got {softcap}")
 
