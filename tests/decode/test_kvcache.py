@@ -334,6 +334,7 @@ def test_balanced_occupancy_register_cap():
     paged = {Sq: decode_plan(Problem(8, 32, 8, Sq, 128, 32768, 16), H200) for Sq in (1, 4, 8, 16)}
     assert all(pl.balanced and pl.num_warps == 4 for pl in paged.values())
     assert paged[1].maxnreg == paged[4].maxnreg == 168 and paged[1].block_m == paged[4].block_m == 16
+    assert [paged[Sq].per_sm for Sq in (1, 4, 8, 16)] == [3, 3, 2, 2]
     assert paged[1].splits == paged[4].splits == H200.sm_count * 3 // 8
     for Sq in (8, 16):                  # 32 and 64 rows per program (G = 4)
         assert paged[Sq].block_m == 4 * Sq and paged[Sq].maxnreg == 0

@@ -109,6 +109,7 @@ class Plan:
     merge_warps: int = 4
     fast: bool = True           # ex2.approx exponentials (the GPU); tl.exp in the interpreter
     maxnreg: int = 0            # registers per thread the split-KV launch may take (0: the compiler's choice)
+    per_sm: int = 0             # balanced: programs per SM its chunks count on being resident at once (else 0)
     ahead: int = 0              # paged: 1 page numbers by ld.global.nc, K as rows; 2 also one tile ahead; 3 as 2,
                                 # one number per page (pages of a multiple or a divisor of block_n keys)
     bound: bool = False         # splits cut [0, s_max) into equal chunks; programs past a sequence's end exit
@@ -272,7 +273,8 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
                          f"multiple or a divisor of block_n ({block_n})")
     bound = tiles.bound if knobs.bound is None else knobs.bound
     return Plan("split_kv", "sm90" if target.sm90 else "portable", splits, block_m, row_blocks, block_n, block_d,
-                num_warps, stages, merge_rows, 4, not target.interpret, maxnreg, ahead, bound, balanced, cross)
+                num_warps, stages, merge_rows, 4, not target.interpret, maxnreg, per_sm if balanced else 0, ahead,
+                bound, balanced, cross)
 
 
 @dataclass(frozen=True)
