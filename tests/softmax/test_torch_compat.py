@@ -42,3 +42,20 @@ def test_eager_grad_uses_the_autograd_function():
     assert type(oss.logsumexp(x.bfloat16(), -1).grad_fn.next_functions[0][0]).__name__ == "_EagerLogsumexpBackward"
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.zeros_like(x), atol=1e-6, rtol=0)     # softmax rows sum to 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_logsumexp_output_takes_in_place_ops(kernel_device, backend):
+    """The kernel's [M] result was reshaped inside the autograd.Function: ``lse += 1`` on an output that needs a
+    gradient raised "Output 0 of _EagerLogsumexp is a view and is being modified inplace". As torch.logsumexp's, it
+    takes the op, and a backward through it then raises torch's version-counter error."""
+    x = torch.randn(3, 4, 5, device=kernel_device, requires_grad=True)
+    lse = oss.logsumexp(x, -1, backend=backend)
+    lse += 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        lse.sum().backward()
+    lse = oss.logsumexp(x, 1, backend=backend)
+    lse.sum().backward()
+    with torch.no_grad():
+        lse -= 1                                    # after the backward, as a running statistic would be
+    torch.testing.assert_close(lse, torch.logsumexp(x, 1) - 1)

@@ -234,10 +234,11 @@ def _logsumexp_rows(x: torch.Tensor, dim: int, backend: str, out_dtype: torch.dt
     out_shape = x.shape[:dim] + x.shape[dim + 1:]
 
     (xc,), (M, N, inner, (gx,)) = rows_or_copy([x], dim)
-    # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape
-    out = torch.empty(M, dtype=out_dtype, device=x.device)
+    # rows are numbered in the order of the dims other than `dim`, as a contiguous result of out_shape (allocated
+    # so, not reshaped: a view made inside the autograd.Function would refuse the caller's in-place ops)
+    out = torch.empty(out_shape, dtype=out_dtype, device=x.device)
     K.forward(xc, out, gx, None, M, N, inner, LOGSUMEXP)
-    return out.reshape(out_shape)
+    return out
 
 
 def _logsumexp_impl(x: torch.Tensor, dim: int, backend: str) -> torch.Tensor:
