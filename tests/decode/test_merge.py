@@ -128,6 +128,27 @@ def test_autograd_through_kernel_fp32(kernel_device):
         torch.testing.assert_close(t.grad.double(), r.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_func_transforms(backend, kernel_device):
+    """torch.func.grad / jacrev raised torch's "an autograd.Function with functorch transforms ... must override the
+    setup_context staticmethod" (the op's registered autograd); vmap and jvp on the Triton path "Cannot access
+    storage of BatchedTensorImpl / TensorWrapper". Under torch.func the ⊕ runs in torch ops, as the reference."""
+    dev = kernel_device if backend == "triton" else torch.device("cpu")
+    oa, la = _states((3, 5, 8), torch.float32, dev)
+    ob, lb = _states((3, 5, 8), torch.float32, dev)
+    f = lambda *s: oss.merge_attention_states(*s, backend=backend)        # noqa: E731
+    r = ref.merge_attention_states
+    for got, want in zip(torch.func.vmap(f)(oa, la, ob, lb), f(oa, la, ob, lb)):
+        torch.testing.assert_close(got, want)
+    grad = lambda m: torch.func.grad(lambda a, l: (m(a, l, ob, lb)[0] ** 2).sum(), argnums=(0, 1))(oa, la)  # noqa
+    for got, want in zip(grad(f), grad(r)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    jac = lambda m: torch.func.jacrev(lambda lse: m(oa, lse, ob, lb)[1])(la)       # noqa: E731
+    torch.testing.assert_close(jac(f), jac(r), rtol=1e-5, atol=1e-6)
+    jvp = lambda m: torch.func.jvp(lambda o: m(o, la, ob, lb)[0], (oa,), (torch.ones_like(oa),))[1]  # noqa: E731
+    torch.testing.assert_close(jvp(f), jvp(r), rtol=1e-5, atol=1e-6, check_dtype=False)    # the reference: fp64
+
+
 def test_errors():
     o, lse = _states((2, 3, 8), torch.float32, "cpu")
     with pytest.raises(ValueError, match="shape"):

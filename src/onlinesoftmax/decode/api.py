@@ -151,6 +151,8 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
     """
     _check_merge(o_a, lse_a, o_b, lse_b)
     which = resolve_backend(backend, o_a, "merge_attention_states")
+    if functorch_active():      # torch.func transforms: torch's ops, which compose with them
+        return _merge_torch(o_a, lse_a, o_b, lse_b)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (o_a, lse_a, o_b, lse_b))
     if grad or torch.compiler.is_compiling():
         return torch.ops.onlinesoftmax.merge_attention_states(o_a, lse_a, o_b, lse_b, which)
