@@ -1366,3 +1366,14 @@ def test_torch_func_grad(backend, kernel_device):
     want = torch.func.grad(lambda a: oss.attention(a, k, v, causal=True, backend="torch").sum())(q)
     got = torch.func.grad(lambda a: oss.attention(a, k, v, causal=True, backend=backend).sum())(q)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_varlen_torch_func_grad(backend, kernel_device):
+    """attention_varlen under torch.func.grad raised torch's "an autograd.Function with functorch transforms ... must
+    override the setup_context staticmethod" on the Triton path; it takes the torch path there, as attention."""
+    q, k, v, cq, ck = packed([3, 0, 5], [4, 2, 5], 2, 1, 16, device=kernel_device, grad=False)
+    f = lambda a, backend: oss.attention_varlen(a, k, v, cq, ck, 5, 5, causal=True, backend=backend)  # noqa: E731
+    want = torch.func.grad(lambda a: (f(a, "torch") ** 2).sum())(q)
+    got = torch.func.grad(lambda a: (f(a, backend) ** 2).sum())(q)
+    torch.testing.assert_close(got, want)

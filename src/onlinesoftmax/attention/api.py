@@ -778,7 +778,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     left, right = _check_window(window, _VOP)
     backend = resolve_backend(backend, q, _VOP)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    if backend == "torch":
+    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
         keep = _varlen_mask(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], left, 0 if causal else right)
         o, lse = _torch_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                   v.transpose(0, 1).unsqueeze(0), scale, left, right, softcap, keep=keep)
