@@ -435,6 +435,32 @@ def test_gradients_take_the_torch_path(kernel_device):
         assert oss.attention_with_kvcache(q, k, v, lens, backend="triton").grad_fn is None
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("page", [0, 4])
+def test_torch_func_transforms(backend, page, kernel_device):
+    """vmap raised on both paths (the torch path wrote each sequence's rows into an unbatched [B, ...] buffer: "vmap:
+    inplace arithmetic ... is not possible"; the kernels "Cannot access storage of BatchedTensorImpl"), jvp on the
+    Triton path "... of TensorWrapper". Under torch.func the torch path runs, its rows stacked: as a loop over the
+    vmapped dim, and jvp as the torch backend's."""
+    B, H, Hkv, D, s_max = 3, 4, 2, 16, 12
+    k, v, lens, table = make_cache(B, Hkv, D, [12, 0, 5], s_max, torch.float32, kernel_device, page=page)
+    qs = torch.randn(2, B, H, 2, D, device=kernel_device)
+    f = lambda q, k, v, backend=backend: oss.attention_with_kvcache(        # noqa: E731
+        q, k, v, lens, block_table=table, return_lse=True, backend=backend)
+    for in_dims in [(0, None, None), (0, 0, 0)]:
+        kv = [t if d is None else torch.stack([t, t.flip(-1)]) for t, d in zip((k, v), in_dims[1:])]
+        o, lse = torch.func.vmap(f, in_dims=in_dims)(qs, *kv)
+        for i in range(2):
+            ro, rl = f(qs[i], *(t if d is None else t[i] for t, d in zip(kv, in_dims[1:])))
+            torch.testing.assert_close(o[i], ro)
+            torch.testing.assert_close(lse[i], rl)
+    tq = torch.randn_like(qs[0])
+    got = torch.func.jvp(lambda q: f(q, k, v)[0], (qs[0],), (tq,))
+    want = torch.func.jvp(lambda q: f(q, k, v, "torch")[0], (qs[0],), (tq,))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("kw, err, msg", [
     (dict(scale=float("nan")), ValueError, "scale must be finite"),
     (dict(scale=True), TypeError, "scale must be None or a float"),

@@ -175,8 +175,8 @@ def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, so
     Hkv = k.shape[1]
     G = H // Hkv
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    o = torch.zeros((B, H, Sq, D), dtype=acc, device=q.device)
-    lse = torch.full((B, H, Sq), float("-inf"), dtype=torch.float32, device=q.device)
+    # each sequence's (o, lse), stacked at the end (not written into a [B, ...] buffer: under vmap its rows are batched)
+    rows = [(q.new_zeros((H, Sq, D), dtype=acc), q.new_full((H, Sq), float("-inf"), dtype=torch.float32))] * B
     page = k.shape[2]
     s_max = block_table.shape[1] * page if block_table is not None else page
     for b, L in enumerate(seqlens.tolist()):
@@ -206,8 +206,10 @@ def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, so
         s = s.masked_fill(~ok, float("-inf"))
         lb = torch.logsumexp(s, -1)
         p = torch.exp(s - torch.where(lb == float("-inf"), 0.0, lb).unsqueeze(-1))
-        o[b] = torch.matmul(p, vb)
-        lse[b] = lb.float()
+        rows[b] = torch.matmul(p, vb), lb.float()
+    if not B:
+        return q.new_empty((0, H, Sq, D)), q.new_empty((0, H, Sq), dtype=torch.float32)
+    o, lse = (torch.stack(t) for t in zip(*rows))
     return o.to(q.dtype), lse
 
 
@@ -363,9 +365,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
     if torch.compiler.is_compiling() or (values_unreadable(cache_seqlens) and not functorch_active()):
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)      # meta and fake tensors: its fake impl
-    elif which == "torch" or q.dtype == torch.float64 or (
+    elif which == "torch" or q.dtype == torch.float64 or functorch_active() or (
             torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)):
-        o, lse = _torch_kvcache(*args[:-1])     # torch ops: differentiable (the kernels have no backward)
+        o, lse = _torch_kvcache(*args[:-1])     # torch ops: differentiable (the kernels have no backward), vmap-able
     else:
         o, lse = _kernels().attention_decode(*args[:-1], return_lse)
     return (o, lse) if return_lse else o
