@@ -1377,3 +1377,20 @@ def test_varlen_torch_func_grad(backend, kernel_device):
     want = torch.func.grad(lambda a: (f(a, "torch") ** 2).sum())(q)
     got = torch.func.grad(lambda a: (f(a, backend) ** 2).sum())(q)
     torch.testing.assert_close(got, want)
+
+
+def test_triton_double_backward_raises_at_the_backward(kernel_device):
+    """A backward with create_graph=True (a gradient penalty) went through the Triton backward and handed back
+    gradients without a graph: torch's "no autograd formula was registered for onlinesoftmax.attention_bwd" came
+    only at the second backward. It raises at the first, naming the function; the torch path differentiates twice."""
+    q, k, v = make(1, 2, 1, 5, 7, 16, device=kernel_device, grad=True)
+    qp, kp, vp, cq, ck = packed([2, 3], [4, 3], 2, 1, 16, device=kernel_device)
+    for fn, args, name in [(oss.attention, (q, k, v), "attention"),
+                           (oss.attention_varlen, (qp, kp, vp, cq, ck, 3, 4), "attention_varlen")]:
+        o = fn(*args, causal=True, backend="triton")
+        with pytest.raises(RuntimeError, match=rf"onlinesoftmax\.{name}: double backward"):
+            torch.autograd.grad(o.square().sum(), args[0], create_graph=True)
+        o = fn(*args, causal=True, backend="triton")
+        torch.autograd.grad(o.square().sum(), args[0])          # a plain backward runs
+        o = fn(*args, causal=True, backend="torch")
+        assert torch.autograd.grad(o.square().sum(), args[0], create_graph=True)[0].requires_grad
