@@ -417,7 +417,8 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
 
     fp32/fp16/bf16 (and fp64) inputs, fp32 accumulation (fp64 for fp64), any dim and strides, autograd,
     ``torch.compile``-able. ``dtype`` casts as torch does. ``backend``: None (Triton on CUDA, torch on CPU),
-    ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`).
+    ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`). Under ``torch.autocast`` the result keeps x's
+    dtype (torch's softmax returns fp32 there: pass ``dtype=torch.float32`` for that).
     """
     return _softmax_call("softmax", SOFTMAX, x, dim, dtype, backend)
 
