@@ -138,8 +138,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     keep_k = mask.any(1)                                                  # [B, Sk]: keys some query attends
     used = keep_k.any(0)
     if Sk > 1 and not bool(used[-1]) and bool(used.any()):
-        # trailing keys no query attends (a static cache's unwritten slots): dropped
-        Sk = int(used.nonzero().max()) + 1
+        # trailing keys no query attends (a static cache's unwritten slots): dropped, down to the queries' own
+        # (right padding in every row leaves its last keys unattended too, and they keep the queries' alignment)
+        Sk = max(int(used.nonzero().max()) + 1, Sq)
         key, value, mask, keep_k = key[:, :, :Sk], value[:, :, :Sk], mask[..., :Sk], keep_k[:, :Sk]
     j = torch.arange(Sk, device=query.device)
     some = keep_k.any(-1)                                                 # no key attended: the run [Sk, 0)
