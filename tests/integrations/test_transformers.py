@@ -251,3 +251,23 @@ def test_causal_lm_loss_logit_scaling(family):
         want = m(ids, attention_mask=mask, labels=ids).loss
         got = osst.causal_lm_loss(m, ids, ids, attention_mask=mask)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [None, 20.0])
+def test_position_bias_falls_back(softcap):
+    """An additive position bias (Inkling's relative positions, ``position_bias=``) is part of the scores: the layer
+    falls back (SDPA adds it to its mask; with a softcap the explicit fp32 scores add it), with a warning; as eager."""
+    m = _model("llama", "onlinesoftmax")
+    attn = m.model.layers[0].self_attn
+    q = torch.randn(2, 4, 10, 16, device=DEV)
+    k = torch.randn(2, 2, 10, 16, device=DEV)
+    bias = 3 * torch.randn(2, 4, 10, 10, device=DEV)
+    osst._warned.clear()
+    with pytest.warns(UserWarning, match="position bias"):
+        o, _ = osst.attention_forward(attn, q, k, k, None, scaling=0.25, softcap=softcap, position_bias=bias)
+    s = q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.25
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = (s + bias).masked_fill(~torch.ones(10, 10, dtype=torch.bool, device=DEV).tril(), float("-inf"))
+    ref = (torch.softmax(s, -1) @ k.repeat_interleave(2, 1)).transpose(1, 2)
+    torch.testing.assert_close(o, ref, **TOL)

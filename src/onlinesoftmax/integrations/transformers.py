@@ -11,8 +11,9 @@ causal aligned bottom-right, as ``onlinesoftmax.attention`` defines it; a static
 GQA, the layer's sliding window and softcap, ``scaling``, attention sinks (``s_aux``: merged into each row's
 normalizer). It reads the boolean mask transformers builds for SDPA (registered for this implementation too) and
 recognises the masks it can express: none, causal (with a sliding window), and those with padding at one end (left
-or right) that leaves each sequence's keys one contiguous run. Any other mask runs SDPA instead (the explicit fp32
-scores where the layer has a softcap or sinks, which SDPA refuses), with one warning.
+or right) that leaves each sequence's keys one contiguous run. Any other mask, and an additive position bias
+(Inkling's ``position_bias``), runs SDPA instead (the explicit fp32 scores where the layer has a softcap or sinks,
+which SDPA refuses), with one warning.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _fallback(module, query, key, value, attention_mask, scaling, dropout, softc
               **kwargs):
     """A layer this implementation does not express: transformers' SDPA function, or where the layer has a softcap
     or attention sinks (which SDPA refuses) the explicit scores in fp32 (no mask: causal as SDPA's is_causal, top
-    left, where more than one query); one warning per reason."""
+    left, where more than one query; a ``position_bias`` added to the scores); one warning per reason."""
     _warn_once(why, f"onlinesoftmax attention: {why}; this layer runs "
                f"{'SDPA' if softcap is None and sinks is None else 'explicit fp32 attention'} instead")
     if softcap is None and sinks is None:
@@ -73,6 +74,8 @@ def _fallback(module, query, key, value, attention_mask, scaling, dropout, softc
     s = query.float() @ k.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
+    if kwargs.get("position_bias") is not None:     # an additive bias per score (Inkling's relative positions)
+        s = s + kwargs["position_bias"].float()
     if attention_mask is None and causal and query.shape[2] > 1:
         attention_mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()[None, None]
     if attention_mask is not None:
@@ -121,6 +124,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                     dropout=dropout, softcap=softcap, sinks=sinks, causal=causal, is_causal=is_causal, **kwargs)
     if value.shape[-1] != D:
         return _fallback(why="a value head dim unlike the query's arrived", **fallback)
+    if kwargs.get("position_bias") is not None:
+        return _fallback(why="an additive position bias arrived", **fallback)
     left = sliding_window - 1 if sliding_window else -1
     window = (left, 0 if causal else -1) if left >= 0 else None
     common = dict(scale=scaling, softcap=softcap, window=window)
