@@ -271,3 +271,33 @@ def test_position_bias_falls_back(softcap):
     s = (s + bias).masked_fill(~torch.ones(10, 10, dtype=torch.bool, device=DEV).tril(), float("-inf"))
     ref = (torch.softmax(s, -1) @ k.repeat_interleave(2, 1)).transpose(1, 2)
     torch.testing.assert_close(o, ref, **TOL)
+
+
+def test_per_query_sinks_fall_back():
+    """Inkling 2 computes its sinks from the hidden states: one score per head and query (``sinks`` [B, H, Sq, 1]),
+    not one per head; the explicit fp32 attention takes them, with a warning (the model's layers pass a position bias
+    too); logits as eager's."""
+    def cfg():
+        return transformers.Inkling2TextConfig(vocab_size=211, hidden_size=48, intermediate_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=12, max_position_embeddings=256)
+    ids, mask = _batch(True)
+    logits = {}
+    for impl in ("onlinesoftmax", "eager"):
+        torch.manual_seed(0)
+        m = transformers.AutoModelForCausalLM.from_config(cfg(), attn_implementation=impl).to(DEV).eval()
+        with torch.no_grad():
+            logits[impl] = m(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    torch.testing.assert_close(logits["onlinesoftmax"][keep], logits["eager"][keep], **TOL)
+    attn = _model("llama", "onlinesoftmax").model.layers[0].self_attn
+    q = torch.randn(2, 4, 10, 16, device=DEV)
+    k = torch.randn(2, 2, 10, 16, device=DEV)
+    sinks = torch.randn(2, 4, 10, 1, device=DEV)
+    osst._warned.clear()
+    with pytest.warns(UserWarning, match="explicit fp32 attention"):
+        o, _ = osst.attention_forward(attn, q, k, k, None, scaling=0.25, sinks=sinks)
+    s = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.25).masked_fill(
+        ~torch.ones(10, 10, dtype=torch.bool, device=DEV).tril(), float("-inf"))
+    p = torch.softmax(torch.cat([s, sinks], -1), -1)[..., :-1]
+    torch.testing.assert_close(o, (p @ k.repeat_interleave(2, 1)).transpose(1, 2), **TOL)

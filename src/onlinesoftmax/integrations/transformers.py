@@ -9,11 +9,11 @@ The attention function serves what a decoder layer passes: prefill and training 
 ``attention_varlen`` when a padding mask is present), decoding with transformers' caches (q shorter than k and v:
 causal aligned bottom-right, as ``onlinesoftmax.attention`` defines it; a static cache's unwritten slots left out),
 GQA, the layer's sliding window and softcap, ``scaling``, attention sinks (``s_aux``: merged into each row's
-normalizer). It reads the boolean mask transformers builds for SDPA (registered for this implementation too) and
-recognises the masks it can express: none, causal (with a sliding window), and those with padding at one end (left
-or right) that leaves each sequence's keys one contiguous run. Any other mask, and an additive position bias
-(Inkling's ``position_bias``), runs SDPA instead (the explicit fp32 scores where the layer has a softcap or sinks,
-which SDPA refuses), with one warning.
+normalizer; sinks per query, Inkling 2's, run the explicit fp32 attention with one warning). It reads the boolean
+mask transformers builds for SDPA (registered for this implementation too) and recognises the masks it can express:
+none, causal (with a sliding window), and those with padding at one end (left or right) that leaves each sequence's
+keys one contiguous run. Any other mask, and an additive position bias (Inkling's ``position_bias``), runs SDPA
+instead (the explicit fp32 scores where the layer has a softcap or sinks, which SDPA refuses), with one warning.
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def _fallback(module, query, key, value, attention_mask, scaling, dropout, softc
     if attention_mask is not None:
         m = attention_mask[:, :, :, : k.shape[-2]]
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
-    if sinks is not None:                       # one more logit per head in each row's softmax, no value
-        s = torch.cat([s, sinks.float().reshape(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    if sinks is not None:                       # one more logit per head (or per query) in each row's softmax, no value
+        sinks = sinks.float().reshape(1, -1, 1, 1) if sinks.dim() == 1 else sinks.float()
+        s = torch.cat([s, sinks.expand(*s.shape[:3], 1)], -1)
     p = torch.softmax(s, -1).nan_to_num(0.0)    # a row that attends nothing: zeros
     o = p[..., : k.shape[-2]] @ v
     return o.to(query.dtype).transpose(1, 2).contiguous(), None
@@ -107,7 +108,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                       **kwargs):
     """transformers' attention-interface function: q ``[B, H, Sq, D]``, k / v ``[B, Hkv, Sk, D]`` (GQA: not
     repeated) -> ``(o [B, Sq, H, D], None)``. Attention sinks (``s_aux=`` / ``sinks=``, one score per head) are
-    merged into each row's normalizer."""
+    merged into each row's normalizer; sinks per query (``[B, H, Sq, 1]``) run the explicit fp32 attention."""
     if dropout and module.training:
         raise ValueError("onlinesoftmax attention: dropout > 0 in training is not supported (set the model's "
                          "attention dropout probability to 0: config.attention_dropout, or attn_pdrop for GPT-2)")
@@ -126,6 +127,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return _fallback(why="a value head dim unlike the query's arrived", **fallback)
     if kwargs.get("position_bias") is not None:
         return _fallback(why="an additive position bias arrived", **fallback)
+    if sinks is not None and sinks.dim() != 1:
+        return _fallback(why="attention sinks per query (Inkling 2's [B, H, Sq, 1]) arrived", **fallback)
     left = sliding_window - 1 if sliding_window else -1
     window = (left, 0 if causal else -1) if left >= 0 else None
     common = dict(scale=scaling, softcap=softcap, window=window)
