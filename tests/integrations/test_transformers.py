@@ -237,13 +237,15 @@ def test_attention_sinks_as_eager():
             assert (ga - gb).norm() / gb.norm().clamp_min(1e-12) < 1e-2, (ga, gb)
 
 
-@pytest.mark.parametrize("family", ["cohere", "granite"])
+@pytest.mark.parametrize("family", ["cohere", "granite", "hyperclovax"])
 def test_causal_lm_loss_logit_scaling(family):
-    """Cohere multiplies the logits by logit_scale, Granite divides them by logits_scaling: the loss as the model's."""
+    """Cohere multiplies the logits by logit_scale, Granite divides them by logits_scaling, HyperCLOVAX multiplies
+    them by its logits_scaling: the loss as the model's."""
     c = dict(vocab_size=211, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=12, max_position_embeddings=256)
-    cfg = (transformers.CohereConfig(**c, logit_scale=0.0625) if family == "cohere"
-           else transformers.GraniteConfig(**c, logits_scaling=8.0))
+    cfg = {"cohere": lambda: transformers.CohereConfig(**c, logit_scale=0.0625),
+           "granite": lambda: transformers.GraniteConfig(**c, logits_scaling=8.0),
+           "hyperclovax": lambda: transformers.HyperCLOVAXConfig(**c, logits_scaling=0.25)}[family]()
     torch.manual_seed(0)
     m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="onlinesoftmax").to(DEV).eval()
     ids, mask = _batch(False)
