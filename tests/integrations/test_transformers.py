@@ -237,15 +237,18 @@ def test_attention_sinks_as_eager():
             assert (ga - gb).norm() / gb.norm().clamp_min(1e-12) < 1e-2, (ga, gb)
 
 
-@pytest.mark.parametrize("family", ["cohere", "granite", "hyperclovax"])
+@pytest.mark.parametrize("family", ["cohere", "granite", "hyperclovax", "falcon_h1"])
 def test_causal_lm_loss_logit_scaling(family):
     """Cohere multiplies the logits by logit_scale, Granite divides them by logits_scaling, HyperCLOVAX multiplies
-    them by its logits_scaling: the loss as the model's."""
+    them by its logits_scaling, Falcon-H1 by lm_head_multiplier: the loss as the model's."""
     c = dict(vocab_size=211, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=12, max_position_embeddings=256)
     cfg = {"cohere": lambda: transformers.CohereConfig(**c, logit_scale=0.0625),
            "granite": lambda: transformers.GraniteConfig(**c, logits_scaling=8.0),
-           "hyperclovax": lambda: transformers.HyperCLOVAXConfig(**c, logits_scaling=0.25)}[family]()
+           "hyperclovax": lambda: transformers.HyperCLOVAXConfig(**c, logits_scaling=0.25),
+           "falcon_h1": lambda: transformers.FalconH1Config(**c, lm_head_multiplier=0.25, mamba_d_ssm=48,
+                                                            mamba_n_heads=4, mamba_d_head=12, mamba_d_state=8,
+                                                            mamba_chunk_size=4)}[family]()
     torch.manual_seed(0)
     m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="onlinesoftmax").to(DEV).eval()
     ids, mask = _batch(False)

@@ -190,12 +190,14 @@ def register() -> None:
 
 def _logit_scale(model) -> float:
     """The factor a causal-LM head multiplies its logits by before the softcap: Cohere's ``logit_scale`` (kept on the
-    model), Granite's ``1 / config.logits_scaling`` (HyperCLOVAX's ``logits_scaling`` is a multiplier); 1 for the
-    others."""
+    model), Granite's ``1 / config.logits_scaling`` (HyperCLOVAX's ``logits_scaling`` is a multiplier), Falcon-H1's
+    ``lm_head_multiplier``; 1 for the others."""
     scale = getattr(model, "logit_scale", None)
     if scale is None:
         scale = getattr(model.config, "logit_scale", None)
     scale = 1.0 if scale is None else float(scale)
+    mult = getattr(model.config, "lm_head_multiplier", None)
+    scale = scale * float(mult) if mult is not None else scale
     div = getattr(model.config, "logits_scaling", None)
     if div is None:
         return scale
@@ -207,7 +209,8 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
     """``model(input_ids, labels=labels).loss`` without the ``[tokens, vocab]`` logits: the base model's hidden states
     and ``onlinesoftmax.linear_cross_entropy`` against ``model.lm_head``; labels shifted as transformers does
     (token t predicts label t + 1, the last position ignored), the model's logit scale (Cohere's ``logit_scale``,
-    Granite's and HyperCLOVAX's ``logits_scaling``) and final logit softcap applied, the mean
+    Granite's and HyperCLOVAX's ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``) and final logit softcap
+    applied, the mean
     over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation).
     ``knobs``: the loss's ``LCEKnobs`` (default ``LOSS_KNOBS``: a logits tile of up to 1 GiB; None: the library's
     60 MiB default)."""
