@@ -258,6 +258,33 @@ def test_causal_lm_loss_logit_scaling(family):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_causal_lm_loss_recurrent_gemma_softcap():
+    """RecurrentGemma caps its logits by config.logits_soft_cap (Gemma 2's final_logit_softcapping): the loss as the
+    model's."""
+    cfg = transformers.RecurrentGemmaConfig(num_hidden_layers=2, vocab_size=211, hidden_size=32, intermediate_size=64,
+                                            num_attention_heads=2, num_key_value_heads=1, lru_width=32,
+                                            attention_window_size=16, block_types=["recurrent", "attention"],
+                                            conv1d_width=4, logits_soft_cap=3.0)
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(cfg).to(DEV).eval()
+    ids, _ = _batch(False)
+    with torch.no_grad():
+        want = m(ids, labels=ids).loss
+        got = osst.causal_lm_loss(m, ids, ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_lm_loss_refuses_other_heads():
+    """A BERT-style head (dense, activation, LayerNorm before the output layer) is not model.lm_head(hidden): a
+    NotImplementedError naming the model, not a loss without the transform."""
+    cfg = transformers.BertConfig(vocab_size=211, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=64, is_decoder=True)
+    m = transformers.BertLMHeadModel(cfg).to(DEV).eval()
+    ids, mask = _batch(False)
+    with pytest.raises(NotImplementedError, match="causal_lm_loss: BertLMHeadModel"):
+        osst.causal_lm_loss(m, ids, ids, attention_mask=mask)
+
+
 @pytest.mark.parametrize("softcap", [None, 20.0])
 def test_position_bias_falls_back(softcap):
     """An additive position bias (Inkling's relative positions, ``position_bias=``) is part of the scores: the layer

@@ -188,6 +188,9 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
+_UNSUPPORTED_HEAD_CONFIG = ("logits_mup_width_multiplier", "unpadded_vocab_size")
+
+
 def _logit_scale(model) -> float:
     """The factor a causal-LM head multiplies its logits by before the softcap: Cohere's ``logit_scale`` (kept on the
     model), Granite's ``1 / config.logits_scaling`` (HyperCLOVAX's ``logits_scaling`` is a multiplier), Falcon-H1's
@@ -210,16 +213,25 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
     and ``onlinesoftmax.linear_cross_entropy`` against ``model.lm_head``; labels shifted as transformers does
     (token t predicts label t + 1, the last position ignored), the model's logit scale (Cohere's ``logit_scale``,
     Granite's and HyperCLOVAX's ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``) and final logit softcap
-    applied, the mean
+    (``final_logit_softcapping``, RecurrentGemma's ``logits_soft_cap``) applied, the mean
     over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation).
     ``knobs``: the loss's ``LCEKnobs`` (default ``LOSS_KNOBS``: a logits tile of up to 1 GiB; None: the library's
-    60 MiB default)."""
+    60 MiB default). A model whose logits are not ``model.lm_head(hidden)`` (a head transform first, as BERT-style
+    heads; an unpadded-vocabulary cut or width multiplier, as Inkling's) is a ``NotImplementedError``."""
+    head = model.get_output_embeddings()
+    # a head this loss does not reproduce would give another loss silently: a transform before the output layer
+    # (BERT-style heads), logits cut to an unpadded vocabulary or scaled by a width multiplier (Inkling)
+    if not isinstance(head, torch.nn.Linear) or getattr(model, "lm_head", None) is not head or any(
+            getattr(model.config, a, None) is not None for a in _UNSUPPORTED_HEAD_CONFIG):
+        raise NotImplementedError(f"causal_lm_loss: {type(model).__name__}'s logits are not model.lm_head(hidden) "
+                                  "with a logit scale and softcap this loss knows; use model(..., labels=...).loss")
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    head = model.get_output_embeddings()
     shift = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     softcap = getattr(model.config, "final_logit_softcapping", None)
+    if softcap is None:
+        softcap = getattr(model.config, "logits_soft_cap", None)       # RecurrentGemma's name for it
     reduction = "sum" if num_items_in_batch is not None else "mean"
     bias = head.bias
     scale = _logit_scale(model)
