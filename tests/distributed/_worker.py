@@ -183,6 +183,28 @@ def check_ring_triton(rank: int, P: int, device: str):
         torch.testing.assert_close(mine.grad.cpu(), ref.grad[:, :, pos], **tol)
 
 
+def check_ring_bad_args(rank: int, P: int, device: str):
+    """Arguments the per-block ``onlinesoftmax.attention`` would reject are errors naming distributed.attention before
+    the ring starts (raised from the first block, they left its send and receive in flight: the next call took that
+    stale block or waited for ever), and the next call is right."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 2, 4, 8, generator=gen) for _ in range(3))
+    for kw, err in ((dict(q=q[:1]), ValueError), (dict(k=k.double(), v=v.double()), TypeError),
+                    (dict(q=q[..., :0], k=k[..., :0], v=v[..., :0]), ValueError)):
+        args = dict(q=q, k=k, v=v) | kw
+        try:
+            D.attention(args["q"], args["k"], args["v"], causal=True)
+            raise AssertionError(f"distributed.attention accepted {list(kw)}")
+        except err as e:
+            assert str(e).startswith("distributed.attention: "), e
+    S = 4 * P
+    qf, kf, vf = (torch.randn(2, 2, S, 8, generator=gen) for _ in range(3))
+    pos = _positions("contiguous", rank, P, S)
+    o = D.attention(qf[:, :, pos], kf[:, :, pos], vf[:, :, pos], causal=True, backend="torch")
+    want = oss.attention(qf, kf, vf, causal=True, backend="torch")[:, :, pos]
+    torch.testing.assert_close(o, want, rtol=1e-5, atol=1e-6)
+
+
 def main(rank: int, P: int, port: int, device: str, checks: tuple):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
                             timeout=datetime.timedelta(seconds=60))

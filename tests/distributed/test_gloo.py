@@ -53,6 +53,12 @@ def test_ring_attention_gloo(P):
     run_ranks(P, ("check_ring",))
 
 
+def test_ring_attention_bad_args_gloo():
+    """A batch, dtype or head-dim mismatch is an error naming distributed.attention, and the ring's next call is right
+    (``_worker.check_ring_bad_args``)."""
+    run_ranks(2, ("check_ring_bad_args",))
+
+
 @pytest.mark.interpreter
 def test_ring_attention_triton_zigzag_gloo():
     """The Triton kernels (the interpreter here) on a zigzag ring: the backward takes each half's lse, a strided

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .._checks import check_attention_scalars
+from ..attention.api import _prepare
 from ..attention.api import attention as _attention
 from ..decode.api import merge_attention_states
 from .state import world
@@ -163,24 +163,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, layo
     backward."""
     if layout not in ("contiguous", "zigzag"):
         raise ValueError(f"distributed.attention: layout must be 'contiguous' or 'zigzag', got {layout!r}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"distributed.attention: {name} must be a 4-d tensor [B, heads, S_r, D]")
-    if k.shape[2] != q.shape[2] or v.shape[:3] != k.shape[:3]:
+    # every check of the blocks' attention, here: raised from a block, the ring's first transfer is already in flight
+    _, which, scale = _prepare(q, k, v, causal, scale, None, None, backend, "distributed.attention")
+    if k.shape[2] != q.shape[2]:
         raise ValueError("distributed.attention: q, k and v must hold the same S_r positions on this rank")
-    if k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"distributed.attention: q, k and v must have one head dim, got {q.shape[-1]}, "
-                         f"{k.shape[-1]} and {v.shape[-1]}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"distributed.attention: causal must be a bool, got {type(causal).__name__}")
-    check_attention_scalars(scale, None, "distributed.attention")
     if layout == "zigzag" and q.shape[2] % 2:
         raise ValueError(f"distributed.attention: layout 'zigzag' needs an even S_r, got {q.shape[2]}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"distributed.attention: q's heads ({q.shape[1]}) must be a multiple of k's ({k.shape[1]})")
-    from ..backend import resolve_backend
-
-    which = resolve_backend(backend, q, "distributed.attention")
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     o, lse = _RingAttention.apply(q, k, v, causal, scale, layout, group, which)
     return (o, lse) if return_lse else o
