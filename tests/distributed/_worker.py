@@ -132,6 +132,21 @@ def check_vocab_edges(rank: int, P: int, device: str):
             assert "distributed.cross_entropy" in str(e) and str(V) in str(e)
 
 
+def check_ce_ignore_index(rank: int, P: int, device: str):
+    """ignore_index not an int: a TypeError naming distributed.cross_entropy and the argument (None ended in torch's
+    TypeError from torch.where, 1.5 or a tensor ignored nothing), as onlinesoftmax.cross_entropy; past int64 a
+    ValueError."""
+    x = torch.randn(3, 4).to(device)
+    t = torch.tensor([0, 1, 2], device=device)
+    for bad, err in ((None, TypeError), (1.5, TypeError), (torch.tensor(1), TypeError), (True, TypeError),
+                     (2**63, ValueError)):
+        try:
+            D.cross_entropy(x, t, ignore_index=bad)
+            raise AssertionError(f"ignore_index={bad!r} was accepted")
+        except err as e:
+            assert str(e).startswith("distributed.cross_entropy: ignore_index"), e
+
+
 def _positions(layout: str, rank: int, P: int, S: int) -> torch.Tensor:
     if layout == "contiguous":
         return torch.arange(rank * S // P, (rank + 1) * S // P)

@@ -48,6 +48,10 @@ def test_vocab_parallel_edges_gloo(P):
     run_ranks(P, ("check_vocab_edges",))
 
 
+def test_cross_entropy_ignore_index_checked_gloo():
+    run_ranks(2, ("check_ce_ignore_index",))
+
+
 @pytest.mark.parametrize("P", [1, 2, 3])
 def test_ring_attention_gloo(P):
     run_ranks(P, ("check_ring",))

@@ -244,6 +244,11 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, *, ignore_in
     if target.shape != logits_shard.shape[:-1]:
         raise ValueError(f"distributed.cross_entropy: target must have shape {tuple(logits_shard.shape[:-1])}, got "
                          f"{tuple(target.shape)}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"distributed.cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -2**63 <= ignore_index < 2**63:
+        raise ValueError(f"distributed.cross_entropy: ignore_index must fit int64 (the targets' dtype), got "
+                         f"{ignore_index}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"distributed.cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
