@@ -1,5 +1,6 @@
 """Vocabulary-parallel softmax, log-softmax, logsumexp, softmax + top-k and cross-entropy (Megatron-LM's tensor-
 parallel LM head): rank r of ``group`` holds a contiguous slice of the last dim, slices in rank order, any sizes.
+The row count, and fp64 or not, must be the same on every rank (not checked: docs/distributed.md).
 
 Every op gathers per-row states, never the logits:
     1. each rank: its shard's (m_r, d_r) per row;
