@@ -85,6 +85,26 @@ def check_vocab(rank: int, P: int, device: str):
     assert (a.grad == 0).all()
 
 
+def check_topk_grad(rank: int, P: int, device: str):
+    """softmax_topk's values and lse are differentiable in x_shard, as onlinesoftmax.softmax_topk's (they came back
+    detached: no gradient, silently); k past the narrowest slice and an empty slice, through values, lse or both."""
+    gen = torch.Generator().manual_seed(21)
+    for V in (13, P - 1):                       # P - 1: an empty slice
+        ws = widths(V, P)
+        x = torch.randn(2, 3, V, generator=gen, dtype=torch.float64)
+        k = min(5, V)
+        dv, dl = torch.randn(2, 3, k, generator=gen, dtype=torch.float64), torch.randn(2, 3, generator=gen,
+                                                                                        dtype=torch.float64)
+        for use in ("values", "lse", "both"):
+            a = _slice(x, rank, ws).to(device).requires_grad_()
+            b = x.clone().requires_grad_()
+            for t, xx in ((D.softmax_topk(a, k), a), (oss.softmax_topk(b, k, backend="torch"), b)):
+                loss = (t.values.double() * dv.to(xx.device)).sum() if use != "lse" else 0
+                loss = loss + ((t.lse.double() * dl.to(xx.device)).sum() if use != "values" else 0)
+                loss.backward()
+            torch.testing.assert_close(a.grad.cpu(), _slice(b.grad, rank, ws), rtol=1e-5, atol=1e-6)
+
+
 def check_vocab_edges(rank: int, P: int, device: str):
     """An empty slice on the last rank; −inf off the target at ε = 0 (a finite loss), +inf in a row (a NaN loss and a
     NaN gradient row; an ignored row's gradient 0), fp64 top-k past fp32's resolution, an out-of-range target."""

@@ -43,6 +43,11 @@ def test_vocab_parallel_gloo(P):
 
 
 @pytest.mark.parametrize("P", [2, 3])
+def test_softmax_topk_grad_gloo(P):
+    run_ranks(P, ("check_topk_grad",))
+
+
+@pytest.mark.parametrize("P", [2, 3])
 def test_vocab_parallel_edges_gloo(P):
     """An empty slice, non-finite logits, fp64 top-k, an out-of-range target (``_worker.check_vocab_edges``)."""
     run_ranks(P, ("check_vocab_edges",))

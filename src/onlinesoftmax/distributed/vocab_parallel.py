@@ -130,43 +130,72 @@ def logsumexp(x_shard: torch.Tensor, *, keepdim: bool = False, group=None) -> to
 
 
 # ---- softmax + top-k ---------------------------------------------------------------------------------------------
+class _SoftmaxTopK(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k, total, offsets, group):
+        ctx.set_materialize_grads(False)
+        rank, P = world(group)
+        x2 = _2d(x)
+        rows, w = x2.shape
+        xf = x2.to(accumulation_dtype(x2.dtype))      # fp64 stays fp64, as onlinesoftmax.softmax_topk
+        kl = min(k, w)
+        idx = torch.arange(w, device=x2.device).expand(rows, w)
+        pos = first_k(xf, idx, kl) if kl else idx[:, :0]
+        cand = torch.full((rows, k), float("-inf"), device=x2.device, dtype=xf.dtype)
+        cidx = torch.full((rows, k), total, dtype=torch.int64, device=x2.device)      # pads: after every real index
+        cand[:, :kl] = xf.gather(-1, pos)
+        cidx[:, :kl] = pos + offsets[rank]
+        s = local_state(xf)
+        g_vals = gather_rows(torch.cat([torch.stack([s.m, s.d]), cand.t()]), group)  # [P, 2 + k, rows]
+        g_idx = gather_rows(cidx.t().contiguous(), group)                          # [P, k, rows]
+        m, d = merge_gathered(g_vals[:, :2])
+        vals = g_vals[:, 2:].permute(2, 0, 1).reshape(rows, P * k)
+        inds = g_idx.permute(2, 0, 1).reshape(rows, P * k)
+        best = first_k(vals, inds, k)
+        top, top_i = vals.gather(-1, best), inds.gather(-1, best)
+        p = torch.exp(top - m.unsqueeze(-1)) / d.unsqueeze(-1)                     # e^(x - m) / d: exact at large x
+        p = torch.where(torch.isfinite(m).unsqueeze(-1), p, torch.full_like(p, float("nan")))
+        lse = m + torch.log(d)
+        ctx.mark_non_differentiable(top_i)
+        ctx.save_for_backward(x, p, top_i - offsets[rank], m, d)
+        lead = x.shape[:-1]
+        return p.float().reshape(*lead, k), top_i.reshape(*lead, k), lse.float().reshape(lead)
+
+    @staticmethod
+    def backward(ctx, dvalues, _dindices, dlse):
+        # as onlinesoftmax.softmax_topk's: dx = scatter(dv·v) − p·(Σ dv·v − dlse), on this rank's slice of p and of
+        # the indices; no communication (the outputs' gradients are the same on every rank)
+        x, v, local, m, d = ctx.saved_tensors
+        x2 = _2d(x)
+        rows, w = x2.shape
+        c = torch.zeros(rows, device=x2.device, dtype=m.dtype)
+        if dvalues is not None:
+            c = c + (dvalues.reshape(rows, -1).to(m.dtype) * v).sum(-1)
+        if dlse is not None:
+            c = c - dlse.reshape(-1).to(m.dtype)
+        dx = torch.exp(x2.to(m.dtype) - m.unsqueeze(-1)) / d.unsqueeze(-1) * -c.unsqueeze(-1)
+        if dvalues is not None and w:
+            mine = (local >= 0) & (local < w)
+            dx.scatter_add_(-1, local.clamp(0, w - 1), torch.where(mine, v * dvalues.reshape(rows, -1).to(m.dtype), 0))
+        return dx.to(x.dtype).reshape(x.shape), None, None, None, None
+
+
 def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     """The k largest probabilities of the full rows' softmax, their indices into the full vocabulary (ties to the
     lowest global index) and the rows' logsumexp, the same on every rank; ``k`` may exceed a shard's width.
     Communication: (m, d) (8 bytes per row per rank) and each rank's best k (value and index: 12·k bytes per row
     per rank), one all_gather each. Values float32 (fp64 inputs selected and normalised in fp64), indices int64, as
-    ``onlinesoftmax.softmax_topk``."""
+    ``onlinesoftmax.softmax_topk``; autograd to ``x_shard`` through values and lse with no communication in the
+    backward."""
     x2 = _rows("distributed.softmax_topk", x_shard)
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"distributed.softmax_topk: k must be an int, got {type(k).__name__}")
-    rank, P = world(group)
     offsets, total = slices(x2.shape[-1], x2.device, group)
     total = int(total)                          # k's range check needs it on the host
     if not 1 <= k <= total:
         raise ValueError(f"distributed.softmax_topk: k={k} is out of range for a vocabulary of {total} (need 1 <= k "
                          f"<= {total})")
-    rows, w = x2.shape
-    xf = x2.to(accumulation_dtype(x2.dtype))      # fp64 stays fp64, as onlinesoftmax.softmax_topk
-    kl = min(k, w)
-    idx = torch.arange(w, device=x2.device).expand(rows, w)
-    pos = first_k(xf, idx, kl) if kl else idx[:, :0]
-    cand = torch.full((rows, k), float("-inf"), device=x2.device, dtype=xf.dtype)
-    cidx = torch.full((rows, k), total, dtype=torch.int64, device=x2.device)      # pads: after every real index
-    cand[:, :kl] = xf.gather(-1, pos)
-    cidx[:, :kl] = pos + offsets[rank]
-    s = local_state(xf)
-    g_vals = gather_rows(torch.cat([torch.stack([s.m, s.d]), cand.t()]), group)  # [P, 2 + k, rows]
-    g_idx = gather_rows(cidx.t().contiguous(), group)                          # [P, k, rows]
-    m, d = merge_gathered(g_vals[:, :2])
-    vals = g_vals[:, 2:].permute(2, 0, 1).reshape(rows, P * k)
-    inds = g_idx.permute(2, 0, 1).reshape(rows, P * k)
-    best = first_k(vals, inds, k)
-    top, top_i = vals.gather(-1, best), inds.gather(-1, best)
-    p = torch.exp(top - m.unsqueeze(-1)) / d.unsqueeze(-1)                     # e^(x - m) / d: exact at large x
-    p = torch.where(torch.isfinite(m).unsqueeze(-1), p, torch.full_like(p, float("nan")))
-    lse = m + torch.log(d)
-    lead = x_shard.shape[:-1]
-    return TopK(p.float().reshape(*lead, k), top_i.reshape(*lead, k), lse.float().reshape(lead))
+    return TopK(*_SoftmaxTopK.apply(x_shard, k, total, offsets, group))
 
 
 # ---- cross-entropy -----------------------------------------------------------------------------------------------
