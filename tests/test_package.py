@@ -96,6 +96,18 @@ def test_bench_unknown_suite():
     assert r.returncode != 0 and "unknown suite" in (r.stderr + r.stdout)
 
 
+@pytest.mark.parametrize("text", ["not json", "{}", '{"V": 128256, "rows": [{"V": 1}]}', "[1]"])
+def test_replot_rejects_a_file_that_is_not_results(tmp_path, text):
+    """`onlinesoftmax replot` on a file that is not a suite's results JSON (a probe's JSON, any other file) is one
+    line on stderr and exit status 2, not a traceback."""
+    path = tmp_path / "x.json"
+    path.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "replot", str(path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "onlinesoftmax: error: replot:" in r.stderr and str(path) in r.stderr
+
+
 def test_run_case_checks_all_but_the_yardsticks():
     """run_case compares every implementation with the peer except those named ``unchecked`` (a copy of x timed
     beside the op): a wrong op is reported as a mismatch, a yardstick is timed and labelled."""

@@ -88,7 +88,10 @@ def _main(argv=None) -> int:
         for path in args.json:
             if not os.path.isfile(path):
                 raise UserError(f"replot: no such file: {path}")
-            out = report.replot(path)
+            try:
+                out = report.replot(path)
+            except ValueError as e:
+                raise UserError(f"replot: {e}") from None
             print(f"wrote {out}" if out else f"{path}: no row with a rate to draw (no PNG)")
         return 0
     from .bench import runner

@@ -114,12 +114,21 @@ def _group_key(group: str):
 
 def replot(json_path: str) -> str | None:
     """Draw the PNG of a results JSON again (beside it), from its rows as measured; None where no row has a rate
-    to draw."""
+    to draw. A file that is not a suite's results JSON (not JSON, or without its suite, ceiling and rows) is a
+    ValueError saying so."""
     with open(json_path) as f:
-        data = json.load(f)
-    rows = [Row(**r) for r in data["rows"]]
+        try:
+            data = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{json_path} is not JSON ({e})") from None
+    try:
+        suite, ceiling = data["suite"], data["copy_ceiling_gbps"]
+        rows = [Row(**r) for r in data["rows"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{json_path} is not a results JSON written by `onlinesoftmax bench --out` "
+                         f"({type(e).__name__}: {e})") from None
     path = os.path.splitext(json_path)[0] + ".png"
-    return path if plot(data["suite"], rows, data["copy_ceiling_gbps"], path) else None
+    return path if plot(suite, rows, ceiling, path) else None
 
 
 def write(suite: str, rows: list[Row], env: dict, ceiling: float, out_dir: str) -> list[str]:
