@@ -96,6 +96,22 @@ def test_bench_unknown_suite():
     assert r.returncode != 0 and "unknown suite" in (r.stderr + r.stdout)
 
 
+def test_bench_suite_without_a_case_for_the_dtype_is_skipped(tmp_path):
+    """A suite with no case for the dtypes asked (`bench softmax --dtype fp64`) says so and writes no report: an
+    empty JSON / markdown in --out would replace an earlier run's results."""
+    import io
+
+    from rich.console import Console
+
+    from onlinesoftmax.bench import runner
+
+    out = io.StringIO()
+    res = runner.run(["softmax"], device=torch.device("cpu"), quick=True, out_dir=str(tmp_path / "out"),
+                     dtypes=(torch.float64,), console=Console(file=out, width=200))
+    assert res["results"] == {} and not (tmp_path / "out").exists()
+    assert "softmax: skipped (no case for the dtype(s) asked: float64)" in out.getvalue()
+
+
 @pytest.mark.parametrize("text", ["not json", "{}", '{"V": 128256, "rows": [{"V": 1}]}', "[1]"])
 def test_replot_rejects_a_file_that_is_not_results(tmp_path, text):
     """`onlinesoftmax replot` on a file that is not a suite's results JSON (a probe's JSON, any other file) is one

@@ -43,6 +43,11 @@ def run(names: list[str] | None, *, device: torch.device, quick: bool, out_dir: 
         except Skip as e:
             console.print(f"[bold]{name}[/]: skipped ({e})")
             continue
+        if not cases:           # e.g. --dtype fp64: no table, and no empty report over an earlier run's
+            why = ("no case for the dtype(s) asked: " + ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+                   if dtypes else "no case to run")
+            console.print(f"[bold]{name}[/]: skipped ({why})")
+            continue
         rows = []
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task(f"bench {name}", total=len(cases))
