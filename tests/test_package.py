@@ -96,6 +96,17 @@ def test_bench_unknown_suite():
     assert r.returncode != 0 and "unknown suite" in (r.stderr + r.stdout)
 
 
+def test_bench_out_naming_a_file_is_an_error_before_the_run(tmp_path):
+    """`bench --out` naming an existing file (not a folder) is one error line and exit status 2 before any suite
+    runs, not a FileExistsError traceback after the whole run."""
+    path = tmp_path / "results"
+    path.write_text("")
+    r = subprocess.run([sys.executable, "-m", "onlinesoftmax", "bench", "--quick", "logsumexp", "--out", str(path)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--out" in r.stderr and str(path) in r.stderr and "copy ceiling" not in r.stdout
+
+
 def test_bench_suite_without_a_case_for_the_dtype_is_skipped(tmp_path):
     """A suite with no case for the dtypes asked (`bench softmax --dtype fp64`) says so and writes no report: an
     empty JSON / markdown in --out would replace an earlier run's results."""

@@ -111,6 +111,8 @@ def _main(argv=None) -> int:
     unknown = [n for n in args.suites if n not in SUITES]
     if unknown:
         raise UserError(f"bench: unknown suite(s) {', '.join(unknown)}; `onlinesoftmax bench --list` shows them")
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"bench: --out {args.out} is a file, not a folder for the results")
     dtypes = tuple(_DTYPES[d] for d in args.dtype) if args.dtype else None
     runner.run(args.suites, device=device, quick=args.quick, out_dir=args.out, dtypes=dtypes)
     return 0
