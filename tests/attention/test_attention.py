@@ -342,8 +342,10 @@ def test_explain_paths():
     assert plan_forward(prob, L4) == ampere.forward
     assert plan_forward(prob, INTERPRETER).block_m == 16
     assert plan_forward(prob, H200, Knobs(forward={"block_n": 64})).block_n == 64
-    with pytest.raises(TypeError):
-        plan_forward(prob, H200, Knobs(forward={"blockn": 64}))
+    with pytest.raises(TypeError, match="forward has no field blockn"):     # at construction: on any backend
+        Knobs(forward={"blockn": 64})
+    with pytest.raises(TypeError, match="backward has no field dq_slots"):
+        Knobs(backward={"dq_slots": True})
 
 
 # ---- errors -------------------------------------------------------------------------------------------------------

@@ -112,16 +112,21 @@ class BackwardPlan:
 
 @dataclass(frozen=True)
 class Knobs:
-    """Overrides of plan fields: ``Knobs(forward={"block_n": 64})``. Unknown fields raise (``dataclasses.replace``)."""
+    """Overrides of plan fields: ``Knobs(forward={"block_n": 64})``. A name that is not a field of ForwardPlan /
+    BackwardPlan is a TypeError here (on any backend, not only where the plan is made)."""
 
     forward: tuple = ()     # (name, value) pairs, or a dict (normalised)
     backward: tuple = ()
 
     def __post_init__(self):
-        for f in ("forward", "backward"):
+        for f, cls in (("forward", ForwardPlan), ("backward", BackwardPlan)):
             v = getattr(self, f)
             if isinstance(v, dict):
                 object.__setattr__(self, f, tuple(sorted(v.items())))
+            unknown = sorted({name for name, _ in getattr(self, f)} - {x.name for x in dataclasses.fields(cls)})
+            if unknown:
+                raise TypeError(f"attention Knobs: {f} has no field {', '.join(unknown)} (the fields of "
+                                f"{cls.__name__})")
 
 
 @dataclass(frozen=True)
