@@ -45,6 +45,9 @@ def _shape_free(plan):
 def test_warmup_argument_checks():
     with pytest.raises(ValueError, match="softmax_ops"):
         oss.warmup(softmax_ops=("softmaxx",), device="cpu")
+    for bad in (0, -5, 2.5, True):          # (0 raised under softmax_topk's name)
+        with pytest.raises(ValueError, match="^warmup: vocab_size must be an int >= 1"):
+            oss.warmup(bad, device="cpu")
 
 
 def test_warmup_warms_each_drawing_sample_call_in_its_captured_form(monkeypatch):

@@ -30,6 +30,8 @@ def warmup(vocab_size: int | None = None, *, top_k=(50,), batch_sizes=BATCH_CLAS
                                "interpreter's or the torch path's calls)")
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
+        raise ValueError(f"warmup: vocab_size must be an int >= 1 (or None), got {vocab_size!r}")
     calls = 0
     if vocab_size is not None:
         calls += topk_warmup(vocab_size, top_k=top_k, batch_sizes=batch_sizes, dtypes=dtypes, sampling=sampling,
