@@ -144,6 +144,20 @@ def checks(gen):
                         log("  FAIL", ERRORS[-1])
 
 
+def check_variants(variants: dict, page: int, cases: tuple, gen, bad: set, errors: list) -> None:
+    """Each variant (a name -> Knobs fields) checked by :func:`check` on each case (its keywords) at ``page``: a
+    failing variant's name goes to ``bad`` (not timed), its error to ``errors``."""
+    for name, kw in variants.items():
+        for c in cases:
+            try:
+                err = check(kw, page, gen=gen, **c)
+                log(f"  check {name:12} page {page:3} {c}: max err {err:.2e}")
+            except Exception as e:
+                bad.add(name)
+                errors.append(f"check {name} page {page} {c}: {err_lines(e)}")
+                log("  FAIL", errors[-1])
+
+
 # ---- timing ----------------------------------------------------------------------------------------------------
 def bench(fn, rep=20):
     import triton.testing

@@ -53,15 +53,7 @@ def main():
         shapes = [(2, 4, 1, 512)]
     gen = torch.Generator().manual_seed(0)
     win = (300 if pd2.DEV == "cuda" else 40, -1)
-    for name, kw in VARIANTS.items():
-        for c in (dict(G=1), dict(G=4, Sq=4, window=win)):
-            try:
-                err = pd2.check(kw, 0, gen=gen, **c)
-                log(f"  check {name:10} {c}: max err {err:.2e}")
-            except Exception as e:
-                BAD.add(name)
-                ERRORS.append(f"check {name} {c}: {pd2.err_lines(e)}")
-                log("  FAIL", ERRORS[-1])
+    pd2.check_variants(VARIANTS, 0, (dict(G=1), dict(G=4, Sq=4, window=win)), gen, BAD, ERRORS)
     ceiling = pd2.copy_ceiling()
     D, dev = pd2.D, pd2.DEV
     for B, H, Hkv, S in shapes:
