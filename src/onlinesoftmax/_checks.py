@@ -39,3 +39,12 @@ def check_attention_scalars(scale, softcap, op: str) -> None:
             raise TypeError(f"{op}: softcap must be None or a positive float, got {type(softcap).__name__}")
         if not (softcap > 0 and math.isfinite(softcap)):
             raise ValueError(f"{op}: softcap must be a positive finite float, got {softcap}")
+
+
+def no_double_backward(name: str, detail: str) -> None:
+    """In a backward whose gradients carry no graph (kernels, or a gradient the forward wrote): under
+    create_graph=True (grad mode on in the backward) a gradient penalty would silently lose its second-order term, and
+    torch's own error would come only at the second backward, naming neither op nor cause; a RuntimeError naming
+    ``name`` instead. Skipped while compiling (AOT autograd traces the backward with grad mode on)."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError(f"{name}: double backward (create_graph=True) is not supported {detail}")

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._checks import check_attention_scalars, check_float_tensor
+from .._checks import check_attention_scalars, check_float_tensor, no_double_backward
 from .._triton.host import cached
 from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
 from ..target import target_of
@@ -509,16 +509,8 @@ def _setup(ctx, inputs, output):
     ctx.args = (causal, scale, left, right, softcap)
 
 
-def _no_double_backward(op: str) -> None:
-    """The kernels' backward under create_graph=True (grad mode on in the backward): its gradients have no graph, and
-    torch's "no autograd formula" error would come only at the second backward, naming neither op nor cause."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        raise RuntimeError(f"{op}: double backward (create_graph=True) is not supported by the Triton backward "
-                           "kernels; use backend='torch'")
-
-
 def _backward(ctx, do, dlse):
-    _no_double_backward(_OP)
+    no_double_backward(_OP, "by the Triton backward kernels; use backend='torch'")
     q, k, v, o, lse = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
@@ -600,7 +592,7 @@ def _varlen_setup(ctx, inputs, output):
 
 
 def _varlen_backward(ctx, do, dlse):
-    _no_double_backward(_VOP)
+    no_double_backward(_VOP, "by the Triton backward kernels; use backend='torch'")
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)

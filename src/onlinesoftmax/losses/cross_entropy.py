@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_float_tensor
+from .._checks import check_float_tensor, no_double_backward
 from .._triton.host import cached
 from ..backend import functorch_active, raw_apply, resolve_backend, values_unreadable
 from ..target import target_of
@@ -239,11 +239,8 @@ def _setup(ctx, inputs, output):
 
 
 def _no_double_backward(name: str, instead: str = "backend='torch'") -> None:
-    """The backward of a loss whose gradient the forward wrote: under create_graph=True (grad mode on in the
-    backward) it has no graph to give, so a gradient penalty would silently lose its second-order term."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        raise RuntimeError(f"{name}: double backward (create_graph=True) is not supported on this path (the "
-                           f"gradient is written by the forward pass); use {instead}")
+    """The backward of a loss whose gradient the forward wrote: it has no graph to give (``no_double_backward``)."""
+    no_double_backward(name, f"on this path (the gradient is written by the forward pass); use {instead}")
 
 
 def _hand_over(ctx) -> torch.Tensor:

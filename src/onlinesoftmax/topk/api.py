@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._checks import check_dim, check_float_tensor
+from .._checks import check_dim, check_float_tensor, no_double_backward
 from ..backend import functorch_active, resolve_backend, values_unreadable
 from ..target import Target, target_of
 from .plan import Plan, topk_plan
@@ -270,9 +270,7 @@ class _SoftmaxTopKFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dvalues, _dindices, dlse):
-        if torch.is_grad_enabled():     # create_graph=True: the kernels' backward forms no second-order graph (a
-            raise RuntimeError(         # gradient penalty would silently lose that term)
-                "softmax_topk: double backward (create_graph=True) is not supported")
+        no_double_backward("softmax_topk", "by the kernels' backward")
         x2, values, indices, lse = ctx.saved_tensors
         return _rows_backward_impl(x2, values, indices, lse, dvalues, dlse, ctx.backend), None, None
 
