@@ -363,9 +363,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
-    if torch.compiler.is_compiling() or (values_unreadable(cache_seqlens) and not functorch_active()):
+    transformed = functorch_active()            # torch.func transforms: the torch path, which composes with them
+    if torch.compiler.is_compiling() or (not transformed and values_unreadable(cache_seqlens)):
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)      # meta and fake tensors: its fake impl
-    elif which == "torch" or q.dtype == torch.float64 or functorch_active() or (
+    elif transformed or which == "torch" or q.dtype == torch.float64 or (
             torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)):
         o, lse = _torch_kvcache(*args[:-1])     # torch ops: differentiable (the kernels have no backward), vmap-able
     else:
