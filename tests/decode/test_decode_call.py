@@ -4,15 +4,17 @@ H200's launches run in tests/decode/test_decode_gpu.py); results through the int
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from decode_inputs import assert_matches, make_cache
 
 import onlinesoftmax as oss
 from onlinesoftmax._triton import launch as shared
-from onlinesoftmax.decode.plan import Knobs, decode_plan
+from onlinesoftmax.decode.plan import Knobs, Problem, decode_plan
 from onlinesoftmax.reference import decode as ref
-from onlinesoftmax.target import INTERPRETER, target_of
+from onlinesoftmax.target import H200, INTERPRETER, target_of
 
 launch = pytest.importorskip("onlinesoftmax.decode.launch")
 HEAD = (1, 1, 1, 0, False, False, None, None, (4, 1, 0), None, None, None)     # a C launcher's head, stream aside
@@ -188,10 +190,36 @@ def test_full_cache_and_kvcache_routes_agree(kernel_device):
         sl = torch.full((B,), S, dtype=torch.int32, device=dev)
         o, lse = oss.attention(q, k, v, causal=True, return_lse=True, backend="triton")
         o2, lse2 = oss.attention_with_kvcache(q, k, v, sl, return_lse=True, backend="triton")
-        assert torch.equal(o, o2) and torch.equal(lse, lse2)
+        plans = [launch.cached_plan(dataclasses.replace(_problem(q, k), full=f), q.device) for f in (True, False)]
+        if plans[0] == plans[1]:        # the interpreter's tiles split per sequence either way
+            assert torch.equal(o, o2) and torch.equal(lse, lse2)
         assert torch.equal(oss.attention(q, k, v, causal=True, backend="triton"), o)
         ro, rl = ref.attention_with_kvcache(q, k, v, sl)
         assert_matches(o, lse, ro, rl, torch.float32)
+        assert_matches(o2, lse2, ro, rl, torch.float32)
+
+
+def _problem(q, k):
+    B, H, Sq, D = q.shape
+    return Problem(B, H, k.shape[1], Sq, D, k.shape[2], 0, q.element_size())
+
+
+def test_full_cache_splits_per_sequence(fake_gpu):
+    """A full cache (``oss.attention``'s decode dispatch, no lengths) and the same cache with lengths bind apart in one
+    DecodeCall: on the H200 the full one splits per sequence (nothing to balance, no segment merge), the other runs
+    the balanced schedule (lengths unknown to the host)."""
+    B, H, Hkv, S, D = 8, 32, 32, 32768, 128
+    assert not decode_plan(Problem(B, H, Hkv, 1, D, S, full=True), H200).balanced
+    assert decode_plan(Problem(B, H, Hkv, 1, D, S), H200).balanced
+    assert decode_plan(Problem(B, H, Hkv, 1, D, S, full=True), H200, Knobs.of(balanced=True)).balanced
+    q = torch.randn(2, 4, 1, 16)
+    k = torch.randn(2, 2, 40, 16)
+    lens = torch.full((2,), 40, dtype=torch.int32)
+    launch.attention_decode(q, k, k, None, None, True, 0.25, -1, -1, 0.0, False)
+    call = next(iter(launch._calls.values()))
+    assert call.last[1].problem.full
+    launch.attention_decode(q, k, k, lens, None, True, 0.25, -1, -1, 0.0, False)
+    assert len(launch._calls) == 1 and len(call.bound) == 2 and not call.last[1].problem.full
 
 
 # ---- on the GPU: the lanes against the BoundKernel route, bit for bit -------------------------------------------

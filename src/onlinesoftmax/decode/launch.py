@@ -22,15 +22,15 @@ from .plan import MergePlan, Plan, Problem, decode_plan, merge_plan
 
 
 @cached
-def _plan(B: int, H: int, Hkv: int, Sq: int, D: int, s_max: int, page: int, esize: int,
+def _plan(B: int, H: int, Hkv: int, Sq: int, D: int, s_max: int, page: int, esize: int, full: bool,
           device: torch.device) -> Plan:
-    return decode_plan(Problem(B, H, Hkv, Sq, D, s_max, page, esize), target_of(device))
+    return decode_plan(Problem(B, H, Hkv, Sq, D, s_max, page, esize, full), target_of(device))
 
 
 def cached_plan(p: Problem, device: torch.device) -> Plan:
     """``decode_plan(p, target_of(device))``, cached per class of 16 lengths: the plan reads s_max only as whole key
     tiles (``cdiv(s_max, block_n)``, block_n a power of two >= 16), so s_max rounded up to 16 plans the same."""
-    return _plan(p.B, p.H, p.Hkv, p.Sq, p.D, -(-p.s_max // 16) * 16, p.page, p.esize, device)
+    return _plan(p.B, p.H, p.Hkv, p.Sq, p.D, -(-p.s_max // 16) * 16, p.page, p.esize, p.full, device)
 
 
 @cached
@@ -195,11 +195,12 @@ class DecodeCall:
     device, stream, masking, scale, whether lse is returned, a full cache or given lengths), bound once, whatever the
     cache's length: a decoding loop whose cache grows by one key a step calls the same one every step.
 
-    Per call: o (and lse) allocated, the cache's s_max and strides read, the launches of their class (:class:`_Bound`,
-    per class of 16 lengths and ``int_spec`` of the strides; the last call's kept) found. The first call of a class
-    (and a misaligned pointer, a capture, the interpreter, launch hooks) runs them through ``BoundKernel`` with
-    tensors; after it, on CUDA, each launch's C launcher gets every pointer as an int (no ``data_ptr`` call or driver
-    query of a pointer's attributes in Triton's launcher) and its arguments from the builder ``_launches`` gave.
+    Per call: o (and lse) allocated, the cache's s_max and strides read, the launches of their class
+    (:class:`_Bound`, per class of 16 lengths, ``int_spec`` of the strides and whether the cache is full: a full one
+    splits per sequence; the last call's kept) found. The first call of a class (and a misaligned pointer, a
+    capture, the interpreter, launch hooks) runs them through ``BoundKernel`` with tensors; after it, on CUDA, each
+    launch's C launcher gets every pointer as an int (no ``data_ptr`` call or driver query of a pointer's attributes
+    in Triton's launcher) and its arguments from the builder ``_launches`` gave.
 
     ``full``: the lengths of a full cache (every sequence holds all S keys, ``oss.attention``) are read from a table
     whose row i holds S0 + i (B of them, padded to 16 bytes), made once for LENGTHS_TABLE_BYTES of rows: the call
@@ -214,7 +215,7 @@ class DecodeCall:
         self.flags, self.scalars, self.qst, self.need_lse = flags, scalars, q.stride(), need_lse
         self.ost = (self.H * self.Sq * self.D, self.Sq * self.D, self.D, 1)      # o: contiguous
         self.bound: dict = {}
-        self.last = None        # ((s_max, k strides, v strides, table stride), _Bound) of the last call
+        self.last = None        # ((s_max, k strides, v strides, table stride, full), _Bound) of the last call
         self.table = None       # full cache: (lengths table [rows, Bp], S0, S0 + rows, data_ptr, bytes per row)
 
     def __call__(self, q, k, v, lens, bt, stream, capturing: bool):
@@ -228,17 +229,18 @@ class DecodeCall:
         else:
             s_max, bts = k.shape[2], 1
         kst, vst = k.stride(), v.stride()
-        ints = (s_max, kst, vst, bts)
+        full = lens is None
+        ints = (s_max, kst, vst, bts, full)
         last = self.last
         if last is not None and last[0] == ints:
             bound = last[1]
         else:
-            key = (s_max + 15) >> 4, int_spec(s_max, *kst, *vst, bts)
+            key = (s_max + 15) >> 4, int_spec(s_max, *kst, *vst, bts), full
             bound = self.bound.get(key)
             if bound is None:
                 if len(self.bound) >= BOUND_KEPT:
                     self.bound.clear()
-                bound = self.bound[key] = self._bind(s_max, kst, vst, bts)
+                bound = self.bound[key] = self._bind(s_max, kst, vst, bts, full)
             self.last = (ints, bound)
         lanes = bound.lanes
         if lanes is not None and not capturing:
@@ -261,8 +263,8 @@ class DecodeCall:
         self._launch_bound(bound, q, k, v, lens, bt, o, lse, s_max, kst, vst, bts, capturing)
         return o, lse
 
-    def _bind(self, s_max: int, kst: tuple, vst: tuple, bts: int) -> _Bound:
-        p = Problem(self.B, self.H, self.Hkv, self.Sq, self.D, s_max, self.page, self.esize)
+    def _bind(self, s_max: int, kst: tuple, vst: tuple, bts: int, full: bool) -> _Bound:
+        p = Problem(self.B, self.H, self.Hkv, self.Sq, self.D, s_max, self.page, self.esize, full)
         plan = cached_plan(p, self.device)
         left, right = self.scalars[2], self.scalars[3]
         spec = _spec(s_max, self.qst, kst, vst, bts, self.ost, left, right)

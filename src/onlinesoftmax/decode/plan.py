@@ -19,7 +19,8 @@ from ..target import Target
 @dataclass(frozen=True)
 class Problem:
     """One decode call's shapes: q ``[B, H, Sq, D]``, a cache of ``Hkv`` heads holding at most ``s_max`` keys per
-    sequence, ``page`` keys per page (0: dense), ``esize``-byte elements."""
+    sequence, ``page`` keys per page (0: dense), ``esize``-byte elements; ``full``: every sequence holds all s_max
+    keys (``oss.attention``'s decode dispatch, no ``cache_seqlens``)."""
 
     B: int
     H: int
@@ -29,6 +30,7 @@ class Problem:
     s_max: int
     page: int = 0
     esize: int = 2
+    full: bool = False
 
     @property
     def group(self) -> int:         # G: query heads per kv head
@@ -246,7 +248,9 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     # the tiles are sized for D = 128 at 2 bytes: wider rows (D = 256, fp32) take proportionally fewer keys
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
-    balanced = (tiles.balanced and p.B <= BALANCED_MAX_B) if knobs.balanced is None else knobs.balanced
+    # a full cache has nothing to balance: its sequences split alone (no merge launch where one split fills the GPU)
+    balanced = (tiles.balanced and p.B <= BALANCED_MAX_B and not p.full) if knobs.balanced is None \
+        else knobs.balanced
     cross = balanced and (tiles.cross if knobs.cross is None else knobs.cross)
     per_sm = knobs.programs_per_sm or (block_m > 16 and tiles.wide_per_sm) or tiles.balanced_per_sm \
         or tiles.programs_per_sm
