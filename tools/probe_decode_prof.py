@@ -25,7 +25,8 @@ import onlinesoftmax as oss  # noqa: E402
 from onlinesoftmax.decode.api import explain  # noqa: E402
 from onlinesoftmax.decode.plan import Knobs  # noqa: E402
 
-SHAPES = [(8, 32, 32, 32768), (1, 32, 32, 131072), (8, 32, 8, 32768), (64, 32, 8, 4096), (8, 32, 8, 16384)]
+SHAPES = [(8, 32, 32, 32768), (1, 32, 32, 131072), (8, 32, 8, 32768), (64, 32, 8, 4096), (8, 32, 8, 16384),
+          (8, 32, 8, 4096)]
 N = 20
 
 

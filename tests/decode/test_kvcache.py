@@ -114,6 +114,8 @@ VARIANT_CASES = [
     (4, 4, 2, 1, 16, [0, 1, 17, 96], 96, 0, dict(bound=True, splits=6), {}),
     (3, 8, 2, 2, 16, [90, 16, 2], 96, 16, dict(bound=True, ahead=2, splits=4), dict(window=(30, -1))),
     (2, 4, 2, 1, 16, [40, 7], 48, 0, dict(bound=True), dict(softcap=2.0)),
+    # more splits than the merge loads per step (MERGE_STEP = 16): three steps, empty splits among them
+    (2, 4, 2, 1, 16, [700, 33], 704, 0, dict(splits=40), {}),
     # one page number per page (ahead 3): pages of 4 / 16 / 32 / 256 keys against the interpreter's 16-key tiles
     # (several pages per tile, one page per tile, several tiles per page), odd lengths, Sq 1 and 4, GQA, window,
     # softcap, bound splits
@@ -145,6 +147,8 @@ BALANCED_CASES = [
     (2, 4, 2, 3, 16, [60, 31], 64, 0, dict(balanced=True, splits=11), dict(softcap=3.0, window=(8, 1), causal=False)),
     (3, 4, 4, 1, 64, [300, 5, 257], 512, 256, dict(balanced=True, splits=6), {}),
     (2, 8, 1, 4, 16, [70, 9], 72, 16, dict(balanced=True, splits=1), {}),
+    # a sequence over more chunks than the merge loads per step (MERGE_SEGMENTS = 4): 13 of them
+    (2, 4, 2, 1, 16, [200, 3], 208, 0, dict(balanced=True, splits=16), {}),
     # cross: one line over all kv heads (chunks spanning heads; counts not divisible by Hkv, above Hkv·T)
     (4, 8, 4, 1, 16, [0, 1, 45, 17], 48, 0, dict(balanced=True, cross=True, splits=7), {}),
     (5, 4, 2, 1, 16, [0, 0, 33, 0, 1], 48, 0, dict(balanced=True, cross=True, splits=13), {}),

@@ -33,6 +33,13 @@ def cached_plan(p: Problem, device: torch.device) -> Plan:
     return _plan(p.B, p.H, p.Hkv, p.Sq, p.D, -(-p.s_max // 16) * 16, p.page, p.esize, p.full, device)
 
 
+# The merges load MERGE_STEP splits (MERGE_SEGMENTS segments) of a row block at once, lse and o together: one round
+# trip to memory per step, on MERGE_TILE fp32 of o per program (16 per thread of 4 warps). Each step of the loop
+# before this waited on a state's lse to mask its o (two dependent loads per state): 5.2-9.4 us per merge on the H200
+# (SDPA cuDNN's reduction 2.1-2.3; tools/probe_decode_prof.py)
+MERGE_STEP, MERGE_SEGMENTS, MERGE_TILE = 16, 4, 2048
+
+
 @cached
 def _bound_split(plan: Plan, B: int, H: int, Hkv: int, Sq: int, D: int, page: int, flags: tuple, spec: tuple):
     """(split-KV kernel, merge kernel or None) of a shape class; ``spec`` (``int_spec`` of the run-time integers a
@@ -46,9 +53,10 @@ def _bound_split(plan: Plan, B: int, H: int, Hkv: int, Sq: int, D: int, page: in
         **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
     merge = None
     if split:
-        bs = max(1, 1 << (plan.splits - 1).bit_length())
-        merge = BoundKernel(merge_splits_kernel, (-(-B * H * Sq // plan.merge_rows),), dict(
-            BLOCK_R=plan.merge_rows, BLOCK_S=bs, BLOCK_D=plan.block_d, FAST=plan.fast, num_warps=plan.merge_warps))
+        bs = min(pow2(plan.splits), MERGE_STEP)
+        rows = max(1, min(plan.merge_rows, MERGE_TILE // (bs * plan.block_d)))
+        merge = BoundKernel(merge_splits_kernel, (-(-B * H * Sq // rows),), dict(
+            BLOCK_R=rows, BLOCK_S=bs, BLOCK_D=plan.block_d, FAST=plan.fast, num_warps=plan.merge_warps))
     return kv, merge
 
 
@@ -62,10 +70,11 @@ def _bound_balanced(plan: Plan, B: int, H: int, Hkv: int, Sq: int, D: int, page:
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_B=block_b, FAST=plan.fast,
         IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, CROSS=plan.cross, num_warps=plan.num_warps,
         **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
-    rows = max(1, min(plan.merge_rows, 2048 // block_b))     # its [rows, BLOCK_B] sums stay in registers
+    # its [rows, BLOCK_B] sums and [rows, MERGE_SEGMENTS, BLOCK_D] states stay in registers
+    rows = max(1, min(plan.merge_rows, 2048 // block_b, MERGE_TILE // (MERGE_SEGMENTS * plan.block_d)))
     merge = BoundKernel(merge_segments_kernel, (-(-B * H * Sq // rows),), dict(
         WINDOW_LEFT=wl, WINDOW_RIGHT=wr, BLOCK_N=plan.block_n, BLOCK_B=block_b, BLOCK_R=rows,
-        BLOCK_D=plan.block_d, FAST=plan.fast, CROSS=plan.cross, num_warps=plan.merge_warps))
+        BLOCK_D=plan.block_d, FAST=plan.fast, CROSS=plan.cross, BLOCK_K=MERGE_SEGMENTS, num_warps=plan.merge_warps))
     return kv, merge
 
 

@@ -19,37 +19,48 @@ from .split_kv import _tile_counts
 
 
 @triton.jit
+def _fold(m, W, acc, ls, o_s, FAST: tl.constexpr):
+    """The running ⊕ (m, W, acc) of a row block moved over BLOCK_K more states at once: lse ls [BLOCK_R, BLOCK_K]
+    (−inf: empty), o o_s [BLOCK_R, BLOCK_K, BLOCK_D] (anything where empty). m' = max(m, max_k ls_k),
+    W' = W·e^(m − m') + Σ_k w_k, acc' = acc·e^(m − m') + Σ_k w_k·o_k with w_k = e^(ls_k − m'); a lone state
+    weighs e^0 = 1 exactly."""
+    m_new = tl.maximum(m, tl.max(ls, axis=1))
+    alpha = _alpha(m, m_new)
+    w = _exp(ls - _shift(m_new)[:, None], FAST)                     # 0 where ls = −inf
+    W = W * alpha + tl.sum(w, axis=1)
+    wo = tl.where((w > 0.0)[:, :, None], w[:, :, None] * o_s, 0.0)  # an empty state's o never multiplied
+    return m_new, W, acc * alpha[:, None] + tl.sum(wo, axis=1)
+
+
+@triton.jit
 def merge_splits_kernel(PART_O, PART_LSE, O, LSE, R, Hq, Sq, D, NUM_SPLITS,
                         stride_ob, stride_oh, stride_os, stride_od,
                         BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr):
     """Rows r = (b·H + h)·Sq + i of PART_O [R, NUM_SPLITS, D] fp32 / PART_LSE [R, NUM_SPLITS] into O [B, H, Sq, D]
-    (any strides, its dtype) and LSE [R] fp32."""
+    (any strides, its dtype) and LSE [R] fp32, BLOCK_S splits per step: their lse and o loaded together (one
+    round trip to memory per step, none waiting on another)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < R
     rows64 = rows.to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)
-    # 1. m = max_s lse_s, W = Σ_s e^(lse_s − m)
-    ls = tl.load(PART_LSE + rows64[:, None] * NUM_SPLITS + offs_s[None, :],
-                 mask=r_ok[:, None] & (offs_s[None, :] < NUM_SPLITS), other=float("-inf"))
-    m = tl.max(ls, axis=1)
-    ms = _shift(m)
-    W = tl.sum(_exp(ls - ms[:, None], FAST), axis=1)
-    inv = 1.0 / tl.where(W == 0.0, 1.0, W)
-    # 2. o = Σ_s w_s·o_s / W, a split at a time
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    W = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s in range(NUM_SPLITS):
-        l_s = tl.load(PART_LSE + rows64 * NUM_SPLITS + s, mask=r_ok, other=float("-inf"))
-        w = _exp(l_s - ms, FAST) * inv
-        o_s = tl.load(PART_O + (rows64 * NUM_SPLITS + s)[:, None] * D + offs_d[None, :],
-                      mask=(r_ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
-        acc += w[:, None] * o_s
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        slot = rows64[:, None] * NUM_SPLITS + (s0 + offs_s)[None, :]
+        ok = r_ok[:, None] & (s0 + offs_s < NUM_SPLITS)[None, :]
+        ls = tl.load(PART_LSE + slot, mask=ok, other=float("-inf"))
+        o_s = tl.load(PART_O + slot[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None] & d_ok[None, None, :],
+                      other=0.0)
+        m, W, acc = _fold(m, W, acc, ls, o_s, FAST)
     bh = rows64 // Sq
     i = rows64 % Sq
     o_ptrs = (O + (bh // Hq) * stride_ob + (bh % Hq) * stride_oh + i * stride_os)[:, None] + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + rows64, ms + tl.log(W), mask=r_ok)
+    tl.store(o_ptrs, (acc / tl.where(W == 0.0, 1.0, W)[:, None]).to(O.dtype.element_ty),
+             mask=r_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + rows64, _lse(m, W), mask=r_ok)
 
 
 @triton.jit
@@ -88,16 +99,15 @@ def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Hkv, Sq, 
                           stride_ob, stride_oh, stride_os, stride_od,
                           WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
-                          CROSS: tl.constexpr = False):
+                          CROSS: tl.constexpr = False, BLOCK_K: tl.constexpr = 4):
     """Rows r = (b·H + h)·Sq + i of the balanced kernel's segments into O [B, H, Sq, D] (any strides) and LSE [R].
 
     Sequence b owns tiles [e_b, e_b + n_b) of the line of T tiles; the chunks c = chunk(e_b) .. chunk(e_b + n_b
     − 1), chunk(x) = ((x + 1)·CHUNKS − 1) // T (the last c with c·T // CHUNKS <= x), each nonempty one wrote its
-    segment of b at slot c + b of PART_O [H·Sq, CHUNKS + B − 1, D] / PART_LSE. They are ⊕-merged in one pass with
-    a running (m, W, o): m' = max(m, lse_s), W' = W·e^(m − m') + e^(lse_s − m'), o' = o·e^(m − m') +
-    e^(lse_s − m')·o_s; one segment comes back exactly (weight e^0 = 1); a sequence without a key gives o = 0,
-    lse = −inf. CROSS: the line of all Hkv·T tiles, head-major (query head h's kv head h // (Hq / Hkv) first
-    at tile hkv·T)."""
+    segment of b at slot c + b of PART_O [H·Sq, CHUNKS + B − 1, D] / PART_LSE. They are ⊕-merged BLOCK_K at a time
+    into a running (m, W, o) (``_fold``); one segment comes back exactly (weight e^0 = 1); a sequence without a key
+    gives o = 0, lse = −inf. CROSS: the line of all Hkv·T tiles, head-major (query head h's kv head h // (Hq / Hkv)
+    first at tile hkv·T)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < R
     rows64 = rows.to(tl.int64)
@@ -117,24 +127,22 @@ def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Hkv, Sq, 
     c_last = ((e_b + n_b) * CHUNKS - 1) // T
     count = tl.where(r_ok & (n_b > 0), c_last - c_first + 1, 0)
     slot0 = hi_r * nslots + c_first + b_r
-    # 2. the running ⊕ over the row's segments
+    # 2. the running ⊕ over the row's segments, BLOCK_K at a time (lse and o loaded together)
+    offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     W = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for k in range(0, tl.max(count, 0)):
-        c = c_first + k
-        ok = (k < count) & (c * T // CHUNKS < (c + 1) * T // CHUNKS)   # chunks are empty where T < CHUNKS
-        l_s = tl.load(PART_LSE + slot0 + k, mask=ok, other=float("-inf"))
-        m_new = tl.maximum(m, l_s)
-        alpha = _alpha(m, m_new)
-        w = _exp(l_s - _shift(m_new), FAST)                       # 0 where lse_s = −inf
-        o_s = tl.load(PART_O + (slot0 + k)[:, None] * D + offs_d[None, :],
-                      mask=(ok & (w > 0.0))[:, None] & d_ok[None, :], other=0.0)
-        W = W * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        m = m_new
+    for k0 in range(0, tl.max(count, 0), BLOCK_K):
+        k = k0 + offs_k[None, :]
+        c = c_first[:, None] + k
+        ok = (k < count[:, None]) & (c * T // CHUNKS < (c + 1) * T // CHUNKS)   # chunks are empty where T < CHUNKS
+        slot = slot0[:, None] + k
+        ls = tl.load(PART_LSE + slot, mask=ok, other=float("-inf"))
+        o_s = tl.load(PART_O + slot[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None] & d_ok[None, None, :],
+                      other=0.0)
+        m, W, acc = _fold(m, W, acc, ls, o_s, FAST)
     bh = rows64 // Sq
     i = rows64 % Sq
     o_ptrs = (O + (bh // Hq) * stride_ob + (bh % Hq) * stride_oh + i * stride_os)[:, None] + offs_d[None, :] * stride_od
