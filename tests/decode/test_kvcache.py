@@ -147,7 +147,7 @@ BALANCED_CASES = [
     (2, 4, 2, 3, 16, [60, 31], 64, 0, dict(balanced=True, splits=11), dict(softcap=3.0, window=(8, 1), causal=False)),
     (3, 4, 4, 1, 64, [300, 5, 257], 512, 256, dict(balanced=True, splits=6), {}),
     (2, 8, 1, 4, 16, [70, 9], 72, 16, dict(balanced=True, splits=1), {}),
-    # a sequence over more chunks than the merge loads per step (MERGE_SEGMENTS = 4): 13 of them
+    # a sequence over more chunks than the merge loads per step (MERGE_SEGMENTS = 2): 13 of them
     (2, 4, 2, 1, 16, [200, 3], 208, 0, dict(balanced=True, splits=16), {}),
     # cross: one line over all kv heads (chunks spanning heads; counts not divisible by Hkv, above Hkv·T)
     (4, 8, 4, 1, 16, [0, 1, 45, 17], 48, 0, dict(balanced=True, cross=True, splits=7), {}),

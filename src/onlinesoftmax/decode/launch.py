@@ -34,10 +34,11 @@ def cached_plan(p: Problem, device: torch.device) -> Plan:
 
 
 # The merges load MERGE_STEP splits (MERGE_SEGMENTS segments) of a row block at once, lse and o together: one round
-# trip to memory per step, on MERGE_TILE fp32 of o per program (16 per thread of 4 warps). Each step of the loop
-# before this waited on a state's lse to mask its o (two dependent loads per state): 5.2-9.4 us per merge on the H200
-# (SDPA cuDNN's reduction 2.1-2.3; tools/probe_decode_prof.py)
-MERGE_STEP, MERGE_SEGMENTS, MERGE_TILE = 16, 4, 2048
+# trip to memory per step, on MERGE_TILE fp32 of o per program (16 per thread of 4 warps); the segment merge takes
+# one sequence's rows per program (its place on the line found once, not per row). H200, full lengths, µs per merge
+# (tools/probe_merge_seg.py, probe_decode_prof.py): splits 2.1-2.6 against 5.2-6.0 for the loop before (each step
+# waited on a state's lse to mask its o), segments 3.5-4.6 against 5.6-9.4 (SDPA cuDNN's reduction 2.1-2.4)
+MERGE_STEP, MERGE_SEGMENTS, MERGE_TILE = 16, 2, 2048
 
 
 @cached
@@ -70,9 +71,8 @@ def _bound_balanced(plan: Plan, B: int, H: int, Hkv: int, Sq: int, D: int, page:
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_B=block_b, FAST=plan.fast,
         IEEE=ieee, NUM_STAGES=plan.num_stages, AHEAD=plan.ahead, CROSS=plan.cross, num_warps=plan.num_warps,
         **({"maxnreg": plan.maxnreg} if plan.maxnreg else {})))
-    # its [rows, BLOCK_B] sums and [rows, MERGE_SEGMENTS, BLOCK_D] states stay in registers
-    rows = max(1, min(plan.merge_rows, 2048 // block_b, MERGE_TILE // (MERGE_SEGMENTS * plan.block_d)))
-    merge = BoundKernel(merge_segments_kernel, (-(-B * H * Sq // rows),), dict(
+    rows = max(1, min(plan.merge_rows, pow2(H * Sq), MERGE_TILE // (MERGE_SEGMENTS * plan.block_d)))
+    merge = BoundKernel(merge_segments_kernel, (B, -(-H * Sq // rows)), dict(
         WINDOW_LEFT=wl, WINDOW_RIGHT=wr, BLOCK_N=plan.block_n, BLOCK_B=block_b, BLOCK_R=rows,
         BLOCK_D=plan.block_d, FAST=plan.fast, CROSS=plan.cross, BLOCK_K=MERGE_SEGMENTS, num_warps=plan.merge_warps))
     return kv, merge
@@ -100,7 +100,7 @@ def _launches(plan: Plan, p: Problem, flags: tuple, scalars: tuple, qst: tuple, 
             return (q, k, v, lens, bt, po, pl, B, H, Hkv, Sq, D, splits, rb, s_max, *qst, *kst, *vst, bts, *scalars)
 
         def merge_args(q, k, v, lens, bt, o, lse, po, pl, s_max, kst, vst, bts):
-            return (po, pl, lens, o, lse, R, B, H, Hkv, Sq, D, splits, s_max, left, right, *ost)
+            return (po, pl, lens, o, lse, B, H, Hkv, Sq, D, splits, s_max, left, right, *ost)
         return (kv, kv_args, KV_CHECK), (merge, merge_args, MERGE_CHECK)
     kv, merge = _bound_split(plan, B, H, Hkv, Sq, D, p.page, flags, spec)
     if merge is None:           # one split writes o and lse itself

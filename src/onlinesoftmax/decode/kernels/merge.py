@@ -95,12 +95,13 @@ def merge_two_kernel(OA, LA, OB, LB, O, LSE, N, D,
 
 
 @triton.jit
-def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Hkv, Sq, D, CHUNKS, S_MAX, left, right,
+def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, B, Hq, Hkv, Sq, D, CHUNKS, S_MAX, left, right,
                           stride_ob, stride_oh, stride_os, stride_od,
                           WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FAST: tl.constexpr,
                           CROSS: tl.constexpr = False, BLOCK_K: tl.constexpr = 4):
-    """Rows r = (b·H + h)·Sq + i of the balanced kernel's segments into O [B, H, Sq, D] (any strides) and LSE [R].
+    """Rows r = (b·H + h)·Sq + i of the balanced kernel's segments into O [B, H, Sq, D] (any strides) and LSE
+    [B·H·Sq]: program (b, j) takes rows h·Sq + i in [j·BLOCK_R, (j + 1)·BLOCK_R) of sequence b.
 
     Sequence b owns tiles [e_b, e_b + n_b) of the line of T tiles; the chunks c = chunk(e_b) .. chunk(e_b + n_b
     − 1), chunk(x) = ((x + 1)·CHUNKS − 1) // T (the last c with c·T // CHUNKS <= x), each nonempty one wrote its
@@ -108,25 +109,25 @@ def merge_segments_kernel(PART_O, PART_LSE, SEQLENS, O, LSE, R, B, Hq, Hkv, Sq, 
     into a running (m, W, o) (``_fold``); one segment comes back exactly (weight e^0 = 1); a sequence without a key
     gives o = 0, lse = −inf. CROSS: the line of all Hkv·T tiles, head-major (query head h's kv head h // (Hq / Hkv)
     first at tile hkv·T)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    r_ok = rows < R
-    rows64 = rows.to(tl.int64)
-    b_r = rows // (Hq * Sq)
-    hi_r = (rows % (Hq * Sq)).to(tl.int64)                         # h·Sq + i
+    b = tl.program_id(0)
+    hi = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)         # h·Sq + i
+    r_ok = hi < Hq * Sq
+    hi_r = hi.to(tl.int64)
+    rows64 = b.to(tl.int64) * Hq * Sq + hi_r
     nslots = CHUNKS + B - 1
-    # 1. each row's segments: its sequence's first tile e_b and tile count n_b on the line, then its chunks
+    # 1. the sequence's first tile e_b and tile count n_b on the line (one sequence per program), then each row's
+    #    chunks
     offs_b, n, incl = _tile_counts(SEQLENS, B, Sq, S_MAX, left, right, WINDOW_LEFT, WINDOW_RIGHT, BLOCK_N, BLOCK_B)
     T = tl.maximum(tl.sum(n, 0), 1).to(tl.int64)     # T = 0: no row has a segment (count 0)
-    before = offs_b[None, :] < b_r[:, None]
-    e_b = tl.sum(tl.where(before, n[None, :], 0), 1).to(tl.int64)
+    e_b = tl.sum(tl.where(offs_b < b, n, 0), 0).to(tl.int64) + hi_r * 0
+    n_b = tl.sum(tl.where(offs_b == b, n, 0), 0).to(tl.int64)
     if CROSS:
         e_b += (hi_r // Sq) // (Hq // Hkv) * T
         T = T * Hkv
-    n_b = tl.sum(tl.where(offs_b[None, :] == b_r[:, None], n[None, :], 0), 1).to(tl.int64)
     c_first = ((e_b + 1) * CHUNKS - 1) // T
     c_last = ((e_b + n_b) * CHUNKS - 1) // T
     count = tl.where(r_ok & (n_b > 0), c_last - c_first + 1, 0)
-    slot0 = hi_r * nslots + c_first + b_r
+    slot0 = hi_r * nslots + c_first + b
     # 2. the running ⊕ over the row's segments, BLOCK_K at a time (lse and o loaded together)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
