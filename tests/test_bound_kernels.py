@@ -154,3 +154,43 @@ def test_varlen_and_paged(specs, kernel_device):
         ot = oss.attention_with_kvcache(q, kc, vc, lens, block_table=table, backend="torch")
         torch.testing.assert_close(o.cpu(), ot, atol=1e-5, rtol=1e-5)
     _one_spec_each(specs)
+
+
+def test_compiled_variant_per_pointer_alignment(monkeypatch):
+    """Triton specialises each pointer on 16-byte alignment: a kernel compiled with q misaligned assumes k aligned.
+    A later launch with k misaligned (q aligned) must compile its own variant, not replay that one (on the H200 the
+    replay faulted: "misaligned address", attention_with_kvcache with q, then k_cache, misaligned)."""
+    from types import SimpleNamespace
+
+    compiled, launched = [], []
+
+    class FakeFn:
+        params = ()
+
+        def __getitem__(self, grid):
+            def compile_and_run(*args, **meta):
+                run = SimpleNamespace(launch=lambda *a: launched.append(a), global_scratch_size=0,
+                                      profile_scratch_size=0, launch_cooperative_grid=False, launch_pdl=False)
+                compiled.append(args)
+                return SimpleNamespace(run=run, function=None, packed_metadata=None)
+            return compile_and_run
+
+    class Ptr:
+        def __init__(self, addr):
+            self.addr, self.dtype = addr, torch.bfloat16
+
+        def data_ptr(self):
+            return self.addr
+
+    monkeypatch.setattr(TL, "current_device", lambda: 0)
+    monkeypatch.setattr(TL, "current_stream", lambda index: 0)
+    monkeypatch.setattr(TL, "hooks_installed", lambda: False)
+    bk = TL.BoundKernel(FakeFn(), (1,), {})
+    bk.interpret = False
+    cuda = torch.device("cuda", 0)
+    for q, k in ((4096 + 2, 8192), (4096, 8192 + 2), (4096 + 2, 8192), (4096, 8192), (4096, 8192 + 2),
+                 (4096 + 6, 8192 + 14)):
+        bk((q, k), (Ptr(q), Ptr(k)), cuda)
+    assert len(compiled) == 4            # q misaligned, k misaligned, both aligned, both misaligned
+    assert len(launched) == 2            # the repeats of the first two replay their own variants
+    assert TL.compile_key(0, (Ptr(16), Ptr(32))) == (0, True, torch.bfloat16, torch.bfloat16)

@@ -142,11 +142,20 @@ def hooks_installed() -> bool:
     return bool(getattr(hook, "calls", hook))
 
 
+def compile_key(index: int, check: tuple) -> tuple:
+    """Which compiled variant a launch with the tensors ``check`` takes on device ``index``: Triton specialises each
+    pointer on 16-byte alignment, so the key holds True where all are aligned (the case :meth:`BoundKernel.entry`
+    callers look up), else the alignment of each (a kernel compiled with q misaligned assumes k aligned), and their
+    dtypes."""
+    aligned = tuple(not t.data_ptr() & 15 for t in check)
+    return (index, True if all(aligned) else aligned, *(t.dtype for t in check))
+
+
 class BoundKernel:
-    """``fn[grid](*args, **meta)`` with Triton's per-call binding done once, for args whose non-tensor values
-    are the same on every call (the caller's plan fixes them). The compiled kernel is kept per device, pointer
-    alignment and dtypes of the ``check`` tensors: a caller whose plan does not fix x's dtype (top-k's launches
-    are cached by shape) still gets a kernel compiled for it.
+    """``fn[grid](*args, **meta)`` with Triton's per-call binding done once, for args whose non-tensor values are
+    the same on every call (the caller's plan fixes them). The compiled kernel is kept per device, pointer
+    alignments and dtypes of the ``check`` tensors (:func:`compile_key`): a caller whose plan does not fix x's dtype
+    (top-k's launches are cached by shape) still gets a kernel compiled for it.
 
     ``meta`` names every constexpr parameter plus launch options (``num_warps``).
     """
@@ -164,7 +173,7 @@ class BoundKernel:
         if device.type != "cuda" or self.interpret or hooks_installed():
             return self.fn[self.grid](*args, **self.meta)
         index = current_device()              # Triton launches on the current device, as here
-        key = (index, not any(t.data_ptr() & 15 for t in check), *(t.dtype for t in check))
+        key = compile_key(index, check)
         entry = self._compiled.get(key)
         if entry is None:
             compiled = self.fn[self.grid](*args, **self.meta)
@@ -266,7 +275,7 @@ class DescriptorKernel(BoundKernel):
         if device.type != "cuda" or self.interpret or hooks_installed():
             return self.fn[self.grid](*self.descriptors(args), **self.meta)
         index = current_device()
-        key = (index, not any(t.data_ptr() & 15 for t in check), *(t.dtype for t in check))
+        key = compile_key(index, check)
         entry = self._compiled.get(key)
         if entry is None:
             compiled = self.fn[self.grid](*self.descriptors(args), **self.meta)
