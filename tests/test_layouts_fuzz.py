@@ -318,3 +318,33 @@ def test_linear_cross_entropy_views(reduction, backend):
     grads64 = torch.autograd.grad(loss64, bases64, g.double())
     for a, b in zip(grads, grads64):
         torch.testing.assert_close(a.double(), b, **TOL)
+
+
+# ---- index tensors of the wrong dtype or device: the function, the argument and what was given ------------------
+def test_index_argument_errors():
+    q, k = torch.randn(2, 2, 1, 8), torch.randn(2, 2, 6, 8)
+    lens = torch.tensor([6, 3], dtype=torch.int32)
+    pages, table = torch.randn(4, 2, 4, 8), torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    kv = "attention_with_kvcache"
+    cases = [
+        (lambda: oss.attention_with_kvcache(q, k, k, lens.long()), TypeError,
+         rf"^{kv}: cache_seqlens must be an int32 tensor of shape \[B\] = \[2\], got int64 of shape \(2,\)"),
+        (lambda: oss.attention_with_kvcache(q, k, k, lens[:, None]), TypeError,
+         rf"^{kv}: cache_seqlens .*, got int32 of shape \(2, 1\)"),
+        (lambda: oss.attention_with_kvcache(q, k, k, [6, 3]), TypeError, rf"^{kv}: cache_seqlens .*, got list"),
+        (lambda: oss.attention_with_kvcache(q, k, k, lens.to("meta")), ValueError,
+         rf"^{kv}: cache_seqlens is on meta, q on cpu"),
+        (lambda: oss.attention_with_kvcache(q, pages, pages, lens, block_table=table.long()), TypeError,
+         rf"^{kv}: block_table must be an int32 tensor \[B, max_pages\] with B = 2, got int64 of shape \(2, 2\)"),
+        (lambda: oss.attention_with_kvcache(q, pages, pages, lens, block_table=table.to("meta")), ValueError,
+         rf"^{kv}: block_table is on meta, q on cpu"),
+        (lambda: oss.cross_entropy(torch.randn(4, 9), torch.zeros(4, dtype=torch.int32)), TypeError,
+         "^cross_entropy: target must be int64 class indices, got int32"),
+        (lambda: oss.cross_entropy(torch.randn(4, 9), torch.zeros(4, dtype=torch.int64, device="meta")), ValueError,
+         "^cross_entropy: target is on meta, logits on cpu"),
+        (lambda: oss.linear_cross_entropy(torch.randn(4, 8), torch.randn(9, 8), torch.zeros(4, dtype=torch.int32)),
+         TypeError, "^linear_cross_entropy: target must be int64 class indices, got int32"),
+    ]
+    for call, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            call()
