@@ -1396,3 +1396,31 @@ def test_triton_double_backward_raises_at_the_backward(kernel_device):
         torch.autograd.grad(o.square().sum(), args[0])          # a plain backward runs
         o = fn(*args, causal=True, backend="torch")
         assert torch.autograd.grad(o.square().sum(), args[0], create_graph=True)[0].requires_grad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("view", ["expand_heads", "expand_batch", "overlap_rows", "step_d", "d_major", "offset"])
+def test_triton_unusual_layouts(view, dtype):
+    """The GPU kernels (TMA where the strides allow it) on views: an MQA emulated by k.expand over the heads (stride
+    0), a batch broadcast, rows that overlap (as_strided), a head-dim stride of 2, D-major rows, an offset of one
+    element (unaligned); backward included. (CPU: tests/test_layouts_fuzz.py::test_attention_views.)"""
+    B, H, Hkv, Sq, Sk, D = 2, 4, 2, 40, 72, 64
+
+    def view_of(h, s):
+        shape = (B, h, s, D)
+        if view == "expand_heads":
+            return torch.randn(B, 1, s, D, device=DEV, dtype=dtype).expand(shape)
+        if view == "expand_batch":
+            return torch.randn(1, h, s, D, device=DEV, dtype=dtype).expand(shape)
+        if view == "overlap_rows":
+            return torch.randn(B * h * s * D, device=DEV, dtype=dtype).as_strided(shape, (h * s * D, s * D, D // 2, 1))
+        if view == "step_d":
+            return torch.randn(B, h, s, 2 * D, device=DEV, dtype=dtype)[..., ::2]
+        if view == "d_major":
+            return torch.randn(B, h, D, s, device=DEV, dtype=dtype).transpose(2, 3)
+        return torch.randn(B * h * s * D + 1, device=DEV, dtype=dtype)[1:].view(shape)
+
+    q, k, v = (view_of(h, s).requires_grad_() for h, s in ((H, Sq), (Hkv, Sk), (Hkv, Sk)))
+    check_forward(q, k, v, "triton", causal=True)
+    check_backward(q, k, v, "triton", causal=True)

@@ -787,6 +787,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         o, lse = o[0].transpose(0, 1), lse[0]
     else:
         _check_kernel(q, _VOP)
+        # the kernels read cu_seqlens[b] at b (unit stride): a strided view (a column of a 2-d tensor) made dense
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         o, lse = torch.ops.onlinesoftmax.attention_varlen_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, left, right,
             float(softcap) if softcap else 0.0)

@@ -257,6 +257,13 @@ def _check_pages(cache_seqlens: torch.Tensor, block_table: torch.Tensor, num_pag
                          f"of the cache (0 <= page < {num_pages}), and sequence {b} reads it")
 
 
+def _described(t) -> str:
+    """An index argument as an error message names it: a tensor's dtype and shape, else its type."""
+    if isinstance(t, torch.Tensor):
+        return f"{str(t.dtype).replace('torch.', '')} of shape {tuple(t.shape)}"
+    return type(t).__name__
+
+
 def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap):
     """Shapes, dtypes and devices; a tensor's values only on the CPU (the block table's pages): nothing here
     synchronises with a GPU."""
@@ -289,7 +296,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
         raise ValueError(f"{f}: q's {H} heads must be a multiple of the caches' {Hkv} (GQA)")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
             or cache_seqlens.shape != (B,):
-        raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}]")
+        raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}], got "
+                        f"{_described(cache_seqlens)}")
     if cache_seqlens.device != dev:
         raise ValueError(f"{f}: cache_seqlens is on {cache_seqlens.device}, q on {dev}")
     if block_table is None:
@@ -299,7 +307,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
     else:
         if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
                 or block_table.dim() != 2 or block_table.shape[0] != B):
-            raise TypeError(f"{f}: block_table must be an int32 tensor [B, max_pages] with B = {B}")
+            raise TypeError(f"{f}: block_table must be an int32 tensor [B, max_pages] with B = {B}, got "
+                            f"{_described(block_table)}")
         if block_table.device != dev:
             raise ValueError(f"{f}: block_table is on {block_table.device}, q on {dev}")
         if not 1 <= ks[2] <= 256:
