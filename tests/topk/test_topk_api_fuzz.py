@@ -21,17 +21,17 @@ def test_k_and_dim_as_torch_takes_them(backend):
     sample already took a NumPy top_k); bool and float refused on every path (the Triton 2-D path took
     ``dim=1.0`` and ``dim=True`` as 1)."""
     x = torch.randn(3, 9)
-    want = oss.softmax_topk(x, 4, 1, backend=backend)
-    for k in (np.int64(4), torch.tensor(4), torch.tensor(4, dtype=torch.int32)):
-        for dim in (np.int64(1), np.int32(-1), torch.tensor(-1)):
-            got = oss.softmax_topk(x, k, dim, backend=backend)
-            assert torch.equal(got.indices, want.indices) and torch.equal(got.values, want.values)
     for bad in (1.0, True, torch.tensor(1.0), None):
         with pytest.raises(TypeError, match="softmax_topk: dim must be an int"):
             oss.softmax_topk(x, 2, bad, backend=backend)
     for bad in (2.0, True, torch.tensor(2.0), torch.tensor(True), "2"):
         with pytest.raises(TypeError, match="softmax_topk: k must be an int"):
             oss.softmax_topk(x, bad, backend=backend)
+    want = oss.softmax_topk(x, 4, 1, backend=backend)
+    for k in (np.int64(4), torch.tensor(4), torch.tensor(4, dtype=torch.int32)):
+        for dim in (np.int64(1), np.int32(-1), torch.tensor(-1)):
+            got = oss.softmax_topk(x, k, dim, backend=backend)
+            assert torch.equal(got.indices, want.indices) and torch.equal(got.values, want.values)
 
 
 def _rows(seed, special, dtype, shape):
