@@ -2,6 +2,7 @@
 compiles nothing (<= 50 ms)."""
 
 import dataclasses
+import sys
 import time
 
 import pytest
@@ -48,6 +49,43 @@ def test_warmup_argument_checks():
     for bad in (0, -5, 2.5, True):          # (0 raised under softmax_topk's name)
         with pytest.raises(ValueError, match="^warmup: vocab_size must be an int >= 1"):
             oss.warmup(bad, device="cpu")
+
+
+def test_warmup_checks_every_argument_before_running(monkeypatch):
+    """Each sequence argument holds ints >= 1 (or float dtypes the kernels take), checked before any call runs:
+    top_k = 0 or -5 was warmed as k = 16, 2.5 as 2, softmax_sizes = 0 ran empty tensors, a negative size or batch
+    failed inside torch, and a bad softmax_ops entry was found only after the top-k warm-up had run."""
+    ran = []
+    monkeypatch.setattr(sys.modules["onlinesoftmax.warmup"], "topk_warmup", lambda *a, **kw: ran.append(kw) or 0)
+    for kw, err, what in (({"top_k": (0,)}, ValueError, "top_k"), ({"top_k": (-5,)}, ValueError, "top_k"),
+                          ({"top_k": (2.5,)}, TypeError, "top_k"), ({"top_k": None}, TypeError, "top_k"),
+                          ({"batch_sizes": (0,)}, ValueError, "batch_sizes"),
+                          ({"batch_sizes": (-1,)}, ValueError, "batch_sizes"),
+                          ({"dtypes": (torch.int32,)}, TypeError, "dtypes"),
+                          ({"softmax_sizes": (0,)}, ValueError, "softmax_sizes"),
+                          ({"softmax_sizes": (2.7,)}, TypeError, "softmax_sizes"),
+                          ({"max_rows": 0}, ValueError, "max_rows"), ({"max_rows": 2.5}, ValueError, "max_rows"),
+                          ({"softmax_ops": ("softmax", "softmaxx")}, ValueError, "softmax_ops")):
+        with pytest.raises(err, match=f"^warmup: {what}"):
+            oss.warmup(64, device="cpu", **kw)
+    assert not ran
+    with pytest.raises(ValueError, match="^warmup: top_k"):
+        sys.modules["onlinesoftmax.topk.warmup"].warmup(64, top_k=(0,), device="cpu")
+
+
+def test_warmup_takes_single_values(monkeypatch):
+    """A single value where a sequence is expected: ``softmax_ops="log_softmax"`` was iterated by character (a
+    ValueError naming 'l'), ``top_k=50`` and ``softmax_sizes=16`` raised 'int' object is not iterable."""
+    seen = []
+    monkeypatch.setattr(sys.modules["onlinesoftmax.warmup"], "topk_warmup", lambda v, **kw: seen.append(kw) or 0)
+    assert oss.warmup(64, top_k=50, batch_sizes=1, dtypes=torch.bfloat16, device="cpu") == 0
+    assert seen == [dict(top_k=(50,), batch_sizes=(1,), dtypes=(torch.bfloat16,), sampling=True,
+                         device=torch.device("cpu"))]
+    calls = []
+    monkeypatch.setattr(sys.modules["onlinesoftmax.softmax.api"], "log_softmax",
+                        lambda x, dim: calls.append(tuple(x.shape)))
+    n = oss.warmup(device="cpu", softmax_sizes=16, softmax_ops="log_softmax", max_rows=2)
+    assert n == len(calls) >= 1 and all(shape[1] == 16 for shape in calls)
 
 
 def test_warmup_warms_each_drawing_sample_call_in_its_captured_form(monkeypatch):

@@ -3,21 +3,72 @@
 from __future__ import annotations
 
 import math
+from numbers import Integral
 
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def as_int(v, name: str) -> int:
+    """``v`` as a Python int where torch takes it as one (an int, a NumPy integer, a 0-d integer tensor), else a
+    TypeError naming ``name``. bool is refused (``dim=True`` is a mistake, and torch refuses it too)."""
+    if type(v) is int:
+        return v
+    if isinstance(v, torch.Tensor):
+        if v.dim() == 0 and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool):
+            return int(v)
+    elif isinstance(v, Integral) and not isinstance(v, bool):
+        return int(v)
+    raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+
+
 def check_dim(dim: int, ndim: int, name: str = "dim") -> int:
-    """Normalise a possibly negative ``dim`` as torch does (a 0-d tensor accepts 0 and -1)."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    """Normalise a possibly negative ``dim`` as torch does (a 0-d tensor accepts 0 and -1); ``dim`` an int or what
+    torch takes as one (:func:`as_int`)."""
+    dim = as_int(dim, name)
     rank = max(ndim, 1)
     if not -rank <= dim < rank:
         raise IndexError(f"{name}={dim} is out of range for a tensor with {ndim} dimension(s) "
                          f"(expected a value in [{-rank}, {rank - 1}])")
     return dim % rank
+
+
+def check_ints(v, name: str, minimum: int = 1) -> tuple[int, ...]:
+    """An int or a sequence of ints, each ``>= minimum``, as a tuple; else a TypeError / ValueError naming ``name``
+    (a float size is not rounded, a bool is not an int)."""
+    items = (v,) if isinstance(v, (Integral, float)) else v
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {type(v).__name__}") from None
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, Integral):
+            raise TypeError(f"{name} must hold ints, got {i!r}")
+        if i < minimum:
+            raise ValueError(f"{name} must hold ints >= {minimum}, got {int(i)}")
+    return tuple(int(i) for i in items)
+
+
+def check_dtypes(v, name: str) -> tuple[torch.dtype, ...]:
+    """A floating dtype the kernels take, or a sequence of them, as a tuple; else a TypeError naming ``name``."""
+    items = (v,) if isinstance(v, torch.dtype) else v
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise TypeError(f"{name} must be a dtype or a sequence of dtypes, got {type(v).__name__}") from None
+    for d in items:
+        if d not in FLOAT_DTYPES:
+            names = ", ".join(str(f).replace("torch.", "") for f in FLOAT_DTYPES)
+            raise TypeError(f"{name} must hold dtypes of ({names}), got {d!r}")
+    return items
+
+
+def check_instance(v, cls: type, name: str) -> None:
+    """``v`` None or a ``cls`` (an explain's ``target``, a plan's ``knobs``), else a TypeError naming ``name``
+    (not an AttributeError from deep inside a plan)."""
+    if v is not None and not isinstance(v, cls):
+        raise TypeError(f"{name} must be a {cls.__name__} or None, got {type(v).__name__}")
 
 
 def check_float_tensor(x, name: str, dtypes=FLOAT_DTYPES) -> None:

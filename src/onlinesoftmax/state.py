@@ -41,6 +41,20 @@ def _rescale(m_i: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(m_i == m, torch.ones_like(m), torch.exp(m_i - m))
 
 
+def _common(ms, op: str) -> tuple[torch.Size, torch.device]:
+    """The shape the states' ``m`` broadcast to and the device they merge on (a 0-d CPU state, e.g.
+    ``identity(())``, merges with states on any device, as torch's CPU scalars do), or a ValueError naming ``op``."""
+    try:
+        shape = torch.broadcast_shapes(*(m.shape for m in ms))
+    except RuntimeError:
+        raise ValueError(f"{op}: the states' shapes {' and '.join(str(tuple(m.shape)) for m in ms)} do not "
+                         "broadcast") from None
+    devices = list(dict.fromkeys(m.device for m in ms if not (m.dim() == 0 and m.device.type == "cpu")))
+    if len(devices) > 1:
+        raise ValueError(f"{op}: the states are on different devices ({', '.join(map(str, devices))})")
+    return shape, devices[0] if devices else ms[0].device
+
+
 class SoftmaxState(NamedTuple):
     """Running max ``m`` and normalizer ``d = sum e^(x - m)``, elementwise over a batch of sets."""
 
@@ -50,6 +64,8 @@ class SoftmaxState(NamedTuple):
     @staticmethod
     def identity(shape, *, device=None, dtype: torch.dtype = torch.float32) -> SoftmaxState:
         """The neutral element ``(-inf, 0)`` of ⊕."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"SoftmaxState.identity: dtype must be a floating dtype, got {dtype}")
         m = torch.full(tuple(shape) if not isinstance(shape, int) else (shape,), float("-inf"),
                        device=device, dtype=dtype)
         return SoftmaxState(m, torch.zeros_like(m))
@@ -60,6 +76,8 @@ class SoftmaxState(NamedTuple):
 
         Accumulates in fp32 (fp64 for fp64 input). An empty ``dim`` gives the identity.
         """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"SoftmaxState.from_tensor: x must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
             raise TypeError(f"SoftmaxState.from_tensor: x must be a floating tensor, got dtype={x.dtype}")
         if x.dim() == 0:
@@ -77,15 +95,12 @@ class SoftmaxState(NamedTuple):
 
     def combine(self, other: SoftmaxState) -> SoftmaxState:
         """The paper's ⊕: ``m = max(m1, m2)``, ``d = d1·e^(m1−m) + d2·e^(m2−m)``. The two states' shapes
-        broadcast, as torch's elementwise ops (``identity(())`` merges with a state of any shape)."""
+        broadcast, as torch's elementwise ops (``identity(())`` merges with a state of any shape and device); states
+        on two devices are a ValueError."""
         if not isinstance(other, SoftmaxState):
             raise TypeError(f"SoftmaxState.combine: other must be a SoftmaxState, got {type(other).__name__}")
-        if self.m.shape != other.m.shape:
-            try:
-                torch.broadcast_shapes(self.m.shape, other.m.shape)
-            except RuntimeError:
-                raise ValueError(f"SoftmaxState.combine: the states' shapes {tuple(self.m.shape)} and "
-                                 f"{tuple(other.m.shape)} do not broadcast") from None
+        if self.m.shape != other.m.shape or self.m.device != other.m.device:
+            _common((self.m, other.m), "SoftmaxState.combine")
         m = torch.maximum(self.m, other.m)  # NaN propagates
         d = self.d * _rescale(self.m, m) + other.d * _rescale(other.m, m)
         return SoftmaxState(m, d)
@@ -108,16 +123,18 @@ class SoftmaxState(NamedTuple):
 
     @staticmethod
     def reduce(states, dim: int = 0) -> SoftmaxState:
-        """Merge states in one step (``m`` = max, then the rescaled sum): a sequence of states of one shape, merged
-        elementwise, or one state whose ``m`` and ``d`` hold a stack of states along ``dim``. An empty sequence is an
-        error (the identity's shape is unknown)."""
+        """Merge states in one step (``m`` = max, then the rescaled sum): a sequence of states, merged elementwise
+        (their shapes broadcast, as :meth:`combine`'s), or one state whose ``m`` and ``d`` hold a stack of states
+        along ``dim``. An empty sequence is an error (the identity's shape is unknown)."""
         if isinstance(states, SoftmaxState):
             m_all, d_all = states
         elif isinstance(states, (list, tuple)) and all(isinstance(t, SoftmaxState) for t in states):
             if not states:
                 raise ValueError("SoftmaxState.reduce: got no states")
-            m_all = torch.stack([t.m for t in states], dim)
-            d_all = torch.stack([t.d for t in states], dim)
+            shape, device = _common([t.m for t in states], "SoftmaxState.reduce")
+            dim = check_dim(dim, len(shape) + 1, "SoftmaxState.reduce: dim")
+            m_all = torch.stack([t.m.to(device).expand(shape) for t in states], dim)
+            d_all = torch.stack([t.d.to(device).expand(shape) for t in states], dim)
         else:
             raise TypeError("SoftmaxState.reduce: states must be a SoftmaxState or a sequence of SoftmaxState, got "
                             f"{type(states).__name__}")

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._checks import check_attention_scalars, check_float_tensor, no_double_backward
+from .._checks import check_attention_scalars, check_float_tensor, check_instance, no_double_backward
 from .._triton.host import cached
 from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
 from ..target import target_of
@@ -628,6 +628,7 @@ def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, bac
     """The plan ``attention(q, k, v, ...)`` would run: backend, problem, forward and backward launch configurations
     (for the target of q's device). ``knobs`` shows what an override would give."""
     win, backend, _ = _prepare(q, k, v, causal, scale, window, softcap, backend, "onlinesoftmax.explain")
+    check_instance(knobs, Knobs, "onlinesoftmax.explain: knobs")
     p = _problem(q, k, causal, win, v, softcap is not None)
     return plan_attention(p, target_of(q.device), backend, knobs)
 

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .._checks import check_attention_scalars, check_float_tensor
+from .._checks import check_attention_scalars, check_float_tensor, check_instance
 from ..backend import functorch_active, resolve_backend, values_unreadable
 from ..target import Target, target_of
 from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_plan, merge_plan
@@ -161,6 +161,10 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
 
 def explain_merge(o_a: torch.Tensor, *, backend: str | None = None, target: Target | None = None) -> MergePlan:
     """The plan ``merge_attention_states`` runs for states shaped like ``o_a``: ``path`` "torch" or "triton"."""
+    check_float_tensor(o_a, "explain(merge_attention_states): o_a")
+    if o_a.dim() < 1:
+        raise ValueError("explain(merge_attention_states): o_a must have shape [..., D], got a 0-d tensor")
+    check_instance(target, Target, "explain(merge_attention_states): target")
     if target is None and resolve_backend(backend, o_a, "explain(merge_attention_states)") == "torch":
         return MergePlan("torch")
     D = o_a.shape[-1]
@@ -407,6 +411,8 @@ def explain(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache
     GPU (e.g. ``onlinesoftmax.target.H200`` for CPU or meta tensors). attention_with_kvcache's other keyword
     arguments are accepted (an unknown one is a TypeError) and do not change the plan."""
     _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, None, None)
+    check_instance(target, Target, "explain(attention_with_kvcache): target")
+    check_instance(knobs, Knobs, "explain(attention_with_kvcache): knobs")
     if target is None and resolve_backend(backend, q, "explain(attention_with_kvcache)") == "torch":
         return TORCH_PLAN
     return decode_plan(kvcache_problem(q, k_cache, block_table), target or target_of(q.device), knobs)

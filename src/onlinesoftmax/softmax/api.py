@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor
+from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor, check_instance
 from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
 from ..state import accumulation_dtype
 from ..target import Target, target_of
@@ -365,8 +365,9 @@ def _prepare(name, x, dim, dtype, backend):
     if dtype is not None:
         if dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: dtype must be a floating dtype, got {dtype}")
-        # torch casts the input to `dtype` first; an upcast is exact, so the kernel reads x as it is
-        if not x.is_floating_point() or torch.finfo(dtype).bits <= torch.finfo(x.dtype).bits:
+        # torch casts the input to `dtype` first; an upcast of a dtype the kernels read is exact, so they read x
+        # as it is
+        if x.dtype not in FLOAT_DTYPES or torch.finfo(dtype).bits <= torch.finfo(x.dtype).bits:
             x = x.to(dtype)
     check_float_tensor(x, f"{name}: x")
     dim = check_dim(dim, x.dim(), f"{name}: dim")
@@ -434,6 +435,8 @@ def logsumexp(x: torch.Tensor, dim: int | tuple[int, ...] = -1, keepdim: bool = 
     """``torch.logsumexp`` over ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf. ``dim``
     an int, or a tuple / list of distinct ints as torch takes them (those dims moved last and reduced as one row:
     a copy where they do not fold into one)."""
+    if type(keepdim) is not bool:
+        raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     if isinstance(dim, (tuple, list)):
         return _logsumexp_dims(x, dim, keepdim, backend)
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
@@ -480,8 +483,10 @@ def explain(x: torch.Tensor, dim: int = -1, *, op: str = "softmax", dtype: torch
     alignment); ``knobs`` as the tuning tools pass them. The portable path, empty and 0-d tensors give a plan with
     ``path == "torch"``. logsumexp's backward is written in torch ops: its ``grad=True`` plan is the torch one.
     """
-    if op not in _OPS:
+    if not isinstance(op, str) or op not in _OPS:
         raise ValueError(f"explain: op must be one of {sorted(_OPS)}, got {op!r}")
+    check_instance(target, Target, f"explain({op}): target")
+    check_instance(knobs, Knobs, f"explain({op}): knobs")
     mode = _OPS[op]
     x, dim, out_dtype, which = _prepare(f"explain({op})", x, dim, dtype, backend if target is None else "torch")
     if (target is None and which == "torch") or x.numel() == 0 or x.dim() == 0 or (grad and mode == LOGSUMEXP):

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._checks import check_dim, check_float_tensor, no_double_backward
+from .._checks import as_int, check_dim, check_float_tensor, check_instance, no_double_backward
 from ..backend import functorch_active, resolve_backend, values_unreadable
 from ..target import Target, target_of
 from .plan import Plan, topk_plan
@@ -38,14 +38,12 @@ class TopK(NamedTuple):
     lse: torch.Tensor
 
 
-def _check_k(k, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        if isinstance(k, torch.Tensor) and k.numel() == 1 and not k.is_floating_point():
-            k = int(k)
-        else:
-            raise TypeError(f"softmax_topk: k must be an int, got {type(k).__name__}")
+def _check_k(k, n: int, op: str = "softmax_topk") -> int:
+    if isinstance(k, torch.Tensor) and k.numel() == 1 and k.dim():
+        k = k.reshape(())                   # a one-element tensor, as before: its int
+    k = as_int(k, f"{op}: k")
     if not 1 <= k <= n:
-        raise ValueError(f"softmax_topk: k={k} is out of range for a dimension of size {n} "
+        raise ValueError(f"{op}: k={k} is out of range for a dimension of size {n} "
                          f"(need 1 <= k <= {n})")
     return k
 
@@ -172,14 +170,14 @@ def _torch_2d(x: torch.Tensor, k: int):
     return p.float(), idx, lse.float()
 
 
-def _rows(x: torch.Tensor, k, dim: int):
+def _rows(x: torch.Tensor, k, dim: int, op: str = "softmax_topk"):
     """x as [rows, n] with ``dim`` last (a view where possible: the kernels take any row and column strides)."""
     squeeze = x.dim() == 0
     if squeeze:
         x = x.unsqueeze(0)
-    dim = check_dim(dim, x.dim(), "softmax_topk: dim")
+    dim = check_dim(dim, x.dim(), f"{op}: dim")
     n = x.shape[dim]
-    k = _check_k(k, n)
+    k = _check_k(k, n, op)
     xt = x.movedim(dim, -1)
     return xt.reshape(-1, n), xt.shape[:-1], dim, k, squeeze
 
@@ -301,7 +299,8 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     check_float_tensor(x, "softmax_topk: x")
     which = resolve_backend(backend, x, "softmax_topk")
     traced = torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()) or functorch_active()
-    if which == "triton" and x.dim() == 2 and dim in (-1, 1) and x.dtype != torch.float64 and not traced:
+    if which == "triton" and x.dim() == 2 and check_dim(dim, 2, "softmax_topk: dim") == 1 \
+            and x.dtype != torch.float64 and not traced:
         k = _check_k(k, x.shape[1])
         if x.shape[0]:
             if _topk_2d is None:
@@ -332,9 +331,10 @@ def explain(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None = Non
     ``"sort"`` (torch's sort: k too large for them) or ``"torch"`` (the portable backend). ``target`` plans for
     another GPU than x's (e.g. ``onlinesoftmax.target.H200`` for a CPU or meta tensor)."""
     check_float_tensor(x, "explain(softmax_topk): x")
+    check_instance(target, Target, "explain(softmax_topk): target")
+    x2, _, _, k, _ = _rows(x, k, dim, "explain(softmax_topk)")     # the call's checks of k and dim, on every path
     if target is None and resolve_backend(backend, x, "explain(softmax_topk)") == "torch":
         return TORCH_PLAN
-    x2, _, _, k, _ = _rows(x, k, dim)
     if x2.shape[0] == 0:
         return TORCH_PLAN
     esize = 4 if x2.dtype == torch.float64 else x2.dtype.itemsize

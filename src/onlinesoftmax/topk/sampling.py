@@ -50,7 +50,7 @@ from numbers import Integral, Real
 
 import torch
 
-from .._checks import check_float_tensor
+from .._checks import check_float_tensor, check_instance
 from ..backend import resolve_backend, triton_available
 from .api import softmax_topk
 from .plan import NO_SAMPLE_KNOBS, SampleKnobs, sample_draw_of, sample_graph_draw_of
@@ -60,14 +60,24 @@ __all__ = ["explain_sample", "sample"]
 _sample_2d = None       # sampling_launch.sample_2d, imported by the first call on the kernels (it imports Triton)
 
 
-def _number(v, name: str, ok, rule: str):
-    """A Python real (bool excluded) that satisfies ``ok``, or TypeError / ValueError naming ``sample``."""
+def _number(v, name: str, ok, rule: str, op: str = "sample"):
+    """A Python real (bool excluded) that satisfies ``ok``, or TypeError / ValueError naming ``op``."""
     if type(v) is not float and (isinstance(v, bool) or not isinstance(v, Real)):
-        raise TypeError(f"sample: {name} must be a float or a tensor, got {type(v).__name__}")
+        raise TypeError(f"{op}: {name} must be a float or a tensor, got {type(v).__name__}")
     f = float(v)
     if not ok(f):
-        raise ValueError(f"sample: {name} must be {rule}, got {v!r}")
+        raise ValueError(f"{op}: {name} must be {rule}, got {v!r}")
     return f
+
+
+def _top_k_number(top_k, V: int, op: str = "sample") -> int:
+    """A Python ``top_k`` (an int >= 1, bool excluded) as the int the call uses: at most V."""
+    if isinstance(top_k, bool) or not isinstance(top_k, Integral):
+        raise TypeError(f"{op}: top_k must be an int or an integer tensor, got {type(top_k).__name__}")
+    top_k = int(top_k)
+    if top_k < 1:
+        raise ValueError(f"{op}: top_k must be >= 1 (or a per-row tensor, 0 for no top-k), got {top_k}")
+    return min(top_k, V)
 
 
 def _t_rule(v: float) -> bool:
@@ -128,12 +138,7 @@ def _arguments(logits, temperature, top_k, top_p, min_p, backend) -> tuple:
     if min_p is not None and not isinstance(min_p, torch.Tensor):
         min_p = _number(min_p, "min_p", _q_rule, "in [0, 1]")
     if top_k is not None and not isinstance(top_k, torch.Tensor):
-        if isinstance(top_k, bool) or not isinstance(top_k, Integral):
-            raise TypeError(f"sample: top_k must be an int or an integer tensor, got {type(top_k).__name__}")
-        top_k = int(top_k)
-        if top_k < 1:
-            raise ValueError(f"sample: top_k must be >= 1 (or a per-row tensor, 0 for no top-k), got {top_k}")
-        top_k = min(top_k, V)
+        top_k = _top_k_number(top_k, V)
     t = _per_row(temperature, B, dev, torch.float32, "temperature", _t_ok, "finite and >= 0") \
         if isinstance(temperature, torch.Tensor) else temperature
     kk = _per_row(top_k, B, dev, torch.int64, "top_k") if isinstance(top_k, torch.Tensor) else top_k
@@ -183,7 +188,9 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
     if uniform is not None and not isinstance(uniform, torch.Tensor):
         if isinstance(uniform, bool) or not isinstance(uniform, (int, float)):
             raise TypeError(f"sample: uniform must be a float tensor, a float or None, got {type(uniform).__name__}")
-        uniform = torch.tensor(float(uniform))      # one draw for every row (checked in [0, 1) as a CPU tensor)
+        # one draw for every row, checked in [0, 1) as a CPU tensor: in fp64, the value given (a float32 tensor
+        # would round 1 − 1e-9 to 1 and refuse it)
+        uniform = torch.tensor(float(uniform), dtype=torch.float64)
     if torch.compiler.is_compiling():
         return _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
@@ -284,12 +291,19 @@ def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend
     running it: a ``SamplePlan`` (``path`` "kernels" or "torch"; the candidates K and their top-k plan; the row
     kernel's chunks, 0 where it is not launched). ``target`` plans for another GPU than the logits' (e.g.
     ``onlinesoftmax.target.H200`` for a CPU or meta tensor); ``knobs`` as :func:`sample` takes them."""
-    from ..target import target_of
+    from ..target import Target, target_of
     from .plan import NO_SAMPLE_KNOBS, TORCH_SAMPLE_PLAN, sample_plan
 
     check_float_tensor(logits, "explain_sample: logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError("explain_sample: logits must have a non-empty last dimension")
+    # sample's checks of what the plan reads (a per-row tensor's values are sample's to check)
+    if not isinstance(temperature, torch.Tensor):
+        temperature = _number(temperature, "temperature", _t_rule, "finite and >= 0", "explain_sample")
+    if top_k is not None and not isinstance(top_k, torch.Tensor):
+        top_k = _top_k_number(top_k, logits.shape[-1], "explain_sample")
+    check_instance(knobs, SampleKnobs, "explain_sample: knobs")
+    check_instance(target, Target, "explain_sample: target")
     if target is None and resolve_backend(backend, logits, "explain_sample") == "torch":
         return TORCH_SAMPLE_PLAN
     V = logits.shape[-1]
@@ -297,7 +311,7 @@ def explain_sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, backend
     if B == 0:
         return TORCH_SAMPLE_PLAN
     greedy = not isinstance(temperature, torch.Tensor) and temperature == 0
-    k = None if greedy or not isinstance(top_k, int) or isinstance(top_k, bool) else min(top_k, V)
+    k = None if greedy or isinstance(top_k, torch.Tensor) else top_k
     esize = 4 if logits.dtype == torch.float64 else logits.dtype.itemsize
     return sample_plan(B, V, esize, target or target_of(logits.device), greedy=greedy, top_k=k,
                        knobs=knobs or NO_SAMPLE_KNOBS)

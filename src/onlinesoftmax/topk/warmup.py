@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import check_dtypes, check_ints
 from .._triton.host import pow2
 from .api import softmax_topk
 from .plan import MIN_KP
@@ -27,10 +28,14 @@ def warmup(vocab_size: int, *, top_k=(50,), batch_sizes=BATCH_CLASSES, dtypes=(t
     an eager launch of the kernels the same call launches when captured into a CUDA graph (their draw differs:
     ``sampling._warm_capture_draw``), so a first capture compiles nothing either. Returns the number of calls made.
     """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"warmup: vocab_size must be an int >= 1, got {vocab_size!r}")
+    top_k, batch_sizes = check_ints(top_k, "warmup: top_k"), check_ints(batch_sizes, "warmup: batch_sizes")
+    dtypes = check_dtypes(dtypes, "warmup: dtypes")
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
-    buckets = sorted({max(MIN_KP, pow2(min(int(k), vocab_size))) for k in top_k})
+    buckets = sorted({max(MIN_KP, pow2(min(k, vocab_size))) for k in top_k})
     calls = 0
     for dtype in dtypes:
         for B in batch_sizes:
