@@ -15,7 +15,7 @@ import torch
 
 from .._checks import check_attention_scalars, check_float_tensor, no_double_backward
 from .._triton.host import cached
-from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
+from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_shape, plan_attention
 
@@ -672,7 +672,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     >>> o = oss.attention(q, k, v, causal=True)          # GQA 8 / 2
     """
     (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
-    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
+    if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
         o = _in_layout_of_q(o, q)
     elif _decode_call(q, k, v):
@@ -726,7 +726,7 @@ def _check_cu_values(cus: tuple, totals: tuple, maxes: tuple, op: str) -> None:
     """On the CPU (free to read): each cu_seqlens starts at 0, never decreases and ends at its tensor's rows, and
     every length is at most its max_seqlen, else a ``ValueError`` naming the argument. On a GPU the values are not
     read by the host (no synchronisation)."""
-    if cus[0].device.type != "cpu" or torch.compiler.is_compiling() or functorch_active():
+    if cus[0].device.type != "cpu" or torch.compiler.is_compiling() or transforms_active():
         return
     for name, cu, total, m in zip(("cu_seqlens_q", "cu_seqlens_k"), cus, totals, maxes):
         c = cu.tolist()
@@ -780,7 +780,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     left, right = _check_window(window, _VOP)
     backend = resolve_backend(backend, q, _VOP)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
+    if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         keep = _varlen_mask(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], left, 0 if causal else right)
         o, lse = _torch_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                   v.transpose(0, 1).unsqueeze(0), scale, left, right, softcap, keep=keep)

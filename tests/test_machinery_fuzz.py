@@ -1,0 +1,100 @@
+"""The public ops inside PyTorch's machinery: forward-mode AD (``torch.autograd.forward_ad``) on both backends,
+``attention_with_kvcache`` compiled with a gradient, ``sample`` under ``torch.func.vmap``."""
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwad
+
+import onlinesoftmax as oss
+
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.interpreter)]
+
+
+def _targets(n, V):
+    t = torch.arange(n) % V
+    t[0] = -100
+    return t
+
+
+# op name -> (f(*float inputs, backend), the float inputs): every input differentiable
+def _cases():
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    return {
+        "softmax": (lambda x, be: oss.softmax(x, 1, backend=be), [torch.randn(2, 3, 5)]),
+        "log_softmax": (lambda x, be: oss.log_softmax(x, backend=be), [torch.randn(2, 3, 5)]),
+        "logsumexp": (lambda x, be: oss.logsumexp(x, (0, 2), backend=be), [torch.randn(2, 3, 5)]),
+        "softmax_topk": (lambda x, be: oss.softmax_topk(x, 3, backend=be).values, [torch.randn(2, 3, 7)]),
+        "attention": (lambda q, k, v, be: oss.attention(q, k, v, causal=True, backend=be),
+                      [torch.randn(2, 2, 3, 8), torch.randn(2, 1, 3, 8), torch.randn(2, 1, 3, 8)]),
+        "attention_varlen": (lambda q, k, v, be: oss.attention_varlen(q, k, v, cu, cu, 3, 3, backend=be),
+                             [torch.randn(5, 2, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8)]),
+        "attention_with_kvcache": (
+            lambda q, k, v, be: oss.attention_with_kvcache(q, k, v, torch.tensor([3, 5], dtype=torch.int32),
+                                                           backend=be),
+            [torch.randn(2, 2, 1, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)]),
+        "merge_attention_states": (lambda oa, la, ob, lb, be: oss.merge_attention_states(oa, la, ob, lb,
+                                                                                         backend=be)[0],
+                                   [torch.randn(2, 3, 8), torch.randn(2, 3), torch.randn(2, 3, 8),
+                                    torch.randn(2, 3)]),
+        "cross_entropy": (lambda x, be: oss.cross_entropy(x, _targets(6, 11), reduction="none", backend=be),
+                          [torch.randn(6, 11)]),
+        "linear_cross_entropy": (lambda h, w, be: oss.linear_cross_entropy(h, w, _targets(6, 13), backend=be),
+                                 [torch.randn(6, 8), torch.randn(13, 8)]),
+    }
+
+
+CASES = sorted(_cases())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("name", CASES)
+def test_forward_ad_dual_tensors(name, requires_grad, backend):
+    """Dual tensors (torch.autograd.forward_ad): the output's tangent is J·t, as torch.func.jvp of the torch path.
+    On the Triton path the kernels ran on the primals and the tangent was dropped (None: a silent wrong answer);
+    with inputs requiring grad every op's eager autograd.Function raised torch's "must implement the jvp" (naming
+    no op), linear_cross_entropy's matmuls "mm_out ... does not support forward AD"."""
+    f, xs = _cases()[name]
+    ts = [torch.randn_like(x) for x in xs]
+    _, want = torch.func.jvp(lambda *a: f(*a, "torch"), tuple(xs), tuple(ts))
+    with fwad.dual_level():
+        duals = [fwad.make_dual(x.clone().requires_grad_(requires_grad), t) for x, t in zip(xs, ts)]
+        y = f(*duals, backend)
+        got = fwad.unpack_dual(y).tangent
+    assert got is not None, f"{name}: the output has no tangent"
+    # fp32 inputs: the backends' primal outputs agree to a few fp32 ulps, and so do their tangents
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_compiled_backward(paged, backend):
+    """torch.compile(fullgraph=True, dynamic=True) of a loss through attention_with_kvcache with q, k_cache and
+    v_cache requiring grad, at two batch sizes: the gradients of the eager call. It failed at compile time ("no
+    autograd formula was registered" for onlinesoftmax::attention_with_kvcache: the compiled call took the custom
+    op, which has no backward, and the torch path read cache_seqlens on the host)."""
+    torch._dynamo.reset()
+
+    def loss(q, k, v, lens, table):
+        return (oss.attention_with_kvcache(q, k, v, lens, block_table=table, backend=backend) ** 2).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend="aot_eager")   # AOT autograd failed
+    for B in (2, 3):
+        q = torch.randn(B, 4, 2, 8)
+        lens = torch.tensor([5, 2, 7][:B], dtype=torch.int32)
+        if paged:           # 4 pages of 2 slots per sequence, shuffled; pages past a sequence's last hold NaN
+            k, v = torch.randn(4 * B + 1, 2, 2, 8), torch.randn(4 * B + 1, 2, 2, 8)
+            table = torch.randperm(4 * B)[: 4 * B].reshape(B, 4).int()
+            for b, n in enumerate(lens.tolist()):
+                k[table[b, -(-n // 2):].long()] = float("nan")
+        else:
+            k, v, table = torch.randn(B, 2, 8, 8), torch.randn(B, 2, 8, 8), None
+            for b, n in enumerate(lens.tolist()):       # slots at or past the length hold NaN: never read
+                k[b, :, n:] = float("nan")
+                v[b, :, n:] = float("nan")
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad(loss(*ins, lens, table), ins)
+        got = torch.autograd.grad(compiled(*ins, lens, table), ins)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert not any(torch.isnan(g).any() for g in got[:1])      # dq: no NaN from the unread slots
