@@ -98,3 +98,28 @@ def test_kvcache_compiled_backward(paged, backend):
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
         assert not any(torch.isnan(g).any() for g in got[:1])      # dq: no NaN from the unread slots
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_vmap(backend):
+    """torch.func.vmap of sample: rows are independent, so the vmapped result is the eager call's on the stacked
+    logits (per-row tensors and uniforms batched or not, vmapped on a non-leading dim). It raised "data-dependent
+    control flow" (the CPU value checks) on both backends, "Cannot access storage of BatchedTensorImpl" on the
+    kernels."""
+    x, u = torch.randn(3, 4, 10), torch.rand(3, 4)
+    top_k = torch.tensor([2, 0, 5, 10])
+    kw = dict(temperature=0.7, top_p=0.9, backend=backend)
+    want = oss.sample(x, uniform=u, top_k=top_k.repeat(3), **kw)
+    got = torch.func.vmap(lambda x, u: oss.sample(x, uniform=u, top_k=top_k, **kw), in_dims=(1, 1))(
+        x.transpose(0, 1).contiguous(), u.t().contiguous())
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    if backend == "triton":     # (each call costs seconds in the interpreter)
+        return
+    # an unbatched uniform shared by the vmapped logits; greedy rows draw nothing
+    got = torch.func.vmap(lambda x: oss.sample(x, uniform=u[0], **kw))(x)
+    assert torch.equal(got[0], oss.sample(x, uniform=u[0].expand(3, 4), **kw)[0])
+    greedy = torch.func.vmap(lambda x: oss.sample(x, temperature=0.0, backend=backend))(x)
+    assert torch.equal(greedy[0], x.argmax(-1))
+    ids, _ = torch.func.vmap(lambda x: oss.sample(x, backend=backend), randomness="different")(x)
+    assert ids.shape == (3, 4) and bool(((ids >= 0) & (ids < 10)).all())
