@@ -1,5 +1,6 @@
 """The public ops inside PyTorch's machinery: forward-mode AD (``torch.autograd.forward_ad``) on both backends,
-``attention_with_kvcache`` compiled with a gradient, ``sample`` under ``torch.func.vmap``."""
+``attention_with_kvcache`` compiled with a gradient, ``sample`` under ``torch.func.vmap``, ``attention_varlen``
+exported with dynamic shapes, a small model compiled and trained."""
 
 import pytest
 import torch
@@ -66,8 +67,8 @@ def test_forward_ad_dual_tensors(name, requires_grad, backend):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("paged,backend", [(False, "torch"),
+                                           pytest.param(True, "triton", marks=pytest.mark.interpreter)])
 def test_kvcache_compiled_backward(paged, backend):
     """torch.compile(fullgraph=True, dynamic=True) of a loss through attention_with_kvcache with q, k_cache and
     v_cache requiring grad, at two batch sizes: the gradients of the eager call. It failed at compile time ("no
@@ -123,3 +124,65 @@ def test_sample_vmap(backend):
     assert torch.equal(greedy[0], x.argmax(-1))
     ids, _ = torch.func.vmap(lambda x: oss.sample(x, backend=backend), randomness="different")(x)
     assert ids.shape == (3, 4) and bool(((ids >= 0) & (ids < 10)).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_varlen_export_max_seqlen_from_shape(backend):
+    """torch.export with a dynamic row count, max_seqlen taken from q's shape (a torch.SymInt there): the exported
+    program runs at another size as the eager call. attention_varlen refused the SymInt ("max_seqlen_q must be an
+    int >= 0, got s0"), though its custom op takes SymInt."""
+    class Packed(torch.nn.Module):
+        def forward(self, q, k, v):      # one sequence of all the rows
+            n = q.shape[0]
+            cu = torch.stack([torch.zeros((), dtype=torch.int32), torch.full((), n, dtype=torch.int32)])
+            return oss.attention_varlen(q, k, v, cu, cu, n, n, causal=True, backend=backend)
+
+    rows = torch.export.Dim("rows", min=3, max=64)
+    qkv = [torch.randn(5, 2, 8) for _ in range(3)]
+    ep = torch.export.export(Packed(), tuple(qkv), dynamic_shapes=({0: rows}, {0: rows}, {0: rows}))
+    qkv = [torch.randn(7, 2, 8) for _ in range(3)]
+    torch.testing.assert_close(ep.module()(*qkv), Packed()(*qkv), rtol=1e-5, atol=1e-5)
+
+
+class _TinyLM(torch.nn.Module):
+    """An attention block and both losses, every op of the forward on ``backend``."""
+
+    def __init__(self, backend, V=11, D=16, H=2):
+        super().__init__()
+        self.backend, self.H = backend, H
+        self.emb, self.qkv, self.out = torch.nn.Embedding(V, D), torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, V)
+
+    def forward(self, ids, tgt):
+        B, S = ids.shape
+        be = self.backend
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).view(B, S, 3, self.H, -1).permute(2, 0, 3, 1, 4)
+        x = x + oss.attention(q, k, v, causal=True, backend=be).transpose(1, 2).reshape(B, S, -1)
+        x = oss.softmax(x, -1, backend=be) + oss.log_softmax(x, -1, backend=be)
+        h, t = x.reshape(B * S, -1), tgt.reshape(-1)
+        return (oss.cross_entropy(self.out(h), t, backend=be)
+                + oss.linear_cross_entropy(h, self.out.weight, t, bias=self.out.bias, backend=be)
+                + oss.logsumexp(x, -1, backend=be).mean() + oss.softmax_topk(x, 2, backend=be).values.mean())
+
+
+@pytest.mark.interpreter
+def test_compiled_module_trains(backend="triton"):
+    """torch.compile(fullgraph=True) of a small model over the ops (their custom ops and autograd on the kernels),
+    batch dims marked dynamic, two SGD steps at two (batch, sequence) sizes: the parameters of the eager model's
+    steps."""
+    torch._dynamo.reset()
+    eager = _TinyLM(backend)
+    model = _TinyLM(backend)
+    model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
+    for B, S in ((2, 4), (3, 5)):
+        ids, tgt = torch.randint(0, 11, (B, S)), torch.randint(0, 11, (B, S))
+        torch._dynamo.mark_dynamic(ids, 0)
+        torch._dynamo.mark_dynamic(tgt, 0)
+        for f, opt in zip((eager, compiled), opts):
+            opt.zero_grad()
+            f(ids, tgt).backward()
+            opt.step()
+    for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)

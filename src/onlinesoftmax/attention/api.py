@@ -772,7 +772,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise ValueError(f"{_VOP}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
     for name, m, t in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        # (a torch.SymInt: traced from a shape under torch.compile / torch.export with dynamic shapes)
+        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or m < 0:
             raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}")
         if m == 0 and t.shape[0] > 0 and cu_seqlens_q.shape[0] > 1:
             raise ValueError(f"{_VOP}: {name} is 0 but the packed tensor has {t.shape[0]} rows")
