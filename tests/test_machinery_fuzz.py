@@ -186,3 +186,23 @@ def test_compiled_module_trains(backend="triton"):
             opt.step()
     for (name, a), b in zip(eager.named_parameters(), model.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sample_compiled_logits_requiring_grad(backend):
+    """A compiled step that samples from logits requiring grad (and backpropagates through another use of them):
+    the draws carry no gradient, as in eager mode. It failed at compile time ("Trying to backward through
+    onlinesoftmax.sample ... no autograd formula": the op was given the logits with their graph)."""
+    torch._dynamo.reset()
+    x = torch.randn(4, 10, requires_grad=True)
+    u = torch.rand(4)
+
+    def step(x):
+        ids, logp = oss.sample(x, uniform=u, backend=backend)
+        return ids, logp, (x ** 2).sum()
+
+    ids, logp, loss = torch.compile(step, fullgraph=True, backend="aot_eager")(x)
+    assert not logp.requires_grad
+    loss.backward()
+    assert torch.equal(ids, oss.sample(x.detach(), uniform=u, backend=backend)[0])
+    torch.testing.assert_close(x.grad, 2 * x.detach())

@@ -237,7 +237,8 @@ def _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform,
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
     else:
         u = None if not isinstance(t, torch.Tensor) and t == 0 else torch.rand(B, device=dev)
-    ids, logp = torch.ops.onlinesoftmax.sample(x, *_split(t, 1.0), *_split(kk, 0), *_split(pp, -1.0),
+    # x detached: the outputs carry no gradient (the op has no autograd; AOT autograd failed on logits requiring grad)
+    ids, logp = torch.ops.onlinesoftmax.sample(x.detach(), *_split(t, 1.0), *_split(kk, 0), *_split(pp, -1.0),
                                                *_split(qq, -1.0), u, which)
     return (ids, logp) if len(lead) == 1 else (ids.reshape(lead), logp.reshape(lead))
 
