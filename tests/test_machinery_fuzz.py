@@ -206,3 +206,14 @@ def test_sample_compiled_logits_requiring_grad(backend):
     loss.backward()
     assert torch.equal(ids, oss.sample(x.detach(), uniform=u, backend=backend)[0])
     torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+def test_kvcache_vmap_over_cache_seqlens():
+    """torch.func.vmap over cache_seqlens (one cache, several lengths): each slice is the call at that length. The
+    torch path read the lengths on the host (``.tolist()`` of a BatchedTensor: "Cannot access data pointer of Tensor
+    that doesn't have storage")."""
+    q, k, v = torch.randn(2, 2, 1, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)
+    lens = torch.tensor([[3, 5], [6, 1], [0, 2]], dtype=torch.int32)
+    o = torch.func.vmap(lambda n: oss.attention_with_kvcache(q, k, v, n, backend="torch"))(lens)
+    for i in range(3):
+        torch.testing.assert_close(o[i], oss.attention_with_kvcache(q, k, v, lens[i], backend="torch"))
