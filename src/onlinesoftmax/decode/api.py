@@ -171,12 +171,20 @@ def explain_merge(o_a: torch.Tensor, *, backend: str | None = None, target: Targ
 def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, softcap):
     """The portable path: every sequence over all S_max slots of its cache, the slots at or past cache_seqlens[b]
     masked (scores −inf, keys and values zeroed before any product: they may hold NaN; pages past a sequence's last
-    read as page 0), scores in fp32 (fp64 for fp64), masked softmax; a row without a key gives 0, −inf. No host
-    read of cache_seqlens: torch.compile traces it (its backward too) and torch.func transforms compose with it."""
+    read as page 0), scores in fp32 (fp64 for fp64), masked softmax; a row without a key gives 0, −inf. Where the
+    lengths are readable (eager) the slots past the longest are cut first; otherwise no host read of
+    cache_seqlens: torch.compile traces it (its backward too) and torch.func transforms compose with it."""
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s_max = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
+    if B and not values_unreadable(seqlens):    # eager: the slots up to the longest sequence only
+        s_max = max(0, min(s_max, int(seqlens.max())))
+        if block_table is None:
+            k, v = k[:, :, :s_max], v[:, :, :s_max]
+        else:
+            block_table = block_table[:, :-(-s_max // k.shape[2])]
     if block_table is not None:
         n_pages, page = block_table.shape[1], k.shape[2]
         if k.shape[0] == 0:         # no page at all: every length is 0
