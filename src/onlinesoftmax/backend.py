@@ -14,6 +14,7 @@ import importlib.util
 import os
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 BACKENDS = ("torch", "triton")
 
@@ -26,15 +27,21 @@ def triton_available() -> bool:
     return _TRITON_FOUND
 
 
-# torch.func transforms (vmap, grad, jvp) active: ops take their custom op (which registers vmap and autograd rules)
-# rather than the eager autograd.Function fast paths
-functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def transforms_active() -> bool:
+    """torch.func transforms (vmap, grad, jvp) active, or a forward-mode AD level open
+    (``torch.autograd.forward_ad.dual_level``): ops take the path that composes with them (custom ops with vmap
+    and jvp rules, or torch ops) rather than the eager kernels and autograd.Function fast paths, which carry no
+    tangent (a dual input's tangent was dropped: its output came back without one)."""
+    return _functorch_active() or _forward_ad._current_level >= 0
 
 
 def values_unreadable(t: torch.Tensor) -> bool:
     """Whether the host cannot read t's values now (a data-dependent check or index must be skipped): under
     torch.compile or torch.func transforms, or t a meta or fake tensor (FakeTensorMode's shape propagation)."""
-    if torch.compiler.is_compiling() or functorch_active() or t.device.type == "meta":
+    if torch.compiler.is_compiling() or _functorch_active() or t.device.type == "meta":
         return True
     if type(t) is torch.Tensor:
         return False

@@ -167,6 +167,31 @@ def check_ce_ignore_index(rank: int, P: int, device: str):
             assert str(e).startswith("distributed.cross_entropy: ignore_index"), e
 
 
+def check_double_backward(rank: int, P: int, device: str):
+    """create_graph=True through every distributed op's backward: a RuntimeError naming the op (the backwards ran,
+    and a second backward gave wrong second-order gradients with no error: the all_reduce in softmax's backward
+    has no autograd, the gathered row state (m, d) entered as a constant); a plain backward still runs."""
+    x = torch.randn(3, 4, dtype=torch.float64, device=device)
+    t = torch.tensor([0, 5, 2], device=device)          # (global targets: 5 is past a 4-wide slice)
+    q = torch.randn(1, 2, 2, 8, dtype=torch.float64, device=device)
+    ops = {"distributed.softmax": lambda a: D.softmax(a),
+           "distributed.log_softmax": lambda a: D.log_softmax(a),
+           "distributed.logsumexp": lambda a: D.logsumexp(a),
+           "distributed.softmax_topk": lambda a: D.softmax_topk(a, 2).values,
+           "distributed.cross_entropy": lambda a: D.cross_entropy(a, t),
+           "distributed.attention": lambda a: D.attention(a, a[:, :1], a[:, :1], backend="torch")}
+    for name, f in ops.items():
+        a = (q if name == "distributed.attention" else x).clone().requires_grad_()
+        y = f(a)
+        (g,) = torch.autograd.grad((y * y).sum(), a, create_graph=False, retain_graph=True)
+        assert g.isfinite().all() and not g.requires_grad
+        try:
+            torch.autograd.grad((y * y).sum(), a, create_graph=True)
+            raise AssertionError(f"{name}: create_graph=True was accepted")
+        except RuntimeError as e:
+            assert str(e).startswith(f"{name}: double backward (create_graph=True) is not supported"), e
+
+
 def _positions(layout: str, rank: int, P: int, S: int) -> torch.Tensor:
     if layout == "contiguous":
         return torch.arange(rank * S // P, (rank + 1) * S // P)

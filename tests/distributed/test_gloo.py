@@ -57,6 +57,12 @@ def test_cross_entropy_ignore_index_checked_gloo():
     run_ranks(2, ("check_ce_ignore_index",))
 
 
+def test_double_backward_refused_gloo():
+    """create_graph=True through any distributed op's backward: a RuntimeError naming it, as the single-GPU ops'
+    (``_worker.check_double_backward``); second-order gradients were silently wrong."""
+    run_ranks(2, ("check_double_backward",))
+
+
 @pytest.mark.parametrize("P", [1, 2, 3])
 def test_ring_attention_gloo(P):
     run_ranks(P, ("check_ring",))

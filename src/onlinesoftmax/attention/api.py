@@ -15,7 +15,7 @@ import torch
 
 from .._checks import check_attention_scalars, check_float_tensor, check_instance, no_double_backward
 from .._triton.host import cached
-from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
+from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_shape, plan_attention
 
@@ -673,7 +673,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     >>> o = oss.attention(q, k, v, causal=True)          # GQA 8 / 2
     """
     (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
-    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
+    if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
         o = _in_layout_of_q(o, q)
     elif _decode_call(q, k, v):
@@ -727,7 +727,7 @@ def _check_cu_values(cus: tuple, totals: tuple, maxes: tuple, op: str) -> None:
     """On the CPU (free to read): each cu_seqlens starts at 0, never decreases and ends at its tensor's rows, and
     every length is at most its max_seqlen, else a ``ValueError`` naming the argument. On a GPU the values are not
     read by the host (no synchronisation)."""
-    if cus[0].device.type != "cpu" or torch.compiler.is_compiling() or functorch_active():
+    if cus[0].device.type != "cpu" or torch.compiler.is_compiling() or transforms_active():
         return
     for name, cu, total, m in zip(("cu_seqlens_q", "cu_seqlens_k"), cus, totals, maxes):
         c = cu.tolist()
@@ -773,7 +773,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         raise ValueError(f"{_VOP}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
     for name, m, t in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        # (a torch.SymInt: traced from a shape under torch.compile / torch.export with dynamic shapes)
+        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or m < 0:
             raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}")
         if m == 0 and t.shape[0] > 0 and cu_seqlens_q.shape[0] > 1:
             raise ValueError(f"{_VOP}: {name} is 0 but the packed tensor has {t.shape[0]} rows")
@@ -781,7 +782,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     left, right = _check_window(window, _VOP)
     backend = resolve_backend(backend, q, _VOP)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
+    if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         keep = _varlen_mask(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], left, 0 if causal else right)
         o, lse = _torch_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                   v.transpose(0, 1).unsqueeze(0), scale, left, right, softcap, keep=keep)

@@ -15,7 +15,7 @@ import functools
 import torch
 
 from .._checks import check_attention_scalars, check_float_tensor, check_instance
-from ..backend import functorch_active, resolve_backend, values_unreadable
+from ..backend import resolve_backend, transforms_active, values_unreadable
 from ..target import Target, target_of
 from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_plan, merge_plan
 
@@ -151,7 +151,7 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
     """
     _check_merge(o_a, lse_a, o_b, lse_b)
     which = resolve_backend(backend, o_a, "merge_attention_states")
-    if functorch_active():      # torch.func transforms: torch's ops, which compose with them
+    if transforms_active():      # torch.func transforms, forward AD: torch's ops, which compose with them
         return _merge_torch(o_a, lse_a, o_b, lse_b)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (o_a, lse_a, o_b, lse_b))
     if grad or torch.compiler.is_compiling():
@@ -173,48 +173,51 @@ def explain_merge(o_a: torch.Tensor, *, backend: str | None = None, target: Targ
 
 # ---- attention_with_kvcache ---------------------------------------------------------------------------------
 def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, softcap):
-    """The portable path: per sequence, gather its valid keys (the slots past cache_seqlens[b] are sliced off
-    before any arithmetic), scores in fp32 (fp64 for fp64), masked softmax; a row without a key gives 0, −inf."""
+    """The portable path: every sequence over all S_max slots of its cache, the slots at or past cache_seqlens[b]
+    masked (scores −inf, keys and values zeroed before any product: they may hold NaN; pages past a sequence's last
+    read as page 0), scores in fp32 (fp64 for fp64), masked softmax; a row without a key gives 0, −inf. Where the
+    lengths are readable (eager) the slots past the longest are cut first; otherwise no host read of
+    cache_seqlens: torch.compile traces it (its backward too) and torch.func transforms compose with it."""
     B, H, Sq, D = q.shape
     Hkv = k.shape[1]
     G = H // Hkv
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    # each sequence's (o, lse), stacked at the end (not written into a [B, ...] buffer: under vmap its rows are batched)
-    rows = [(q.new_zeros((H, Sq, D), dtype=acc), q.new_full((H, Sq), float("-inf"), dtype=torch.float32))] * B
-    page = k.shape[2]
-    s_max = block_table.shape[1] * page if block_table is not None else page
-    for b, L in enumerate(seqlens.tolist()):
-        L = min(L, s_max)
-        if L <= 0:
-            continue
+    s_max = block_table.shape[1] * k.shape[2] if block_table is not None else k.shape[2]
+    if B and not values_unreadable(seqlens):    # eager: the slots up to the longest sequence only
+        s_max = max(0, min(s_max, int(seqlens.max())))
         if block_table is None:
-            kb, vb = k[b, :, :L], v[b, :, :L]
+            k, v = k[:, :, :s_max], v[:, :, :s_max]
         else:
-            pages = block_table[b, :-(-L // page)].long()
-            kb = k[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
-            vb = v[pages].transpose(0, 1).reshape(Hkv, -1, D)[:, :L]
-        kb = kb.to(acc).repeat_interleave(G, 0)            # query head h reads kv head h // G
-        vb = vb.to(acc).repeat_interleave(G, 0)
-        s = torch.matmul(q[b].to(acc), kb.transpose(-1, -2)) * scale
-        if softcap:
-            s = softcap * torch.tanh(s / softcap)
-        j = torch.arange(L, device=q.device)
-        qpos = (L - Sq + torch.arange(Sq, device=q.device)).unsqueeze(-1)
-        ok = torch.ones((Sq, L), dtype=torch.bool, device=q.device)
-        if causal:
-            ok &= j <= qpos
-        if left >= 0:
-            ok &= j >= qpos - left
-        if right >= 0:
-            ok &= j <= qpos + right
-        s = s.masked_fill(~ok, float("-inf"))
-        lb = torch.logsumexp(s, -1)
-        p = torch.exp(s - torch.where(lb == float("-inf"), 0.0, lb).unsqueeze(-1))
-        rows[b] = torch.matmul(p, vb), lb.float()
-    if not B:
-        return q.new_empty((0, H, Sq, D)), q.new_empty((0, H, Sq), dtype=torch.float32)
-    o, lse = (torch.stack(t) for t in zip(*rows))
-    return o.to(q.dtype), lse
+            block_table = block_table[:, :-(-s_max // k.shape[2])]
+    if block_table is not None:
+        n_pages, page = block_table.shape[1], k.shape[2]
+        if k.shape[0] == 0:         # no page at all: every length is 0
+            return q.new_zeros(q.shape), q.new_full((B, H, Sq), float("-inf"), dtype=torch.float32)
+        used = torch.arange(n_pages, device=q.device) * page < seqlens.unsqueeze(1)
+        pages = torch.where(used, block_table, 0).long()                         # [B, max_pages]
+        k = k[pages].transpose(1, 2).reshape(B, Hkv, n_pages * page, D)
+        v = v[pages].transpose(1, 2).reshape(B, Hkv, n_pages * page, D)
+    S = k.shape[2]
+    L = seqlens.long().clamp(max=S).view(B, 1, 1, 1)
+    j = torch.arange(S, device=q.device)
+    slot = (j < L).transpose(-1, -2)                                                # [B, 1, S, 1]: a valid key
+    kf = torch.where(slot, k.to(acc), 0.0).repeat_interleave(G, 1)       # query head h reads kv head h // G
+    vf = torch.where(slot, v.to(acc), 0.0).repeat_interleave(G, 1)
+    s = torch.matmul(q.to(acc), kf.transpose(-1, -2)) * scale                     # [B, H, Sq, S]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    qpos = L - Sq + torch.arange(Sq, device=q.device).unsqueeze(-1)                  # [B, 1, Sq, 1]
+    ok = j < L
+    if causal:
+        ok = ok & (j <= qpos)
+    if left >= 0:
+        ok = ok & (j >= qpos - left)
+    if right >= 0:
+        ok = ok & (j <= qpos + right)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(lse == float("-inf"), 0.0, lse).unsqueeze(-1))
+    return torch.matmul(p, vf).to(q.dtype), lse.float()
 
 
 def _kvcache_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
@@ -357,8 +360,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     -------
     o ``[B, H, Sq, D]`` in q's dtype, or ``(o, lse)`` with lse float32 ``[B, H, Sq]`` (natural log). A row with no
     attended key gives o = 0 and lse = −inf. On CUDA fp32 inputs take full fp32 dot products (no TF32).
-    Differentiable in q, k_cache and v_cache: with grad mode on and one of them requiring grad, eager calls take
-    the torch path (torch ops; the decode kernels have no backward).
+    Differentiable in q, k_cache and v_cache: with grad mode on and one of them requiring grad, calls take the
+    torch path (torch ops, eager or traced by torch.compile; the decode kernels have no backward).
 
     The split count comes from shapes (the cache's ``S_max`` or ``max_pages · page_size``), never from the values
     of ``cache_seqlens``: no host synchronisation, and a CUDA graph captured once replays correctly after
@@ -376,12 +379,15 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     args = (q, k_cache, v_cache, cache_seqlens, block_table, bool(causal), scale, left, right, cap, which)
-    transformed = functorch_active()            # torch.func transforms: the torch path, which composes with them
-    if torch.compiler.is_compiling() or (not transformed and values_unreadable(cache_seqlens)):
+    # torch.func transforms, or a gradient to take (eager or compiled: the op has no autograd, the kernels no
+    # backward): the torch path, whose ops compose with the transforms and autograd
+    if transforms_active() or (torch.is_grad_enabled()
+                              and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)):
+        o, lse = _torch_kvcache(*args[:-1])
+    elif torch.compiler.is_compiling() or values_unreadable(cache_seqlens):
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)      # meta and fake tensors: its fake impl
-    elif transformed or which == "torch" or q.dtype == torch.float64 or (
-            torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad)):
-        o, lse = _torch_kvcache(*args[:-1])     # torch ops: differentiable (the kernels have no backward), vmap-able
+    elif which == "torch" or q.dtype == torch.float64:
+        o, lse = _torch_kvcache(*args[:-1])
     else:
         o, lse = _kernels().attention_decode(*args[:-1], return_lse)
     return (o, lse) if return_lse else o

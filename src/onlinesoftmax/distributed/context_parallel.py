@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .._checks import no_double_backward
 from ..attention.api import _prepare
 from ..attention.api import attention as _attention
 from ..decode.api import merge_attention_states
@@ -130,6 +131,8 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        no_double_backward("distributed.attention", "(the ring's backward passes dK / dV between ranks, with no "
+                           "autograd)")
         q, k, v, o, lse = ctx.saved_tensors
         causal, scale, layout, group, backend = ctx.args
         rank, P = world(group)

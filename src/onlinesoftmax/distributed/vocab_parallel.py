@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .._checks import check_float_tensor
+from .._checks import check_float_tensor, no_double_backward
 from ..state import accumulation_dtype
 from ..topk.api import first_k
 from .state import gather_rows, local_state, merge_gathered, slices, world
@@ -69,6 +69,12 @@ def _row_sum(t: torch.Tensor, group) -> torch.Tensor:
     return s
 
 
+# create_graph=True: these backwards are torch ops, but a graph through them would miss terms (second-order
+# gradients silently wrong, as a collective has no autograd and the full row's (m, d) enters as a constant)
+_ROW_SUM = "(the backward's all_reduce of Σ y·dy has no autograd)"
+_STATE = "(the backward takes the full row's gathered (m, d) as constants)"
+
+
 class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, log, group):
@@ -81,6 +87,7 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        no_double_backward("distributed.log_softmax" if ctx.log else "distributed.softmax", _ROW_SUM)
         (y,) = ctx.saved_tensors
         acc = accumulation_dtype(y.dtype)
         yf, dyf = y.to(acc), dy.to(acc)
@@ -115,6 +122,7 @@ class _Logsumexp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        no_double_backward("distributed.logsumexp", _STATE)
         x, lse = ctx.saved_tensors             # d lse / dx = e^(x - lse): local
         dx = g.reshape(-1, 1).to(lse.dtype) * torch.exp(_2d(x).to(lse.dtype) - lse[:, None])
         return dx.to(x.dtype).reshape(x.shape), None
@@ -165,6 +173,7 @@ class _SoftmaxTopK(torch.autograd.Function):
     def backward(ctx, dvalues, _dindices, dlse):
         # as onlinesoftmax.softmax_topk's: dx = scatter(dv·v) − p·(Σ dv·v − dlse), on this rank's slice of p and of
         # the indices; no communication (the outputs' gradients are the same on every rank)
+        no_double_backward("distributed.softmax_topk", _STATE)
         x, v, local, m, d = ctx.saved_tensors
         x2 = _2d(x)
         rows, w = x2.shape
@@ -244,6 +253,7 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        no_double_backward("distributed.cross_entropy", _STATE)
         x, t, offsets, m, d, scale, V = ctx.saved_tensors
         x2 = _2d(x)
         rows, w = x2.shape

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .._checks import check_float_tensor, no_double_backward
 from .._triton.host import cached
-from ..backend import functorch_active, raw_apply, resolve_backend, values_unreadable
+from ..backend import raw_apply, resolve_backend, transforms_active, values_unreadable
 from ..target import target_of
 from .plan import CEKnobs, CEPlan, CEProblem, plan_cross_entropy
 
@@ -328,7 +328,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
                               softcap, backend, knobs)
     softcap = float(softcap) if softcap is not None else None
     eps, z_loss = float(label_smoothing), float(z_loss)
-    if backend == "torch" or functorch_active():   # torch.func transforms: torch's ops, which compose with them
+    if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         loss = torch_cross_entropy(x2, t, weight, ignore_index, reduction, eps, z_loss, softcap)
         return loss.reshape(target.shape) if reduction == "none" else loss
     if x2.stride(-1) != 1:

@@ -26,7 +26,7 @@ import math
 import torch
 
 from .._checks import check_float_tensor
-from ..backend import functorch_active, resolve_backend
+from ..backend import resolve_backend, transforms_active
 from ..target import target_of
 from .cross_entropy import (
     _check_common,
@@ -471,7 +471,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     name = "linear_cross_entropy"
     h, t, backend, kargs = _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                     z_loss, softcap, backend, knobs)
-    if functorch_active():      # torch.func transforms: the logits and torch's cross-entropy, which compose with them
+    if transforms_active():      # torch.func, forward AD: the logits and torch's cross-entropy compose with them
         loss = cross_entropy(torch.nn.functional.linear(h, weight, bias), t, ignore_index=ignore_index,
                              reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
                              backend="torch")

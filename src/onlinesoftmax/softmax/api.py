@@ -13,7 +13,7 @@ import math
 import torch
 
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor, check_instance
-from ..backend import functorch_active, in_layout_of, raw_apply, resolve_backend
+from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..state import accumulation_dtype
 from ..target import Target, target_of
 from .geometry import rows_or_copy
@@ -384,7 +384,7 @@ _fast: dict = {}
 
 def _softmax_call(name, mode, x, dim, dtype, backend):
     if (backend is None and dtype is None and type(dim) is int and type(x) is torch.Tensor
-            and not torch.compiler.is_compiling() and not functorch_active()
+            and not torch.compiler.is_compiling() and not transforms_active()
             and not (x.requires_grad and torch.is_grad_enabled())):
         key = (mode, dim, x.shape, x.stride(), x.dtype, x.get_device())
         launch = _fast.get(key)
@@ -403,7 +403,7 @@ def _softmax_call(name, mode, x, dim, dtype, backend):
             _fast[key] = launch
         return y
     x, dim, out_dtype, backend = _prepare(name, x, dim, dtype, backend)
-    if functorch_active():
+    if transforms_active():
         return _SoftmaxFunction.apply(x, dim, mode, out_dtype, backend)
     if torch.compiler.is_compiling():
         return torch.ops.onlinesoftmax.softmax(x, dim, mode, out_dtype, backend)
@@ -440,7 +440,7 @@ def logsumexp(x: torch.Tensor, dim: int | tuple[int, ...] = -1, keepdim: bool = 
     if isinstance(dim, (tuple, list)):
         return _logsumexp_dims(x, dim, keepdim, backend)
     x, dim, _, backend = _prepare("logsumexp", x, dim, None, backend)
-    if functorch_active():
+    if transforms_active():
         out = _LogsumexpFunction.apply(x, dim, backend).to(x.dtype)
     elif torch.compiler.is_compiling():
         out = torch.ops.onlinesoftmax.logsumexp(x, dim, backend).to(x.dtype)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .._checks import as_int, check_dim, check_float_tensor, check_instance, no_double_backward
-from ..backend import functorch_active, resolve_backend, values_unreadable
+from ..backend import resolve_backend, transforms_active, values_unreadable
 from ..target import Target, target_of
 from .plan import Plan, topk_plan
 
@@ -288,7 +288,7 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
     global _topk_2d
     if (type(x) is torch.Tensor and backend is None and type(k) is int and type(dim) is int and (dim == -1 or dim == 1)
             and x.is_cuda and x.dim() == 2 and x.dtype in _FAST_DTYPES and _topk_2d is not None
-            and not x.requires_grad and not torch.compiler.is_compiling() and not functorch_active()):
+            and not x.requires_grad and not torch.compiler.is_compiling() and not transforms_active()):
         # the decode call, [B, V] on the GPU after a first one: the checks below on exact types, no reshapes, the
         # bound problem (host time is the cost here)
         B, V = x.shape
@@ -298,7 +298,7 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
                 return TopK(*out)
     check_float_tensor(x, "softmax_topk: x")
     which = resolve_backend(backend, x, "softmax_topk")
-    traced = torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()) or functorch_active()
+    traced = torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()) or transforms_active()
     if which == "triton" and x.dim() == 2 and check_dim(dim, 2, "softmax_topk: dim") == 1 \
             and x.dtype != torch.float64 and not traced:
         k = _check_k(k, x.shape[1])
@@ -309,7 +309,7 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1, *, backend: str | None 
             if out is not None:
                 return TopK(*out)
     x2, lead, dim, k, squeeze = _rows(x, k, dim)
-    if functorch_active():      # torch.func transforms (vmap, grad): torch ops they trace, a sort for the indices
+    if transforms_active():      # torch.func, forward AD: torch ops they trace, a sort for the indices
         values, indices, lse = _torch_2d(x2, k)
     elif torch.compiler.is_compiling():     # the custom op (its backward above)
         values, indices, lse = torch.ops.onlinesoftmax.softmax_topk(x2, k, which)

@@ -51,7 +51,7 @@ from numbers import Integral, Real
 import torch
 
 from .._checks import check_float_tensor, check_instance
-from ..backend import resolve_backend, triton_available
+from ..backend import resolve_backend, transforms_active, triton_available, values_unreadable
 from .api import softmax_topk
 from .plan import NO_SAMPLE_KNOBS, SampleKnobs, sample_draw_of, sample_graph_draw_of
 
@@ -101,7 +101,7 @@ def _per_row(v: torch.Tensor, B: int, device, dtype, name: str, ok=None, rule: s
         raise TypeError(f"sample: {name} must be {want} tensor, got a {str(v.dtype)[6:]} tensor")
     if v.numel() not in (1, B):
         raise ValueError(f"sample: {name} must hold 1 or {B} values (one per row), got shape {tuple(v.shape)}")
-    if (ok is not None and v.device.type == "cpu" and v.numel() and not torch.compiler.is_compiling()
+    if (ok is not None and v.device.type == "cpu" and v.numel() and not values_unreadable(v)
             and not bool(ok(v.to(torch.float64)).all())):
         bad = v.reshape(-1)[~ok(v.reshape(-1).to(torch.float64))][:4].tolist()
         raise ValueError(f"sample: {name} must be {rule} on every row, got {bad}")
@@ -191,7 +191,7 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=None, top_p=None, min
         # one draw for every row, checked in [0, 1) as a CPU tensor: in fp64, the value given (a float32 tensor
         # would round 1 − 1e-9 to 1 and refuse it)
         uniform = torch.tensor(float(uniform), dtype=torch.float64)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or transforms_active():
         return _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs)
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
     if generator is not None:
@@ -231,19 +231,21 @@ def _split(v, none):
 
 
 def _sample_traced(logits, temperature, top_k, top_p, min_p, generator, uniform, backend, knobs):
-    """``sample`` under torch.compile: the same checks (a CPU tensor's values are not read: data-dependent), the
-    draws ``u = torch.rand(B)`` in the graph (or ``uniform``), then one custom op, ``onlinesoftmax::sample``."""
+    """``sample`` under torch.compile and torch.func transforms: the same checks (a CPU tensor's values are not
+    read: data-dependent), the draws ``u = torch.rand(B)`` in the graph (or ``uniform``; under ``vmap`` a draw
+    follows its ``randomness``), then one custom op, ``onlinesoftmax::sample`` (its vmap rule below)."""
     which, lead, x, B, dev, t, kk, pp, qq = _arguments(logits, temperature, top_k, top_p, min_p, backend)
     if generator is not None:
-        raise TypeError("sample: generator is not supported under torch.compile: draw uniform=torch.rand(B, "
-                        "generator=g) outside the compiled region, or leave the default generator")
+        raise TypeError("sample: generator is not supported under torch.compile or torch.func transforms: draw "
+                        "uniform=torch.rand(B, generator=g) outside, or leave the default generator")
     if knobs is not None:
-        raise TypeError("sample: knobs are not supported under torch.compile")
+        raise TypeError("sample: knobs are not supported under torch.compile or torch.func transforms")
     if uniform is not None:
         u = _per_row(uniform, B, dev, torch.float32, "uniform", _u_ok, "in [0, 1)").reshape(-1).contiguous()
     else:
         u = None if not isinstance(t, torch.Tensor) and t == 0 else torch.rand(B, device=dev)
-    ids, logp = torch.ops.onlinesoftmax.sample(x, *_split(t, 1.0), *_split(kk, 0), *_split(pp, -1.0),
+    # x detached: the outputs carry no gradient (the op has no autograd; AOT autograd failed on logits requiring grad)
+    ids, logp = torch.ops.onlinesoftmax.sample(x.detach(), *_split(t, 1.0), *_split(kk, 0), *_split(pp, -1.0),
                                                *_split(qq, -1.0), u, which)
     return (ids, logp) if len(lead) == 1 else (ids.reshape(lead), logp.reshape(lead))
 
@@ -267,6 +269,24 @@ _sample_op = torch.library.custom_op("onlinesoftmax::sample", _sample_op_impl, m
 def _(x, t, t_value, k, k_value, p, p_value, q, q_value, u, backend):
     B = x.shape[0]
     return x.new_empty((B,), dtype=torch.int64), x.new_empty((B,), dtype=torch.float32)
+
+
+@_sample_op.register_vmap
+def _(info, in_dims, x, t, t_value, k, k_value, p, p_value, q, q_value, u, backend):
+    """Rows are independent: the vmapped dim folds into the rows (``[N, B, V]`` -> ``[N·B, V]``, each per-row
+    tensor alike; an unbatched one expanded to the N copies), one call of the op, ids and logp unfolded."""
+    N = info.batch_size
+
+    def rows(a, d):
+        if a is None:
+            return None
+        a = a.movedim(d, 0) if d is not None else a.expand(N, *a.shape)
+        return a.reshape(N * a.shape[1], *a.shape[2:])
+
+    x_d, t_d, _, k_d, _, p_d, _, q_d, _, u_d, _ = in_dims
+    ids, logp = torch.ops.onlinesoftmax.sample(rows(x, x_d), rows(t, t_d), t_value, rows(k, k_d), k_value,
+                                               rows(p, p_d), p_value, rows(q, q_d), q_value, rows(u, u_d), backend)
+    return (ids.reshape(N, -1), logp.reshape(N, -1)), (0, 0)
 
 
 def _draw(x, lead, B: int, dev, which: str, t, kk, pp, qq, u, knobs, generator, capturing=None):
