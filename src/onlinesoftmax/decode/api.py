@@ -201,12 +201,15 @@ def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, so
     L = seqlens.long().clamp(max=S).view(B, 1, 1, 1)
     j = torch.arange(S, device=q.device)
     slot = (j < L).transpose(-1, -2)                                                # [B, 1, S, 1]: a valid key
-    kf = torch.where(slot, k.to(acc), 0.0).repeat_interleave(G, 1)       # query head h reads kv head h // G
-    vf = torch.where(slot, v.to(acc), 0.0).repeat_interleave(G, 1)
-    s = torch.matmul(q.to(acc), kf.transpose(-1, -2)) * scale                     # [B, H, Sq, S]
+    # query head h = hkv·G + g reads kv head hkv: q as [B, Hkv, G, Sq, D] against the cache's [B, Hkv, 1, S, D]
+    # (the cache read once per kv head, not copied G times)
+    kf = torch.where(slot, k.to(acc), 0.0).unsqueeze(2)
+    vf = torch.where(slot, v.to(acc), 0.0).unsqueeze(2)
+    s = torch.matmul(q.to(acc).reshape(B, Hkv, G, Sq, D), kf.transpose(-1, -2)) * scale    # [B, Hkv, G, Sq, S]
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    qpos = L - Sq + torch.arange(Sq, device=q.device).unsqueeze(-1)                  # [B, 1, Sq, 1]
+    L = L.unsqueeze(-1)                                                             # [B, 1, 1, 1, 1]
+    qpos = L - Sq + torch.arange(Sq, device=q.device).unsqueeze(-1)                  # [B, 1, 1, Sq, 1]
     ok = j < L
     if causal:
         ok = ok & (j <= qpos)
@@ -217,7 +220,7 @@ def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, so
     s = s.masked_fill(~ok, float("-inf"))
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - torch.where(lse == float("-inf"), 0.0, lse).unsqueeze(-1))
-    return torch.matmul(p, vf).to(q.dtype), lse.float()
+    return torch.matmul(p, vf).reshape(B, H, Sq, D).to(q.dtype), lse.reshape(B, H, Sq).float()
 
 
 def _kvcache_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
