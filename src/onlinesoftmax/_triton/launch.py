@@ -147,8 +147,9 @@ def compile_key(index: int, check: tuple) -> tuple:
     pointer on 16-byte alignment, so the key holds True where all are aligned (the case :meth:`BoundKernel.entry`
     callers look up), else the alignment of each (a kernel compiled with q misaligned assumes k aligned), and their
     dtypes."""
-    aligned = tuple(not t.data_ptr() & 15 for t in check)
-    return (index, True if all(aligned) else aligned, *(t.dtype for t in check))
+    if not any(t.data_ptr() & 15 for t in check):
+        return (index, True, *(t.dtype for t in check))
+    return (index, tuple(not t.data_ptr() & 15 for t in check), *(t.dtype for t in check))
 
 
 class BoundKernel:
