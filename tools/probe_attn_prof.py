@@ -10,31 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections import defaultdict
+import sys
 
 import torch
 
-import onlinesoftmax as oss
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_util import kernel_times  # noqa: E402
+
+import onlinesoftmax as oss  # noqa: E402
 
 SHAPES = [(16, 32, 1024, 128, True), (16, 32, 1024, 128, False), (4, 32, 4096, 128, False),
           (4, 32, 4096, 128, True), (8, 16, 2048, 64, True)]
 N = 10
-
-
-def kernel_times(fn) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(N):
-            fn()
-        torch.cuda.synchronize()
-    out = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            out[e.name[:70]] += e.device_time / N
-    return dict(out)
 
 
 def main():
@@ -56,7 +43,7 @@ def main():
         for name, o in (("ours", o_ours), ("cudnn", o_cudnn)):
             def fn(o=o, inputs=(q, k, v), do=do):
                 torch.autograd.grad(o, inputs, do, retain_graph=True)
-            kt = kernel_times(fn)
+            kt = kernel_times(fn, N, 70)
             tot = sum(kt.values())
             rows.append(dict(shape=shape, impl=name, kernels=kt, total_us=tot))
             print(f"{shape:24} {name:6} {tot:8.1f} us  " + "  ".join(

@@ -14,12 +14,12 @@ import argparse
 import json
 import os
 import sys
-from collections import defaultdict
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_decode2 as pd2  # noqa: E402
+from probe_util import kernel_times  # noqa: E402
 
 import onlinesoftmax as oss  # noqa: E402
 from onlinesoftmax.decode.api import explain  # noqa: E402
@@ -28,22 +28,6 @@ from onlinesoftmax.decode.plan import Knobs  # noqa: E402
 SHAPES = [(8, 32, 32, 32768), (1, 32, 32, 131072), (8, 32, 8, 32768), (64, 32, 8, 4096), (8, 32, 8, 16384),
           (8, 32, 8, 4096)]
 N = 20
-
-
-def kernel_times(fn) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(N):
-            fn()
-        torch.cuda.synchronize()
-    out = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            out[e.name[:60]] += e.device_time / N
-    return dict(out)
 
 
 def main():
@@ -73,7 +57,7 @@ def main():
         impls["attention"] = lambda: oss.attention(q, k, v, causal=True)      # the full-cache dispatch
         for name, fn in impls.items():
             ms = pd2.bench(fn)
-            kt = kernel_times(fn)
+            kt = kernel_times(fn, N, 60)
             rows.append(dict(shape=shape, impl=name, us=ms * 1e3, gbs=nbytes / ms / 1e6, kernels=kt))
             pd2.log(f"{shape:18} {name:8} {ms * 1e3:8.1f} us {nbytes / ms / 1e6:6.0f} GB/s  "
                     + "  ".join(f"{n}: {t:.1f}" for n, t in sorted(kt.items(), key=lambda x: -x[1])))

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_decode2 as pd2  # noqa: E402
-from probe_decode_prof import kernel_times  # noqa: E402
+from probe_util import kernel_times  # noqa: E402
 
 from onlinesoftmax.decode import launch  # noqa: E402
 from onlinesoftmax.decode.api import explain  # noqa: E402
@@ -50,7 +50,7 @@ def main():
             ok = ref is None or (torch.equal(o, ref[0]) and torch.equal(lse, ref[1]))
             if ref is None:
                 ref = (o, lse)
-            kt = kernel_times(lambda plan=plan: pd2.run_plan(plan, q, k, v, sl, None))
+            kt = kernel_times(lambda plan=plan: pd2.run_plan(plan, q, k, v, sl, None), 20, 60)
             merge = sum(t for n, t in kt.items() if "merge" in n)
             rows_out.append(dict(shape=shape, rows=r, segments=kk, merge_us=merge, kernels=kt, same=ok))
             pd2.log(f"{shape:18} rows {r:2} seg {kk}: merge {merge:5.1f} us  same {ok}  "

@@ -1,6 +1,6 @@
-"""What the attention probes share: error summaries, the comparisons their checks make, their inputs, references
-and timer. Imported by the probes run as ``python tools/probe_x.py`` (their folder is first on sys.path, and their
-spawned workers inherit it)."""
+"""What the probes share: error summaries, the comparisons their checks make, their inputs, references, timer and CUDA
+kernel times per call (``kernel_times``). Imported by the probes run as ``python tools/probe_x.py`` (their folder is
+first on sys.path, and their spawned workers inherit it)."""
 
 from __future__ import annotations
 
@@ -118,3 +118,24 @@ def bench_ms(fn, sets, warmup=10, rep=40):
         state[0] += 1
         return fn(*sets[state[0] % len(sets)])
     return do_bench(call, warmup=warmup, rep=rep, return_mode="median")
+
+
+def kernel_times(fn, calls: int = 10, width: int = 70) -> dict:
+    """µs of CUDA time per call of ``fn`` by kernel name (its first ``width`` characters), from torch.profiler over
+    ``calls`` calls after one warm-up call."""
+    from collections import defaultdict
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name[:width]] += e.device_time / calls
+    return dict(out)
