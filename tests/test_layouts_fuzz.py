@@ -55,6 +55,20 @@ VIEWS_3D = {
 VIEWS = {**VIEWS_2D, **VIEWS_3D}
 
 
+def _leaves(shape) -> tuple:
+    """An fp32 leaf of ``shape``, its fp64 twin for the reference and a copy to check it is left unchanged."""
+    base = torch.randn(shape, requires_grad=True)
+    return base, base.detach().double().requires_grad_(), base.detach().clone()
+
+
+def _same_gradient(y, y64, g, base, base64, before) -> None:
+    """The gradient of ``y`` (given ``g``) to ``base`` as the reference's to ``base64``; ``base`` unchanged."""
+    (dx,) = torch.autograd.grad(y, base, g)
+    (dx64,) = torch.autograd.grad(y64, base64, g.double())
+    torch.testing.assert_close(dx.double(), dx64, **TOL)
+    assert torch.equal(base.detach(), before)
+
+
 def _incoming(shape, kind: str, dtype=torch.float32, device="cpu") -> torch.Tensor:
     """An incoming gradient of ``shape`` laid out as ``kind``."""
     shape = tuple(shape)
@@ -89,19 +103,14 @@ SOFTMAX_OPS = {
 def test_softmax_family_views(op, view, dim, grad, backend):
     fn, ref = SOFTMAX_OPS[op]
     shape, make = VIEWS[view]
-    base = torch.randn(shape, requires_grad=True)
-    base64 = base.detach().double().requires_grad_()
-    before = base.detach().clone()
+    base, base64, before = _leaves(shape)
     x = make(base)
     dim = dim % x.dim()
     y = fn(x, dim, backend=backend)
     y64 = ref(make(base64), dim)
     torch.testing.assert_close(y.double(), y64.detach(), **TOL)
     g = _incoming(y.shape, grad)
-    (dx,) = torch.autograd.grad(y, base, g)
-    (dx64,) = torch.autograd.grad(y64, base64, g.double())
-    torch.testing.assert_close(dx.double(), dx64, **TOL)
-    assert torch.equal(base.detach(), before)
+    _same_gradient(y, y64, g, base, base64, before)
 
 
 # ---- softmax_topk and sample ---------------------------------------------------------------------------------------
@@ -110,9 +119,7 @@ def test_softmax_family_views(op, view, dim, grad, backend):
 @pytest.mark.parametrize("view", ["transposed", "step_cols", "expand_rows", "unfold", "overlap", "channels_last"])
 def test_softmax_topk_views(view, backend):
     shape, make = VIEWS[view]
-    base = torch.randn(shape, requires_grad=True)
-    base64 = base.detach().double().requires_grad_()
-    before = base.detach().clone()
+    base, base64, before = _leaves(shape)
     x = make(base)
     k = 3
     out = oss.softmax_topk(x, k, backend=backend)
@@ -282,9 +289,7 @@ def test_merge_attention_states_views(view, backend, kernel_device):
 def test_cross_entropy_views(view, reduction, backend):
     """Logits as views, targets a column of a 2-d int64 tensor, "none"'s loss given a strided gradient."""
     shape, make = VIEWS[view]
-    base = torch.randn(shape, requires_grad=True)
-    base64 = base.detach().double().requires_grad_()
-    before = base.detach().clone()
+    base, base64, before = _leaves(shape)
     x = make(base)
     V = x.shape[-1]
     t = torch.stack([torch.randint(0, V, x.shape[:-1]), torch.full(x.shape[:-1], -5)], -1)[..., 0]
@@ -293,10 +298,7 @@ def test_cross_entropy_views(view, reduction, backend):
     loss64 = ref_losses.cross_entropy(make(base64), t, reduction=reduction, label_smoothing=0.1)
     torch.testing.assert_close(loss.double(), loss64.detach(), **TOL)
     g = _incoming(loss.shape, "reversed") if reduction == "none" else torch.tensor(3.0)
-    (dx,) = torch.autograd.grad(loss, base, g)
-    (dx64,) = torch.autograd.grad(loss64, base64, g.double())
-    torch.testing.assert_close(dx.double(), dx64, **TOL)
-    assert torch.equal(base.detach(), before)
+    _same_gradient(loss, loss64, g, base, base64, before)
 
 
 @pytest.mark.interpreter
