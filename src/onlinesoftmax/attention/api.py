@@ -406,8 +406,8 @@ def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: Backward
     if plan.kernel == "sm90" and scale == 0.0:      # the sm90 backward divides by the scale: the tl.dot kernels
         plan = backward_tl(p, target_of(q.device))
     sm90 = plan.kernel == "sm90"
-    if sm90 and not _tma_ok(do):       # the kernel copies dO tiles with TMA, as q
-        do = do.contiguous()
+    if sm90 and not _tma_ok(do):       # the kernel copies dO tiles with TMA, as q: a fresh (aligned) copy
+        do = do.clone(memory_format=torch.contiguous_format)      # (.contiguous() keeps a misaligned dense dO)
     left, right = p.window
     sq, sk, sv, sdo, so = _strides(q), _strides(k), _strides(v), _strides(do), _strides(o)
     sdq, sdk, sdv, sl = _strides(dq), _strides(dk), _strides(dv), _lse_strides(p, lse)
