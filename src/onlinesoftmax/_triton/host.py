@@ -23,3 +23,15 @@ def int_spec(*ints) -> tuple:
 def pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def wide_tiles(t, seq_dim: int, rows: int = 256) -> bool:
+    """Whether the attention and decode kernels' 32-bit offsets within a tile of ``t`` could pass 2^31: they
+    address up to ``rows`` rows of dim ``seq_dim`` times the whole last (head) dim from a 64-bit base. Only a
+    head-dim-outermost buffer of >= 2^31 / D rows (4.3 GB at D = 128) viewed as [..., S, D], or a row stride of
+    >= 2^31 / rows elements, is wide; every dense [..., S, D] layout is not. The callers copy a wide tensor to a
+    contiguous one (a copy of a tensor larger than 4 GB, for a correct result)."""
+    if t.dim() == 0 or t.numel() == 0:
+        return False
+    span = (min(rows, t.shape[seq_dim]) - 1) * t.stride(seq_dim) + (t.shape[-1] - 1) * t.stride(-1)
+    return span >= 2**31

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .._checks import check_attention_scalars, check_float_tensor, check_instance, no_double_backward
-from .._triton.host import cached
+from .._triton.host import cached, wide_tiles
 from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..target import target_of
 from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, backward_tl, decode_shape, plan_attention
@@ -348,9 +348,18 @@ def _caches():
     return _fwd_cache, _bwd_cache
 
 
+def _wide(p: Problem, plan, *ts) -> bool:
+    """The tl.dot kernels' in-tile offsets of one of ``ts`` could pass 2^31 (``wide_tiles``; the sm90 kernels'
+    tiles are TMA copies, addressed in 64 bits)."""
+    return plan.kernel != "sm90" and any(wide_tiles(t, 0 if p.varlen else 2) for t in ts)
+
+
 def _forward_triton(q, k, v, problem: Problem, plan: ForwardPlan, scale: float, softcap: float, cu=None):
     """(o, lse) by the forward kernel; ``cu = (cu_seqlens_q, cu_seqlens_k)`` for packed sequences."""
     p = problem
+    if _wide(p, plan, q, k, v):      # contiguous copies; o in q's layout (its strides are the fake's)
+        o, lse = _forward_triton(q.contiguous(), k.contiguous(), v.contiguous(), p, plan, scale, softcap, cu)
+        return torch.empty_like(q).copy_(o), lse
     o = torch.empty_like(q)
     lse_shape = (q.shape[1], q.shape[0]) if p.varlen else q.shape[:3]
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
@@ -395,6 +404,10 @@ def persistent_units(n_m: int, heads: int, pairs: bool) -> int:
 def _backward_triton(do, dlse, q, k, v, o, lse, problem: Problem, plan: BackwardPlan, scale: float,
                      softcap: float, cu=None):
     p = problem
+    if _wide(p, plan, do, q, k, v, o):      # contiguous copies; dq, dk, dv in q's, k's, v's layouts
+        grads = _backward_triton(do.contiguous(), dlse, q.contiguous(), k.contiguous(), v.contiguous(),
+                                 o.contiguous(), lse, p, plan, scale, softcap, cu)
+        return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
     lse = lse.contiguous()      # Δ and dQ's fp32 rows are laid out as lse: a strided slice of one (a ring's) made dense
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if p.Sk == 0 or p.Sq == 0 or q.numel() == 0 or k.numel() == 0:
@@ -641,8 +654,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     ----------
     q : Tensor ``[B, H, Sq, D]``; k, v : Tensor ``[B, Hkv, Sk, D]`` with ``H % Hkv == 0``
         SDPA's layout; query head h reads kv head ``h // (H // Hkv)`` (GQA / MQA). Any strides (e.g. a
-        ``[B, S, H, D]`` tensor ``.transpose(1, 2)``): nothing is copied. float16, bfloat16, float32 (float64
-        with ``backend="torch"``); ``D <= 256`` for the Triton kernels.
+        ``[B, S, H, D]`` tensor ``.transpose(1, 2)``): nothing is copied, but for a head-dim-outermost buffer of
+        more than 2^31 / D rows (4.3 GB at D = 128) seen as ``[B, H, S, D]``, which a contiguous copy replaces.
+        float16, bfloat16, float32 (float64 with ``backend="torch"``); ``D <= 256`` for the Triton kernels.
     causal : bool
         Query i attends key j iff ``j <= i + (Sk - Sq)``: **aligned bottom-right** (what a KV cache needs: the
         last query sees every key). ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns

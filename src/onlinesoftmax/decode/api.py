@@ -343,7 +343,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ----------
     q : ``[B, H, Sq, D]``, fp16 / bf16 / fp32, any strides.
     k_cache, v_cache : dense ``[B, Hkv, S_max, D]``, or paged ``[num_pages, Hkv, page_size, D]`` with
-        ``block_table``; any strides (a ``[B, S_max, Hkv, D]`` buffer viewed as ``[B, Hkv, S_max, D]`` works).
+        ``block_table``; any strides (a ``[B, S_max, Hkv, D]`` buffer viewed as ``[B, Hkv, S_max, D]`` works; a
+        head-dim-outermost buffer of more than 2^31 / D rows is copied to a contiguous one first).
         Query head h reads kv head ``h // (H // Hkv)``.
     cache_seqlens : int32 ``[B]``: valid keys of sequence b, the Sq new tokens included, from 0 to the cache's
         ``S_max`` or ``max_pages · page_size`` (checked for CPU tensors). Slots at or past it (and pages past its
