@@ -13,7 +13,7 @@ import collections
 import torch
 
 from .._triton import launch as _shared
-from .._triton.host import int_spec, pow2, wide_tiles
+from .._triton.host import int_spec, pow2
 from .._triton.launch import BoundKernel, cached, raw_launches, stream_scratch
 from ..target import target_of
 from .kernels.merge import merge_segments_kernel, merge_splits_kernel, merge_two_kernel
@@ -183,6 +183,12 @@ def attention_split_kv(q, k, v, seqlens, block_table, causal: bool, scale: float
     return o, lse if need_lse else None
 
 
+def _wide(strides: tuple, D: int, page: int) -> bool:
+    """``wide_tiles`` of a cache with these strides: the kernels' 32-bit offsets within a tile (the head dim, and a
+    page's slots) could pass 2^31 (a head-dim-outermost cache of more than 2^31 / D rows)."""
+    return (D - 1) * strides[3] + max(page - 1, 0) * strides[2] >= 2**31
+
+
 LENGTHS_TABLE_BYTES = 1 << 18   # a full cache's lengths: rows of lengths S, S + 1, ... kept per bound call
 BOUND_KEPT = 1024               # a DecodeCall's classes of 16 lengths kept (then all dropped): 16K keys of growth
 
@@ -244,6 +250,8 @@ class DecodeCall:
         if last is not None and last[0] == ints:
             bound = last[1]
         else:
+            if _wide(kst, D, self.page) or _wide(vst, D, self.page):      # rare: contiguous copies of the cache
+                return self(q, k.contiguous(), v.contiguous(), lens, bt, stream, capturing)
             key = (s_max + 15) >> 4, int_spec(s_max, *kst, *vst, bts), full
             bound = self.bound.get(key)
             if bound is None:
@@ -335,10 +343,8 @@ def attention_decode(q, k, v, lens, block_table, causal: bool, scale: float, lef
         lens = lens.contiguous()            # the kernels read lengths[b] at b, block_table[b, i] at b·stride + i
     if block_table is not None and block_table.stride(1) != 1 and block_table.shape[1] > 1:
         block_table = block_table.contiguous()
-    # 32-bit in-tile offsets that could pass 2^31 (a head-dim-outermost cache of > 4 GB): contiguous copies. The
-    # kernels address rows in 64 bits but for a page's slots (a paged cache's page: rows 256)
-    q = q.contiguous() if wide_tiles(q, 2, rows=1) else q
-    k, v = (t.contiguous() if wide_tiles(t, 2, rows=256 if block_table is not None else 1) else t for t in (k, v))
+    if (q.shape[3] - 1) * q.stride(3) >= 2**31:    # head-dim offsets past 32 bits (wide_tiles; the cache's: _wide)
+        q = q.contiguous()
     if not q.numel():
         if lens is None:
             lens = uniform_lengths(q.shape[0], k.shape[2], q.device)
@@ -384,7 +390,8 @@ def merge_states(o_a, lse_a, o_b, lse_b, plan: MergePlan | None = None):
     lse = torch.empty(o_a.shape[:-1], device=o_a.device, dtype=torch.float32)
     if N == 0:
         return o, lse
-    a, b = (t.contiguous() if wide_tiles(t, 0, rows=1) else t for t in (o_a.reshape(N, D), o_b.reshape(N, D)))
+    a, b = (t.contiguous() if (D - 1) * t.stride(1) >= 2**31 else t       # head-dim offsets past 32 bits
+            for t in (o_a.reshape(N, D), o_b.reshape(N, D)))
     la, lb = lse_a.reshape(N), lse_b.reshape(N)
     plan = plan or cached_merge_plan(N, D, o_a.device)
     bound, tail = _merge_launch(plan, N, D, (*a.stride(), la.stride(0), *b.stride(), lb.stride(0)))
