@@ -4,7 +4,7 @@ Autocast casts the arguments of torch's own ops (each op by its policy: matmuls 
 softmax and the losses to fp32) but not those of custom ops, which it passes through untouched; and inside our torch
 paths it would turn the fp32 accumulations' matmuls into low-precision ones. So each public function applies, where
 torch's autocast does for the op it stands in for on that device type, the same policy to its own arguments, then
-runs with autocast off (its fp32 accumulation is then what the docstrings say):
+runs with autocast off (so the fp32 accumulation the docstrings promise holds):
 
 * ``"lower"`` (``aten::scaled_dot_product_attention``, ``aten::linear``): floating arguments but fp64 cast to the
   autocast dtype (``torch.get_autocast_dtype``); gradients flow back through the casts in the inputs' dtypes.
