@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from .._autocast import autocast_boundary
 from .._checks import check_attention_scalars, check_float_tensor, check_instance, no_double_backward
 from .._triton.host import cached, wide_tiles
 from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
@@ -646,6 +647,7 @@ def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, bac
     return plan_attention(p, target_of(q.device), backend, knobs)
 
 
+@autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k", "v"))
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False, backend=None):
     """Scaled dot-product attention on the online-softmax state ``(m, d, o)`` (FlashAttention): the Sq × Sk scores
     are never written to memory.
@@ -679,7 +681,12 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
 
     Precision: the kernels accumulate in fp32; for float32 inputs on CUDA the two matmuls run on TF32 tensor cores
     (about 1e-3 relative error, as torch with ``allow_tf32``). The torch backend computes in full fp32 (fp64 for
-    fp64). Autograd to q, k, v (dk, dv summed over each GQA group) runs the Triton backward kernels.
+    fp64). Autograd to q, k, v (dk, dv summed over each GQA group) runs the Triton backward kernels; under
+    ``torch.use_deterministic_algorithms(True)`` the ones without atomics (dQ by its own kernel, not added up in
+    fp32 atomics): bitwise reproducible gradients, at some speed.
+
+    Under ``torch.autocast`` q, k, v are cast as ``scaled_dot_product_attention``'s (to the autocast dtype, fp64
+    left alone), and the op runs with autocast off; gradients come back in the inputs' own dtypes.
 
     Example
     -------
@@ -754,6 +761,7 @@ def _check_cu_values(cus: tuple, totals: tuple, maxes: tuple, op: str) -> None:
                              f"length {max(lengths)}")
 
 
+@autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k", "v"))
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
                      window=None, softcap=None, return_lse=False, backend=None):
     """:func:`attention` over packed sequences (FlashAttention's varlen convention): training with packing, padded
@@ -776,6 +784,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Returns
     -------
     o ``[total_q, H, D]`` (q's dtype), or ``(o, lse)`` with lse float32 ``[H, total_q]`` (FlashAttention's layout).
+    Under ``torch.autocast`` and deterministic mode as :func:`attention`.
     """
     _check_qkv(q, k, v, _VOP, ndim=3, seq_dim=0, head_dim=1)
     check_attention_scalars(scale, softcap, _VOP)

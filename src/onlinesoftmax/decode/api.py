@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from .._autocast import autocast_boundary
 from .._checks import check_attention_scalars, check_float_tensor, check_instance
 from ..backend import resolve_backend, transforms_active, values_unreadable
 from ..target import Target, target_of
@@ -333,6 +334,7 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
     check_attention_scalars(scale, softcap, f)
 
 
+@autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k_cache", "v_cache"))
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_seqlens: torch.Tensor, *, block_table: torch.Tensor | None = None,
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
@@ -369,7 +371,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     The split count comes from shapes (the cache's ``S_max`` or ``max_pages · page_size``), never from the values
     of ``cache_seqlens``: no host synchronisation, and a CUDA graph captured once replays correctly after
-    ``cache_seqlens`` and ``block_table`` change.
+    ``cache_seqlens`` and ``block_table`` change. Under ``torch.autocast`` q and the caches are cast as
+    ``scaled_dot_product_attention``'s (to the autocast dtype: keep the cache in it, or each call copies it).
     """
     _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap)
     if not isinstance(causal, bool):

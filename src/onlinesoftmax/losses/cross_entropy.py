@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .._autocast import autocast_boundary
 from .._checks import check_float_tensor, no_double_backward
 from .._triton.host import cached
 from ..backend import raw_apply, resolve_backend, transforms_active, values_unreadable
@@ -301,6 +302,7 @@ def _prepare(name, logits, target, weight, ignore_index, reduction, label_smooth
     return x2, (target if target.dim() == 1 else target.reshape(-1)), backend
 
 
+@autocast_boundary("aten::cross_entropy_loss", "keep", ("logits",))
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                   z_loss: float = 0.0, softcap: float | None = None, backend: str | None = None,
@@ -319,6 +321,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
     when that is 1). A target outside [0, V) that is not ``ignore_index`` is an ``IndexError`` naming this function
     for CPU tensors; on CUDA the Triton path gives that row a NaN loss (no device sync to check it) and torch's
     path (``backend="torch"``) raises torch's device-side assert.
+
+    Under ``torch.autocast`` nothing is cast (the loss is fp32 from logits of any dtype, as torch's there).
 
     ``backend``: None (Triton for CUDA tensors, torch otherwise), ``"torch"`` or ``"triton"``;
     ``knobs``: a :class:`~onlinesoftmax.losses.plan.CEKnobs` override of the plan (tests, tuning).

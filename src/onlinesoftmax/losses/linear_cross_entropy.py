@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from .._autocast import autocast_boundary
 from .._checks import check_float_tensor
 from ..backend import resolve_backend, transforms_active
 from ..target import target_of
@@ -456,6 +457,7 @@ def _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_
     return h, target.reshape(-1), backend, kargs
 
 
+@autocast_boundary("aten::linear", "lower", ("hidden", "weight", "bias"))
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,
                          bias: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean",
                          label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
@@ -467,6 +469,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     Autograd to hidden, weight and bias (the gradients of mean / sum are computed in the forward).
 
     ``knobs``: a :class:`~onlinesoftmax.losses.plan.LCEKnobs` override (scheme, chunk sizes, tile budget).
+
+    Under ``torch.autocast`` hidden, weight and bias are cast as ``F.linear``'s (to the autocast dtype; gradients in
+    their own dtypes) and the loss is fp32, as ``F.cross_entropy(F.linear(...))`` there.
     """
     name = "linear_cross_entropy"
     h, t, backend, kargs = _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,

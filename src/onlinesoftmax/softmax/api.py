@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from .._autocast import autocast_boundary
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor, check_instance
 from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..state import accumulation_dtype
@@ -412,29 +413,35 @@ def _softmax_call(name, mode, x, dim, dtype, backend):
     return _softmax_impl(x, dim, mode, out_dtype, backend)
 
 
+@autocast_boundary("aten::softmax.int", "fp32_out", ("x",))
 def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
             backend: str | None = None) -> torch.Tensor:
     """``torch.softmax`` on the online state: ``y = e^(x - m) / d`` along ``dim``.
 
     fp32/fp16/bf16 (and fp64) inputs, fp32 accumulation (fp64 for fp64), any dim and strides, autograd,
     ``torch.compile``-able. ``dtype`` casts as torch does. ``backend``: None (Triton on CUDA, torch on CPU),
-    ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`). Under ``torch.autocast`` the result keeps x's
-    dtype (torch's softmax returns fp32 there: pass ``dtype=torch.float32`` for that).
+    ``"torch"`` or ``"triton"`` (see :mod:`onlinesoftmax.backend`). Under ``torch.autocast`` the dtype is torch's:
+    fp32 for a 16-bit x where torch's autocast runs softmax in fp32 (CUDA), unless ``dtype`` is given (the kernels
+    read x as it is); x's dtype where it leaves softmax alone (the CPU).
     """
     return _softmax_call("softmax", SOFTMAX, x, dim, dtype, backend)
 
 
+@autocast_boundary("aten::log_softmax.int", "fp32_out", ("x",))
 def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
                 backend: str | None = None) -> torch.Tensor:
-    """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments as :func:`softmax`."""
+    """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments (and autocast behaviour) as
+    :func:`softmax`."""
     return _softmax_call("log_softmax", LOG_SOFTMAX, x, dim, dtype, backend)
 
 
+@autocast_boundary("aten::logsumexp", "fp32", ("x",))
 def logsumexp(x: torch.Tensor, dim: int | tuple[int, ...] = -1, keepdim: bool = False, *,
               backend: str | None = None) -> torch.Tensor:
     """``torch.logsumexp`` over ``dim``: ``m + log d``; -inf for empty and all -inf rows, +inf with +inf. ``dim``
     an int, or a tuple / list of distinct ints as torch takes them (those dims moved last and reduced as one row:
-    a copy where they do not fold into one)."""
+    a copy where they do not fold into one). Under ``torch.autocast`` x is cast to fp32 where torch's autocast runs
+    logsumexp in fp32 (CUDA), as torch's."""
     if type(keepdim) is not bool:
         raise TypeError(f"logsumexp: keepdim must be a bool, got {type(keepdim).__name__}")
     if isinstance(dim, (tuple, list)):
