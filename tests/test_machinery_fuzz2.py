@@ -169,7 +169,7 @@ def test_autocast_fp32_policies(backend):
     """Where torch's autocast runs softmax / log_softmax in fp32 (CUDA: ``dtype=float32`` unless given) and logsumexp
     in fp32, ours do the same: the policies at work on the CPU through an op that the CPU's autocast lists."""
     x = torch.randn(4, 40, dtype=BF16)
-    sm = autocast_boundary("aten::linear", "fp32_out", ("x",))(oss.softmax.__wrapped__)
+    sm = autocast_boundary("aten::linear", "fp32_out", ("x",))(oss.softmax)
     lse = autocast_boundary("aten::linear", "fp32", ("x",))(oss.logsumexp.__wrapped__)
     with torch.autocast("cpu", dtype=BF16):
         y, y16, z = sm(x, backend=backend), sm(x, dtype=BF16, backend=backend), lse(x, backend=backend)

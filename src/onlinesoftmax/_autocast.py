@@ -24,7 +24,9 @@ import inspect
 
 import torch
 
-__all__ = ["autocast_boundary"]
+__all__ = ["any_autocast", "autocast_boundary"]
+
+any_autocast = torch._C._is_any_autocast_enabled     # one C call: the check a host-cost-bound public function inlines
 
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
 
@@ -58,7 +60,7 @@ def autocast_boundary(torch_op: str, policy: str, names: tuple[str, ...]):
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            if not torch._C._is_any_autocast_enabled():
+            if not any_autocast():
                 return fn(*args, **kwargs)
             first = args[where[0][1]] if len(args) > where[0][1] else kwargs.get(where[0][0])
             if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):

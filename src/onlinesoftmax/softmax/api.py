@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .._autocast import autocast_boundary
+from .._autocast import any_autocast, autocast_boundary
 from .._checks import FLOAT_DTYPES, check_dim, check_float_tensor, check_instance
 from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..state import accumulation_dtype
@@ -413,7 +413,15 @@ def _softmax_call(name, mode, x, dim, dtype, backend):
     return _softmax_impl(x, dim, mode, out_dtype, backend)
 
 
-@autocast_boundary("aten::softmax.int", "fp32_out", ("x",))
+def _softmax_kw(name, mode, x, dim=-1, dtype=None, *, backend=None):
+    """_softmax_call with softmax's argument names (x, dim, dtype, backend), for autocast_boundary to bind."""
+    return _softmax_call(name, mode, x, dim, dtype, backend)
+
+
+_softmax_autocast = autocast_boundary("aten::softmax.int", "fp32_out", ("x",))(_softmax_kw)
+_log_softmax_autocast = autocast_boundary("aten::log_softmax.int", "fp32_out", ("x",))(_softmax_kw)
+
+
 def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
             backend: str | None = None) -> torch.Tensor:
     """``torch.softmax`` on the online state: ``y = e^(x - m) / d`` along ``dim``.
@@ -424,14 +432,17 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
     fp32 for a 16-bit x where torch's autocast runs softmax in fp32 (CUDA), unless ``dtype`` is given (the kernels
     read x as it is); x's dtype where it leaves softmax alone (the CPU).
     """
+    if any_autocast():      # inline, not a decorator: the eager call's host cost is a goal (one C call here)
+        return _softmax_autocast("softmax", SOFTMAX, x, dim, dtype, backend=backend)
     return _softmax_call("softmax", SOFTMAX, x, dim, dtype, backend)
 
 
-@autocast_boundary("aten::log_softmax.int", "fp32_out", ("x",))
 def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
                 backend: str | None = None) -> torch.Tensor:
     """``torch.log_softmax`` on the online state: ``y = x - m - log d``. Same arguments (and autocast behaviour) as
     :func:`softmax`."""
+    if any_autocast():
+        return _log_softmax_autocast("log_softmax", LOG_SOFTMAX, x, dim, dtype, backend=backend)
     return _softmax_call("log_softmax", LOG_SOFTMAX, x, dim, dtype, backend)
 
 
