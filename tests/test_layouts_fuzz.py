@@ -332,15 +332,17 @@ def test_index_argument_errors():
     pages, table = torch.randn(4, 2, 4, 8), torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     kv = "attention_with_kvcache"
     cases = [
-        (lambda: oss.attention_with_kvcache(q, k, k, lens.long()), TypeError,
-         rf"^{kv}: cache_seqlens must be an int32 tensor of shape \[B\] = \[2\], got int64 of shape \(2,\)"),
+        (lambda: oss.attention_with_kvcache(q, k, k, lens.float()), TypeError,
+         rf"^{kv}: cache_seqlens must be an int32 tensor of shape \[B\] \(or another integer dtype\), got float32 of "
+         r"shape \(2,\)"),
         (lambda: oss.attention_with_kvcache(q, k, k, lens[:, None]), TypeError,
          rf"^{kv}: cache_seqlens .*, got int32 of shape \(2, 1\)"),
         (lambda: oss.attention_with_kvcache(q, k, k, [6, 3]), TypeError, rf"^{kv}: cache_seqlens .*, got list"),
         (lambda: oss.attention_with_kvcache(q, k, k, lens.to("meta")), ValueError,
          rf"^{kv}: cache_seqlens is on meta, q on cpu"),
-        (lambda: oss.attention_with_kvcache(q, pages, pages, lens, block_table=table.long()), TypeError,
-         rf"^{kv}: block_table must be an int32 tensor \[B, max_pages\] with B = 2, got int64 of shape \(2, 2\)"),
+        (lambda: oss.attention_with_kvcache(q, pages, pages, lens, block_table=table.float()), TypeError,
+         rf"^{kv}: block_table must be an int32 tensor \[B, max_pages\] \(or another integer dtype\), got float32 "
+         r"of shape \(2, 2\)"),
         (lambda: oss.attention_with_kvcache(q, pages, pages, lens, block_table=table.to("meta")), ValueError,
          rf"^{kv}: block_table is on meta, q on cpu"),
         (lambda: oss.cross_entropy(torch.randn(4, 9), torch.zeros(4, dtype=torch.int32)), TypeError,

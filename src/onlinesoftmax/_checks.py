@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from numbers import Integral
+from numbers import Integral, Real
 
 import torch
 
@@ -21,6 +21,57 @@ def as_int(v, name: str) -> int:
     elif isinstance(v, Integral) and not isinstance(v, bool):
         return int(v)
     raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+
+
+def type_name(v) -> str:
+    """``v``'s type as an error message names it: ``numpy.bool`` for NumPy's bool, not a bare ``bool``."""
+    t = type(v)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__name__}"
+
+
+def as_float(v, name: str) -> float:
+    """``v`` as a Python float where torch takes it as one (an int or float, a NumPy real, a 0-d real tensor), else
+    a TypeError naming ``name``. bool is refused; so is a tensor on the meta device (it holds no value)."""
+    if type(v) is float:
+        return v
+    if isinstance(v, torch.Tensor):
+        if v.dim() == 0 and not (v.is_complex() or v.dtype == torch.bool):
+            if v.device.type == "meta":
+                raise TypeError(f"{name} must be a float, got a tensor on the meta device (it holds no value)")
+            return float(v)
+    elif isinstance(v, Real) and not isinstance(v, bool):     # (a NumPy bool is no Real)
+        return float(v)
+    raise TypeError(f"{name} must be a float, got {type_name(v)}")
+
+
+def check_bool(v, name: str) -> bool:
+    """``v`` a Python bool (as torch's bool arguments: 1, None, a NumPy bool or a tensor are refused), else a
+    TypeError naming ``name``."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type_name(v)}")
+    return v
+
+
+def check_window(window, op: str) -> tuple[int, int]:
+    """An attention ``window``: None (unbounded) or a pair (left, right) of ints >= -1 (-1 = that side unbounded),
+    each an int as torch takes it (:func:`as_int`), else a TypeError / ValueError naming ``op``."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{op}: window must be None or a pair of ints (left, right), got {window!r}")
+    left, right = (as_int(w, f"{op}: window[{i}]") for i, w in enumerate(window))
+    if left < -1 or right < -1:
+        raise ValueError(f"{op}: window entries must be >= -1 (-1 = unbounded), got {window!r}")
+    return left, right
+
+
+def fit_window(left: int, right: int, rows: int, keys: int) -> tuple[int, int]:
+    """A window side wider than the problem restricts nothing: cut to ``keys`` (left) and ``rows`` (right), so that
+    the kernels' int32 positions (``i + right``) cannot overflow. Query i of ``rows`` sits at key position
+    ``i + keys - rows``: a left side >= keys - 1 or a right side >= rows - 1 keeps every key. Only an entry past
+    2^30 is compared (no guard on a traced size for the usual window)."""
+    big = 1 << 30
+    return (min(left, keys) if left > big else left), (min(right, rows) if right > big else right)
 
 
 def check_dim(dim: int, ndim: int, name: str = "dim") -> int:
@@ -79,17 +130,25 @@ def check_float_tensor(x, name: str, dtypes=FLOAT_DTYPES) -> None:
         raise TypeError(f"{name} must have dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
 
 
-def check_attention_scalars(scale, softcap, op: str) -> None:
-    """An attention call's ``scale`` (None or a finite number) and ``softcap`` (None or a positive finite number)."""
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"{op}: scale must be None or a float, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{op}: scale must be finite, got {scale}")
+def check_attention_scalars(scale, softcap, op: str) -> tuple[float | None, float | None]:
+    """An attention call's ``scale`` (None or a finite number) and ``softcap`` (None or a positive finite number),
+    each a float as torch takes one (:func:`as_float`: SDPA's ``scale`` takes a NumPy float or a 0-d tensor), as
+    ``(scale, softcap)`` Python floats or None."""
+    if scale is not None:
+        try:
+            scale = as_float(scale, f"{op}: scale")
+        except TypeError:
+            raise TypeError(f"{op}: scale must be None or a float, got {type_name(scale)}") from None
+        if not math.isfinite(scale):
+            raise ValueError(f"{op}: scale must be finite, got {scale}")
     if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-            raise TypeError(f"{op}: softcap must be None or a positive float, got {type(softcap).__name__}")
+        try:
+            softcap = as_float(softcap, f"{op}: softcap")
+        except TypeError:
+            raise TypeError(f"{op}: softcap must be None or a positive float, got {type_name(softcap)}") from None
         if not (softcap > 0 and math.isfinite(softcap)):
             raise ValueError(f"{op}: softcap must be a positive finite float, got {softcap}")
+    return scale, softcap
 
 
 def no_double_backward(name: str, detail: str) -> None:

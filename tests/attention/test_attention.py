@@ -470,8 +470,10 @@ def test_varlen_matches_dense(kernel_device):
 
 def test_varlen_errors():
     q, k, v, cq, ck = packed([3, 4], [3, 4], 2, 1, 16, device="cpu", grad=False)
+    with pytest.raises(TypeError, match="onlinesoftmax.attention_varlen: cu_seqlens_q must be an int32 "):
+        oss.attention_varlen(q, k, v, cq.float(), ck, 4, 4)
     with pytest.raises(ValueError, match="onlinesoftmax.attention_varlen: cu_seqlens_q must be a 1-d int32"):
-        oss.attention_varlen(q, k, v, cq.long(), ck, 4, 4)
+        oss.attention_varlen(q, k, v, cq[None], ck, 4, 4)
     with pytest.raises(ValueError, match="same length B"):
         oss.attention_varlen(q, k, v, cq, ck[:2], 4, 4)
     with pytest.raises(TypeError, match="max_seqlen_k must be an int"):

@@ -214,9 +214,9 @@ def test_errors():
     k, v, sl, table = make_cache(2, 2, 16, [5, 6], 16, torch.float32, CPU, page=4)
     q = torch.randn(2, 4, 1, 16)
     with pytest.raises(TypeError, match="cache_seqlens"):
-        oss.attention_with_kvcache(q, k, v, sl.long(), block_table=table)
+        oss.attention_with_kvcache(q, k, v, sl.float(), block_table=table)
     with pytest.raises(TypeError, match="block_table"):
-        oss.attention_with_kvcache(q, k, v, sl, block_table=table.long())
+        oss.attention_with_kvcache(q, k, v, sl, block_table=table.float())
     with pytest.raises(ValueError, match="multiple"):
         oss.attention_with_kvcache(torch.randn(2, 3, 1, 16), k, v, sl, block_table=table)
     with pytest.raises(TypeError, match="window"):

@@ -154,11 +154,11 @@ def check_vocab_edges(rank: int, P: int, device: str):
 
 def check_ce_ignore_index(rank: int, P: int, device: str):
     """ignore_index not an int: a TypeError naming distributed.cross_entropy and the argument (None ended in torch's
-    TypeError from torch.where, 1.5 or a tensor ignored nothing), as onlinesoftmax.cross_entropy; past int64 a
+    TypeError from torch.where, 1.5 or a 1-d tensor ignored nothing), as onlinesoftmax.cross_entropy; past int64 a
     ValueError."""
     x = torch.randn(3, 4).to(device)
     t = torch.tensor([0, 1, 2], device=device)
-    for bad, err in ((None, TypeError), (1.5, TypeError), (torch.tensor(1), TypeError), (True, TypeError),
+    for bad, err in ((None, TypeError), (1.5, TypeError), (torch.tensor([1]), TypeError), (True, TypeError),
                      (2**63, ValueError)):
         try:
             D.cross_entropy(x, t, ignore_index=bad)

@@ -14,7 +14,16 @@ import math
 import torch
 
 from .._autocast import autocast_boundary
-from .._checks import check_attention_scalars, check_float_tensor, check_instance, no_double_backward
+from .._checks import (
+    as_int,
+    check_attention_scalars,
+    check_bool,
+    check_float_tensor,
+    check_instance,
+    check_window,
+    fit_window,
+    no_double_backward,
+)
 from .._triton.host import cached, wide_tiles
 from ..backend import in_layout_of, raw_apply, resolve_backend, transforms_active
 from ..target import target_of
@@ -30,18 +39,6 @@ MAX_HEAD_DIM = 256           # the kernels' register tiles (a [BLOCK_M, 256] fp3
 # ---- arguments ----------------------------------------------------------------------------------------------
 def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
-
-
-def _check_window(window, op: str) -> tuple[int, int]:
-    if window is None:
-        return -1, -1
-    if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or any(isinstance(w, bool) or not isinstance(w, int) for w in window)):
-        raise TypeError(f"{op}: window must be None or a pair of ints (left, right), got {window!r}")
-    left, right = int(window[0]), int(window[1])
-    if left < -1 or right < -1:
-        raise ValueError(f"{op}: window entries must be >= -1 (-1 = unbounded), got {window!r}")
-    return left, right
 
 
 def _check_qkv(q, k, v, op: str, ndim: int, seq_dim: int, head_dim: int) -> None:
@@ -623,25 +620,26 @@ _OP = "onlinesoftmax.attention"
 
 
 def _prepare(q, k, v, causal, scale, window, softcap, backend, op=_OP):
+    """The checked arguments: ``((left, right), backend, scale, softcap)``, scale and softcap Python floats (softcap
+    None when not given), a window side wider than the problem cut to it (``fit_window``)."""
     _check_qkv(q, k, v, op, ndim=4, seq_dim=2, head_dim=1)
-    check_attention_scalars(scale, softcap, op)
-    if not isinstance(causal, bool):
-        raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")
+    scale, softcap = check_attention_scalars(scale, softcap, op)
+    check_bool(causal, f"{op}: causal")
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"{op}: q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
-    win = _check_window(window, op)
+    win = fit_window(*check_window(window, op), q.shape[2], k.shape[2])
     backend = resolve_backend(backend, q, op)
     if backend == "triton":
         _check_kernel(q, op)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    return win, backend, scale
+    return win, backend, scale, softcap
 
 
 def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, backend=None,
             knobs: Knobs = Knobs()) -> AttentionPlan:
     """The plan ``attention(q, k, v, ...)`` would run: backend, problem, forward and backward launch configurations
     (for the target of q's device). ``knobs`` shows what an override would give."""
-    win, backend, _ = _prepare(q, k, v, causal, scale, window, softcap, backend, "onlinesoftmax.explain")
+    win, backend, _, softcap = _prepare(q, k, v, causal, scale, window, softcap, backend, "onlinesoftmax.explain")
     check_instance(knobs, Knobs, "onlinesoftmax.explain: knobs")
     p = _problem(q, k, causal, win, v, softcap is not None)
     return plan_attention(p, target_of(q.device), backend, knobs)
@@ -693,10 +691,13 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     >>> q = torch.randn(1, 8, 128, 64); k = torch.randn(1, 2, 128, 64); v = torch.randn(1, 2, 128, 64)
     >>> o = oss.attention(q, k, v, causal=True)          # GQA 8 / 2
     """
-    (left, right), backend, scale = _prepare(q, k, v, causal, scale, window, softcap, backend)
+    (left, right), backend, scale, softcap = _prepare(q, k, v, causal, scale, window, softcap, backend)
+    check_bool(return_lse, f"{_OP}: return_lse")
     if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
         o = _in_layout_of_q(o, q)
+    elif q.device.type == "meta":       # the op's fake: shapes, dtypes and strides, no kernel
+        o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right, softcap or 0.0)
     elif _decode_call(q, k, v):
         o, lse = _full_cache()(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0, return_lse)
         o = _in_layout_of_q(o, q)
@@ -737,7 +738,9 @@ _VOP = "onlinesoftmax.attention_varlen"
 def _check_cu(cu, name: str, q, op: str) -> None:
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
+    if cu.is_floating_point() or cu.is_complex() or cu.dtype == torch.bool:
+        raise TypeError(f"{op}: {name} must be an int32 (or other integer) tensor, got {str(cu.dtype)[6:]}")
+    if cu.dim() != 1 or cu.shape[0] < 1:
         raise ValueError(f"{op}: {name} must be a 1-d int32 tensor of length B + 1, got {str(cu.dtype)[6:]} of "
                          f"shape {tuple(cu.shape)}")
     if cu.device != q.device:
@@ -773,8 +776,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         Sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``
         of k and v. Any strides.
     cu_seqlens_q, cu_seqlens_k : int32 Tensor ``[B + 1]``
-        Cumulative lengths starting at 0 and ending at total_q / total_k; empty sequences allowed.
-    max_seqlen_q, max_seqlen_k : int
+        Cumulative lengths starting at 0 and ending at total_q / total_k; empty sequences allowed. Another integer
+        dtype (``torch.cumsum``'s int64) is converted to int32.
+    max_seqlen_q, max_seqlen_k : int (or a NumPy integer, a 0-d integer tensor)
         Bounds on the lengths (they size the grid: no host synchronisation reads cu_seqlens). They must be at
         least every sequence's length, and the cu_seqlens must cover every row: checked (``ValueError``) for CPU
         tensors, not on a GPU (that would need a synchronisation).
@@ -787,22 +791,34 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Under ``torch.autocast`` and deterministic mode as :func:`attention`.
     """
     _check_qkv(q, k, v, _VOP, ndim=3, seq_dim=0, head_dim=1)
-    check_attention_scalars(scale, softcap, _VOP)
-    if not isinstance(causal, bool):
-        raise TypeError(f"{_VOP}: causal must be a bool, got {type(causal).__name__}")
+    scale, softcap = check_attention_scalars(scale, softcap, _VOP)
+    check_bool(causal, f"{_VOP}: causal")
+    check_bool(return_lse, f"{_VOP}: return_lse")
     _check_cu(cu_seqlens_q, "cu_seqlens_q", q, _VOP)
     _check_cu(cu_seqlens_k, "cu_seqlens_k", q, _VOP)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"{_VOP}: cu_seqlens_q and cu_seqlens_k must have the same length B + 1, got "
                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    maxes = []
     for name, m, t in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
-        # (a torch.SymInt: traced from a shape under torch.compile / torch.export with dynamic shapes)
-        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or m < 0:
-            raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}")
+        # an int as torch takes one (a NumPy integer, a 0-d tensor: ``lengths.max()``), or a torch.SymInt (traced
+        # from a shape under torch.compile / torch.export with dynamic shapes)
+        if not isinstance(m, torch.SymInt):
+            try:
+                m = as_int(m, f"{_VOP}: {name}")
+            except TypeError:
+                raise TypeError(f"{_VOP}: {name} must be an int >= 0, got {m!r}") from None
+            if m < 0:
+                raise ValueError(f"{_VOP}: {name} must be an int >= 0, got {m}")
         if m == 0 and t.shape[0] > 0 and cu_seqlens_q.shape[0] > 1:
             raise ValueError(f"{_VOP}: {name} is 0 but the packed tensor has {t.shape[0]} rows")
+        maxes.append(m)
+    max_seqlen_q, max_seqlen_k = maxes
     _check_cu_values((cu_seqlens_q, cu_seqlens_k), (q.shape[0], k.shape[0]), (max_seqlen_q, max_seqlen_k), _VOP)
-    left, right = _check_window(window, _VOP)
+    # the kernels read int32 offsets: another integer dtype (torch.cumsum's int64) converted, its values checked
+    # above on the CPU (on a GPU they end at the packed rows, < 2^31, when valid)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32)
+    left, right = fit_window(*check_window(window, _VOP), max_seqlen_q, max_seqlen_k)
     backend = resolve_backend(backend, q, _VOP)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them

@@ -15,7 +15,15 @@ import functools
 import torch
 
 from .._autocast import autocast_boundary
-from .._checks import check_attention_scalars, check_float_tensor, check_instance
+from .._checks import (
+    as_int,
+    check_attention_scalars,
+    check_bool,
+    check_float_tensor,
+    check_instance,
+    check_window,
+    fit_window,
+)
 from ..backend import resolve_backend, transforms_active, values_unreadable
 from ..target import Target, target_of
 from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_plan, merge_plan
@@ -155,7 +163,7 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
     if transforms_active():      # torch.func transforms, forward AD: torch's ops, which compose with them
         return _merge_torch(o_a, lse_a, o_b, lse_b)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (o_a, lse_a, o_b, lse_b))
-    if grad or torch.compiler.is_compiling():
+    if grad or torch.compiler.is_compiling() or o_a.device.type == "meta":      # (meta: the op's fake)
         return torch.ops.onlinesoftmax.merge_attention_states(o_a, lse_a, o_b, lse_b, which)
     return _merge_impl(o_a, lse_a, o_b, lse_b, which)
 
@@ -241,18 +249,6 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, righ
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _window(window) -> tuple[int, int]:
-    if window is None:
-        return -1, -1
-    if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"attention_with_kvcache: window must be None or a pair of ints (left, right), got {window!r}")
-    left, right = window
-    if left < -1 or right < -1:
-        raise ValueError(f"attention_with_kvcache: window sizes must be >= 0 or -1 (unbounded), got {window!r}")
-    return left, right
-
-
 def _check_pages(cache_seqlens: torch.Tensor, block_table: torch.Tensor, num_pages: int, page: int) -> None:
     """On the CPU (free to read): every page a sequence reads (the first ⌈min(len, max_pages·page) / page⌉ entries
     of its row) is in [0, num_pages), else an ``IndexError`` naming it (a negative entry would index from the end).
@@ -275,9 +271,20 @@ def _described(t) -> str:
     return type(t).__name__
 
 
-def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap):
+def _index_tensor(t, name: str, f: str) -> None:
+    """An index argument of an integer dtype (int32 is what the kernels read; another is converted), else a
+    TypeError naming it."""
+    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        want = "an int32 tensor of shape [B]" if name == "cache_seqlens" else "an int32 tensor [B, max_pages]"
+        raise TypeError(f"{f}: {name} must be {want} (or another integer dtype), got {_described(t)}")
+
+
+def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, causal=True, window=None,
+                   return_lse=False):
     """Shapes, dtypes and devices; a tensor's values only on the CPU (the block table's pages): nothing here
-    synchronises with a GPU."""
+    synchronises with a GPU. Returns ``(cache_seqlens, block_table, scale, softcap, (left, right))``: the index
+    tensors as int32 (an int or a 0-d cache_seqlens as one length for every sequence, as FlashAttention's int),
+    scale and softcap as Python floats or None, the window cut to the cache (``fit_window``)."""
     f = "attention_with_kvcache"
     Tensor, dev = torch.Tensor, getattr(q, "device", None)
     if not (isinstance(q, Tensor) and isinstance(k_cache, Tensor) and isinstance(v_cache, Tensor)
@@ -305,8 +312,17 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
         raise ValueError(f"{f}: the caches' head dim {ks[3]} differs from q's {D}")
     if Hkv == 0 or H % Hkv:
         raise ValueError(f"{f}: q's {H} heads must be a multiple of the caches' {Hkv} (GQA)")
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
-            or cache_seqlens.shape != (B,):
+    if not isinstance(cache_seqlens, torch.Tensor):
+        try:
+            n = as_int(cache_seqlens, f"{f}: cache_seqlens")
+        except TypeError:
+            raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}] or an int, got "
+                            f"{_described(cache_seqlens)}") from None
+        cache_seqlens = torch.full((B,), n, dtype=torch.int32, device=dev)
+    _index_tensor(cache_seqlens, "cache_seqlens", f)
+    if cache_seqlens.dim() == 0:            # one length for every sequence, as an int
+        cache_seqlens = cache_seqlens.expand(B)
+    if cache_seqlens.shape != (B,):
         raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}], got "
                         f"{_described(cache_seqlens)}")
     if cache_seqlens.device != dev:
@@ -316,8 +332,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(ks)}")
         s_max, cache = ks[2], "the dense cache's S_max"
     else:
-        if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
-                or block_table.dim() != 2 or block_table.shape[0] != B):
+        _index_tensor(block_table, "block_table", f)
+        if block_table.dim() != 2 or block_table.shape[0] != B:
             raise TypeError(f"{f}: block_table must be an int32 tensor [B, max_pages] with B = {B}, got "
                             f"{_described(block_table)}")
         if block_table.device != dev:
@@ -331,7 +347,15 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.min())}, a negative length")
         if int(cache_seqlens.max()) > s_max:
             raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.max())}, past {cache} = {s_max}")
-    check_attention_scalars(scale, softcap, f)
+    scale, softcap = check_attention_scalars(scale, softcap, f)
+    check_bool(causal, f"{f}: causal")
+    check_bool(return_lse, f"{f}: return_lse")
+    window = fit_window(*check_window(window, f), Sq, s_max)
+    # the values were checked above where readable (the CPU); the kernels read int32
+    cache_seqlens = cache_seqlens.to(torch.int32)
+    if block_table is not None:
+        block_table = block_table.to(torch.int32)
+    return cache_seqlens, block_table, scale, softcap, window
 
 
 @autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k_cache", "v_cache"))
@@ -349,11 +373,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         head-dim-outermost buffer of more than 2^31 / D rows is copied to a contiguous one first).
         Query head h reads kv head ``h // (H // Hkv)``.
     cache_seqlens : int32 ``[B]``: valid keys of sequence b, the Sq new tokens included, from 0 to the cache's
-        ``S_max`` or ``max_pages · page_size`` (checked for CPU tensors). Slots at or past it (and pages past its
-        last) are never read; they may hold NaN.
-    block_table : int32 ``[B, max_pages]``: key j of sequence b is at page ``block_table[b, j // page_size]``,
-        slot ``j % page_size``. Page sizes 1 to 256. The pages a sequence reads must be in ``[0, num_pages)``
-        (checked for CPU tensors; entries past a sequence's last page are never read).
+        ``S_max`` or ``max_pages · page_size`` (checked for CPU tensors); another integer dtype is converted, an
+        int (or a 0-d tensor) is the length of every sequence (as FlashAttention's int). Slots at or past it (and
+        pages past its last) are never read; they may hold NaN.
+    block_table : int32 ``[B, max_pages]`` (another integer dtype is converted): key j of sequence b is at page
+        ``block_table[b, j // page_size]``, slot ``j % page_size``. Page sizes 1 to 256. The pages a sequence reads
+        must be in ``[0, num_pages)`` (checked for CPU tensors; entries past a sequence's last page are never read).
     causal : query i attends key j iff ``j <= cache_seqlens[b] − Sq + i`` (bottom-right aligned; torch SDPA's
         ``is_causal`` aligns top-left).
     scale : default ``D ** -0.5``; ``softcap=c``: scores ``c·tanh(s / c)``; ``window=(left, right)`` (−1 unbounded):
@@ -374,10 +399,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``cache_seqlens`` and ``block_table`` change. Under ``torch.autocast`` q and the caches are cast as
     ``scaled_dot_product_attention``'s (to the autocast dtype: keep the cache in it, or each call copies it).
     """
-    _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap)
-    if not isinstance(causal, bool):
-        raise TypeError(f"attention_with_kvcache: causal must be a bool, got {type(causal).__name__}")
-    left, right = _window(window)
+    cache_seqlens, block_table, scale, softcap, (left, right) = _check_kvcache(
+        q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, causal, window, return_lse)
     which = resolve_backend(backend, q, "attention_with_kvcache")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     cap = float(softcap or 0.0)
@@ -423,7 +446,8 @@ def explain(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache
     (``kernel`` "sm90" or "portable", ``splits`` key ranges per kv head) or "torch". ``target`` plans for another
     GPU (e.g. ``onlinesoftmax.target.H200`` for CPU or meta tensors). attention_with_kvcache's other keyword
     arguments are accepted (an unknown one is a TypeError) and do not change the plan."""
-    _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, None, None)
+    _, block_table, *_ = _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, causal,
+                                        window, return_lse)
     check_instance(target, Target, "explain(attention_with_kvcache): target")
     check_instance(knobs, Knobs, "explain(attention_with_kvcache): knobs")
     if target is None and resolve_backend(backend, q, "explain(attention_with_kvcache)") == "torch":

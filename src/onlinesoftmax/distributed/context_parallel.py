@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .._checks import no_double_backward
+from .._checks import check_bool, no_double_backward
 from ..attention.api import _prepare
 from ..attention.api import attention as _attention
 from ..decode.api import merge_attention_states
@@ -167,7 +167,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, layo
     if layout not in ("contiguous", "zigzag"):
         raise ValueError(f"distributed.attention: layout must be 'contiguous' or 'zigzag', got {layout!r}")
     # every check of the blocks' attention, here: raised from a block, the ring's first transfer is already in flight
-    _, which, scale = _prepare(q, k, v, causal, scale, None, None, backend, "distributed.attention")
+    _, which, scale, _ = _prepare(q, k, v, causal, scale, None, None, backend, "distributed.attention")
+    check_bool(return_lse, "distributed.attention: return_lse")
     if k.shape[2] != q.shape[2]:
         raise ValueError("distributed.attention: q, k and v must hold the same S_r positions on this rank")
     if layout == "zigzag" and q.shape[2] % 2:

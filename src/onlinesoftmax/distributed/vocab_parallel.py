@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .._checks import check_float_tensor, no_double_backward
+from .._checks import as_float, as_int, check_bool, check_float_tensor, no_double_backward
 from ..state import accumulation_dtype
 from ..topk.api import first_k
 from .state import gather_rows, local_state, merge_gathered, slices, world
@@ -132,6 +132,7 @@ def logsumexp(x_shard: torch.Tensor, *, keepdim: bool = False, group=None) -> to
     """The full row's logsumexp in x_shard's dtype (computed in fp32, fp64 for fp64), the same on every rank.
     Communication: 8 bytes per row per rank; the backward none."""
     _rows("distributed.logsumexp", x_shard)
+    check_bool(keepdim, "distributed.logsumexp: keepdim")
     out = _Logsumexp.apply(x_shard, group)
     out = out if out.dtype == x_shard.dtype else out.to(x_shard.dtype)
     return out.unsqueeze(-1) if keepdim else out
@@ -197,8 +198,7 @@ def softmax_topk(x_shard: torch.Tensor, k: int, *, group=None) -> TopK:
     ``onlinesoftmax.softmax_topk``; autograd to ``x_shard`` through values and lse with no communication in the
     backward."""
     x2 = _rows("distributed.softmax_topk", x_shard)
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"distributed.softmax_topk: k must be an int, got {type(k).__name__}")
+    k = as_int(k, "distributed.softmax_topk: k")        # an int as torch takes one
     offsets, total = slices(x2.shape[-1], x2.device, group)
     total = int(total)                          # k's range check needs it on the host
     if not 1 <= k <= total:
@@ -284,17 +284,14 @@ def cross_entropy(logits_shard: torch.Tensor, target: torch.Tensor, *, ignore_in
     if target.shape != logits_shard.shape[:-1]:
         raise ValueError(f"distributed.cross_entropy: target must have shape {tuple(logits_shard.shape[:-1])}, got "
                          f"{tuple(target.shape)}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"distributed.cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
+    ignore_index = as_int(ignore_index, "distributed.cross_entropy: ignore_index")      # (as torch takes one)
     if not -2**63 <= ignore_index < 2**63:
         raise ValueError(f"distributed.cross_entropy: ignore_index must fit int64 (the targets' dtype), got "
                          f"{ignore_index}")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"distributed.cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
-        raise TypeError(f"distributed.cross_entropy: label_smoothing must be a float, got "
-                        f"{type(label_smoothing).__name__}")
+    label_smoothing = as_float(label_smoothing, "distributed.cross_entropy: label_smoothing")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"distributed.cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     del x2
-    return _CrossEntropy.apply(logits_shard, target, ignore_index, reduction, float(label_smoothing), group)
+    return _CrossEntropy.apply(logits_shard, target, ignore_index, reduction, label_smoothing, group)

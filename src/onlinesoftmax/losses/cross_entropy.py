@@ -10,12 +10,13 @@ when dloss == 1) -> autograd registration -> eager autograd.Function -> public f
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 import torch.nn.functional as F
 
 from .._autocast import autocast_boundary
-from .._checks import check_float_tensor, no_double_backward
+from .._checks import as_int, check_bool, check_float_tensor, check_instance, no_double_backward, type_name
 from .._triton.host import cached
 from ..backend import raw_apply, resolve_backend, transforms_active, values_unreadable
 from ..target import target_of
@@ -34,14 +35,14 @@ def _kernels():
 
 
 # ---- checks ---------------------------------------------------------------------------------------------
-def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss, softcap, backend):
+def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss, softcap, backend) -> int:
+    """The arguments both losses take; returns ``ignore_index`` as a Python int."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"{name}: target must be a torch.Tensor of class indices, got {type(target).__name__}")
     if target.dtype != torch.int64:
         raise TypeError(f"{name}: target must be int64 class indices, got {str(target.dtype).replace('torch.', '')}"
                         " (class probabilities as targets are not supported)")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    ignore_index = as_int(ignore_index, f"{name}: ignore_index")        # an int as torch takes one
     if not -2**63 <= ignore_index < 2**63:
         raise ValueError(f"{name}: ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
     if reduction not in REDUCTIONS:
@@ -52,15 +53,28 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         raise ValueError(f"{name}: z_loss must be >= 0 and finite, got {z_loss}")
     if softcap is not None and not 0.0 < _number(name, "softcap", softcap) < math.inf:   # inf: c·tanh(x/c) is NaN
         raise ValueError(f"{name}: softcap must be None or a positive finite float, got {softcap}")
+    return ignore_index
 
 
 def _number(name: str, arg: str, v) -> float:
-    """A Python real (or a one-value real tensor, as torch takes) as a float, else a TypeError naming the argument."""
+    """A real as torch takes one (a Python or NumPy real, a one-value real tensor) as a float, else a TypeError
+    naming the argument (a meta tensor holds no value)."""
     if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool:
+        if v.device.type == "meta":
+            raise TypeError(f"{name}: {arg} must be a float, got a tensor on the meta device (it holds no value)")
         return float(v)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name}: {arg} must be a float, got {type(v).__name__}")
+    if isinstance(v, bool) or not isinstance(v, Real):
+        raise TypeError(f"{name}: {arg} must be a float, got {type_name(v)}")
     return float(v)
+
+
+def check_explain_extras(name: str, need_grad, target_gpu) -> None:
+    """An explain's ``need_grad`` (None or a bool) and ``target_gpu`` (None or a Target)."""
+    from ..target import Target
+
+    if need_grad is not None:
+        check_bool(need_grad, f"{name}: need_grad")
+    check_instance(target_gpu, Target, f"{name}: target_gpu")
 
 
 def _check_target_values(name, target, V: int, ignore_index: int) -> None:
@@ -289,7 +303,8 @@ _eager_ce = raw_apply(_EagerCrossEntropy)
 # ---- public --------------------------------------------------------------------------------------------
 def _prepare(name, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, backend,
              knobs):
-    _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss, softcap, backend)
+    """``(x2, t, backend, ignore_index)``: the [N, V] logits, the [N] targets, the backend, ignore_index an int."""
+    ignore_index = _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss, softcap, backend)
     _check_logits(name, logits, target, weight)
     if knobs is not None and not isinstance(knobs, CEKnobs):
         raise TypeError(f"{name}: knobs must be a CEKnobs, got {type(knobs).__name__}")
@@ -299,7 +314,7 @@ def _prepare(name, logits, target, weight, ignore_index, reduction, label_smooth
         backend = "torch"
     V = logits.shape[-1]
     x2 = logits if logits.dim() == 2 else logits.reshape(-1, V)
-    return x2, (target if target.dim() == 1 else target.reshape(-1)), backend
+    return x2, (target if target.dim() == 1 else target.reshape(-1)), backend, ignore_index
 
 
 @autocast_boundary("aten::cross_entropy_loss", "keep", ("logits",))
@@ -328,8 +343,8 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
     ``knobs``: a :class:`~onlinesoftmax.losses.plan.CEKnobs` override of the plan (tests, tuning).
     """
     name = "cross_entropy"
-    x2, t, backend = _prepare(name, logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                              softcap, backend, knobs)
+    x2, t, backend, ignore_index = _prepare(name, logits, target, weight, ignore_index, reduction, label_smoothing,
+                                            z_loss, softcap, backend, knobs)
     softcap = float(softcap) if softcap is not None else None
     eps, z_loss = float(label_smoothing), float(z_loss)
     if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
@@ -339,7 +354,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight: torch.T
         x2 = x2.contiguous()
     t = t.contiguous()
     need_grad = logits.requires_grad and torch.is_grad_enabled()
-    if torch.compiler.is_compiling() or x2.shape[0] == 0:
+    if torch.compiler.is_compiling() or x2.shape[0] == 0 or x2.device.type == "meta":     # (meta: the op's fake)
         loss, _ = torch.ops.onlinesoftmax.cross_entropy(x2, t, weight, ignore_index, reduction, eps, z_loss, softcap,
                                                         need_grad, *_knob_args(knobs or CEKnobs()))
     else:       # eager: the bound call, no dispatcher; an autograd.Function around it where a gradient is needed
@@ -355,8 +370,9 @@ def explain_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, weight=
                           target_gpu=None) -> CEPlan:
     """The plan ``cross_entropy`` would run for these arguments (``need_grad`` defaults to logits.requires_grad);
     ``target_gpu``: plan for this :class:`~onlinesoftmax.target.Target` instead of logits' device."""
-    x2, _, backend = _prepare("explain", logits, target, weight, ignore_index, reduction, label_smoothing, z_loss,
-                              softcap, backend, knobs)
+    x2, _, backend, _ = _prepare("explain", logits, target, weight, ignore_index, reduction, label_smoothing,
+                                 z_loss, softcap, backend, knobs)
+    check_explain_extras("explain", need_grad, target_gpu)
     if backend == "torch" and target_gpu is None:
         return CEPlan("torch", fast_exp=False, reason="torch backend")
     need = logits.requires_grad if need_grad is None else need_grad

@@ -35,6 +35,7 @@ from .cross_entropy import (
     _kernels,
     _no_double_backward,
     _reduction_coefs,
+    check_explain_extras,
     cross_entropy,
 )
 from .plan import CEKnobs, LCEKnobs, LCEPlan, LCEProblem, plan_linear_cross_entropy
@@ -424,7 +425,7 @@ torch.library.register_autograd("onlinesoftmax::linear_cross_entropy", _backward
 
 def _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss, softcap,
              backend, knobs):
-    _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss, softcap, backend)
+    ignore_index = _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss, softcap, backend)
     check_float_tensor(hidden, f"{name}: hidden", _DTYPES)
     check_float_tensor(weight, f"{name}: weight", _DTYPES)
     if hidden.dim() < 1 or weight.dim() != 2:
@@ -476,6 +477,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     name = "linear_cross_entropy"
     h, t, backend, kargs = _prepare(name, hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                     z_loss, softcap, backend, knobs)
+    ignore_index = int(ignore_index)            # checked: an int as torch takes one (a NumPy integer, a 0-d tensor)
     if transforms_active():      # torch.func, forward AD: the logits and torch's cross-entropy compose with them
         loss = cross_entropy(torch.nn.functional.linear(h, weight, bias), t, ignore_index=ignore_index,
                              reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
@@ -488,7 +490,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
             bias is not None and bias.requires_grad and grad_on)
     args = (h, w, bias, t, ignore_index, reduction, float(label_smoothing), float(z_loss),
             float(softcap) if softcap is not None else None, *need, backend, *kargs)
-    if not any(need) and not torch.compiler.is_compiling():
+    if not any(need) and not torch.compiler.is_compiling() and h.device.type != "meta":     # (meta: the op's fake)
         loss = _lce_impl(*args)[0]
     else:
         loss = torch.ops.onlinesoftmax.linear_cross_entropy(*args)[0]
@@ -502,6 +504,7 @@ def explain_linear_cross_entropy(hidden, weight, target, *, bias=None, ignore_in
     """The plan ``linear_cross_entropy`` would run (``target_gpu``: plan for that Target instead)."""
     h, _, backend, _ = _prepare("explain", hidden, weight, target, bias, ignore_index, reduction, label_smoothing,
                                 z_loss, softcap, backend, knobs)
+    check_explain_extras("explain", need_grad, target_gpu)
     need = (hidden.requires_grad or weight.requires_grad) if need_grad is None else need_grad
     p = LCEProblem(h.shape[0], h.shape[1], weight.shape[0], h.element_size(), need)
     tgt = target_gpu or target_of(h.device)

@@ -101,6 +101,8 @@ def _per_row(v: torch.Tensor, B: int, device, dtype, name: str, ok=None, rule: s
         raise TypeError(f"sample: {name} must be {want} tensor, got a {str(v.dtype)[6:]} tensor")
     if v.numel() not in (1, B):
         raise ValueError(f"sample: {name} must hold 1 or {B} values (one per row), got shape {tuple(v.shape)}")
+    if v.device.type == "meta" and device.type != "meta":
+        raise ValueError(f"sample: {name} is a tensor on the meta device (it holds no values), logits on {device}")
     if (ok is not None and v.device.type == "cpu" and v.numel() and not values_unreadable(v)
             and not bool(ok(v.to(torch.float64)).all())):
         bad = v.reshape(-1)[~ok(v.reshape(-1).to(torch.float64))][:4].tolist()
