@@ -24,9 +24,16 @@ import inspect
 
 import torch
 
-__all__ = ["any_autocast", "autocast_boundary"]
+__all__ = ["any_autocast", "autocast_boundary", "autocast_on"]
 
 any_autocast = torch._C._is_any_autocast_enabled     # one C call: the check a host-cost-bound public function inlines
+
+
+def autocast_on(t) -> bool:
+    """Autocast is on for tensor ``t``'s device type: a public function that inlines ``any_autocast() and
+    autocast_on(x)`` and then calls its ``autocast_boundary`` wrapper (which turns it off for that device type
+    before calling the function again) cannot recurse."""
+    return isinstance(t, torch.Tensor) and torch.is_autocast_enabled(t.device.type)
 
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._autocast import autocast_boundary
+from .._autocast import any_autocast, autocast_boundary, autocast_on
 from .._checks import (
     as_int,
     check_attention_scalars,
@@ -624,10 +624,11 @@ def _prepare(q, k, v, causal, scale, window, softcap, backend, op=_OP):
     None when not given), a window side wider than the problem cut to it (``fit_window``)."""
     _check_qkv(q, k, v, op, ndim=4, seq_dim=2, head_dim=1)
     scale, softcap = check_attention_scalars(scale, softcap, op)
-    check_bool(causal, f"{op}: causal")
+    if type(causal) is not bool:        # (the checks' messages are built only on failure: a decode step's host cost)
+        check_bool(causal, f"{op}: causal")
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"{op}: q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
-    win = fit_window(*check_window(window, op), q.shape[2], k.shape[2])
+    win = (-1, -1) if window is None else fit_window(*check_window(window, op), q.shape[2], k.shape[2])
     backend = resolve_backend(backend, q, op)
     if backend == "triton":
         _check_kernel(q, op)
@@ -645,7 +646,6 @@ def explain(q, k, v, *, causal=False, scale=None, window=None, softcap=None, bac
     return plan_attention(p, target_of(q.device), backend, knobs)
 
 
-@autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k", "v"))
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, return_lse=False, backend=None):
     """Scaled dot-product attention on the online-softmax state ``(m, d, o)`` (FlashAttention): the Sq × Sk scores
     are never written to memory.
@@ -691,12 +691,16 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     >>> q = torch.randn(1, 8, 128, 64); k = torch.randn(1, 2, 128, 64); v = torch.randn(1, 2, 128, 64)
     >>> o = oss.attention(q, k, v, causal=True)          # GQA 8 / 2
     """
+    if any_autocast() and autocast_on(q):   # inline, not a decorator: a decode step's host cost
+        return _attention_autocast(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                   return_lse=return_lse, backend=backend)
     (left, right), backend, scale, softcap = _prepare(q, k, v, causal, scale, window, softcap, backend)
-    check_bool(return_lse, f"{_OP}: return_lse")
+    if type(return_lse) is not bool:
+        check_bool(return_lse, f"{_OP}: return_lse")
     if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
         o = _in_layout_of_q(o, q)
-    elif q.device.type == "meta":       # the op's fake: shapes, dtypes and strides, no kernel
+    elif q.is_meta:                     # the op's fake: shapes, dtypes and strides, no kernel
         o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right, softcap or 0.0)
     elif _decode_call(q, k, v):
         o, lse = _full_cache()(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0, return_lse)
@@ -704,6 +708,9 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     else:
         o, lse = _attention_fwd(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0)
     return (o, lse) if return_lse else o
+
+
+_attention_autocast = autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k", "v"))(attention)
 
 
 def _in_layout_of_q(o: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from .._autocast import autocast_boundary
+from .._autocast import any_autocast, autocast_boundary, autocast_on
 from .._checks import (
     as_int,
     check_attention_scalars,
@@ -319,7 +319,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise TypeError(f"{f}: cache_seqlens must be an int32 tensor of shape [B] = [{B}] or an int, got "
                             f"{_described(cache_seqlens)}") from None
         cache_seqlens = torch.full((B,), n, dtype=torch.int32, device=dev)
-    _index_tensor(cache_seqlens, "cache_seqlens", f)
+    if cache_seqlens.dtype != torch.int32:
+        _index_tensor(cache_seqlens, "cache_seqlens", f)
     if cache_seqlens.dim() == 0:            # one length for every sequence, as an int
         cache_seqlens = cache_seqlens.expand(B)
     if cache_seqlens.shape != (B,):
@@ -332,7 +333,8 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
             raise ValueError(f"{f}: a dense cache is [B, Hkv, S_max, D] with B = {B}, got {tuple(ks)}")
         s_max, cache = ks[2], "the dense cache's S_max"
     else:
-        _index_tensor(block_table, "block_table", f)
+        if not (isinstance(block_table, torch.Tensor) and block_table.dtype == torch.int32):
+            _index_tensor(block_table, "block_table", f)
         if block_table.dim() != 2 or block_table.shape[0] != B:
             raise TypeError(f"{f}: block_table must be an int32 tensor [B, max_pages] with B = {B}, got "
                             f"{_described(block_table)}")
@@ -348,17 +350,19 @@ def _check_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, scale, softc
         if int(cache_seqlens.max()) > s_max:
             raise ValueError(f"{f}: cache_seqlens holds {int(cache_seqlens.max())}, past {cache} = {s_max}")
     scale, softcap = check_attention_scalars(scale, softcap, f)
-    check_bool(causal, f"{f}: causal")
-    check_bool(return_lse, f"{f}: return_lse")
-    window = fit_window(*check_window(window, f), Sq, s_max)
+    if type(causal) is not bool:            # (messages built only on failure: a decode step's host cost)
+        check_bool(causal, f"{f}: causal")
+    if type(return_lse) is not bool:
+        check_bool(return_lse, f"{f}: return_lse")
+    window = (-1, -1) if window is None else fit_window(*check_window(window, f), Sq, s_max)
     # the values were checked above where readable (the CPU); the kernels read int32
-    cache_seqlens = cache_seqlens.to(torch.int32)
-    if block_table is not None:
+    if cache_seqlens.dtype != torch.int32:
+        cache_seqlens = cache_seqlens.to(torch.int32)
+    if block_table is not None and block_table.dtype != torch.int32:
         block_table = block_table.to(torch.int32)
     return cache_seqlens, block_table, scale, softcap, window
 
 
-@autocast_boundary("aten::scaled_dot_product_attention", "lower", ("q", "k_cache", "v_cache"))
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_seqlens: torch.Tensor, *, block_table: torch.Tensor | None = None,
                            causal: bool = True, scale: float | None = None, window: tuple[int, int] | None = None,
@@ -399,6 +403,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``cache_seqlens`` and ``block_table`` change. Under ``torch.autocast`` q and the caches are cast as
     ``scaled_dot_product_attention``'s (to the autocast dtype: keep the cache in it, or each call copies it).
     """
+    if any_autocast() and autocast_on(q):   # inline, not a decorator: a decode step's host cost
+        return _kvcache_autocast(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                                 scale=scale, window=window, softcap=softcap, return_lse=return_lse, backend=backend)
     cache_seqlens, block_table, scale, softcap, (left, right) = _check_kvcache(
         q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, causal, window, return_lse)
     which = resolve_backend(backend, q, "attention_with_kvcache")
@@ -421,6 +428,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         o, lse = _kernels().attention_decode(*args[:-1], return_lse)
     return (o, lse) if return_lse else o
+
+
+_kvcache_autocast = autocast_boundary("aten::scaled_dot_product_attention", "lower",
+                                      ("q", "k_cache", "v_cache"))(attention_with_kvcache)
 
 
 def attention_full_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, left: int,

@@ -343,8 +343,6 @@ def attention_decode(q, k, v, lens, block_table, causal: bool, scale: float, lef
         lens = lens.contiguous()            # the kernels read lengths[b] at b, block_table[b, i] at b·stride + i
     if block_table is not None and block_table.stride(1) != 1 and block_table.shape[1] > 1:
         block_table = block_table.contiguous()
-    if (q.shape[3] - 1) * q.stride(3) >= 2**31:    # head-dim offsets past 32 bits (wide_tiles; the cache's: _wide)
-        q = q.contiguous()
     if not q.numel():
         if lens is None:
             lens = uniform_lengths(q.shape[0], k.shape[2], q.device)
@@ -365,6 +363,9 @@ def attention_decode(q, k, v, lens, block_table, causal: bool, scale: float, lef
         if len(_calls) >= CALLS_KEPT:
             _calls.clear()
         flags = (paged, bool(causal), left >= 0, right >= 0, bool(softcap), q.dtype == torch.float32)
+        if (q.shape[3] - 1) * q.stride(3) >= 2**31:    # head-dim offsets past 32 bits (wide_tiles): rare, a copy
+            return attention_decode(q.contiguous(), k, v, lens, block_table, causal, scale, left, right, softcap,
+                                    need_lse)
         call = _calls[key] = DecodeCall(q, k.shape[1], page, flags, (float(scale), float(softcap or 0.0), int(left),
                                                                      int(right)), need_lse)
     return call(q, k, v, lens, block_table, stream, capturing)
