@@ -390,3 +390,30 @@ def test_double_backward_where_supported(backend):
                                        create_graph=True)
             got.append(torch.autograd.grad(g.pow(2).sum(), x)[0])
         torch.testing.assert_close(*got)
+
+
+@pytest.mark.gpu
+def test_gpu_autocast_as_torch():
+    """Under CUDA autocast (bf16) each op returns torch's dtype for the op it stands in for, with the values of the
+    call on the inputs torch's autocast would have given it: softmax / log_softmax fp32 (torch's fp32 list), logsumexp
+    fp32, attention bf16 from fp32 q and bf16 k, v (SDPA's cast), linear_cross_entropy from a bf16 hidden and an fp32
+    weight (F.linear's cast), fp32 loss."""
+    dev = "cuda"
+    x = torch.randn(8, 1000, device=dev, dtype=BF16)
+    q = torch.randn(2, 4, 64, 64, device=dev)
+    k, v = (torch.randn(2, 2, 80, 64, device=dev, dtype=BF16) for _ in range(2))
+    h, w = torch.randn(64, 32, device=dev, dtype=BF16), torch.randn(100, 32, device=dev)
+    t = torch.randint(0, 100, (64,), device=dev)
+    with torch.autocast("cuda", dtype=BF16):
+        sm, lsm, lse = oss.softmax(x), oss.log_softmax(x), oss.logsumexp(x)
+        want_dtypes = torch.softmax(x, -1).dtype, torch.log_softmax(x, -1).dtype, torch.logsumexp(x, -1).dtype
+        o = oss.attention(q, k, v, causal=True)
+        loss = oss.linear_cross_entropy(h, w, t)
+    assert (sm.dtype, lsm.dtype, lse.dtype) == want_dtypes == (torch.float32,) * 3
+    _same(sm, oss.softmax(x, dtype=torch.float32), atol=0)
+    _same(lsm, oss.log_softmax(x, dtype=torch.float32), atol=0)
+    _same(lse, oss.logsumexp(x.float()), atol=0)
+    assert o.dtype == BF16
+    _same(o, oss.attention(q.to(BF16), k, v, causal=True), atol=0)
+    assert loss.dtype == torch.float32
+    _same(loss, oss.linear_cross_entropy(h, w.to(BF16), t), atol=0)
