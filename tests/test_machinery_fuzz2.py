@@ -417,3 +417,14 @@ def test_gpu_autocast_as_torch():
     _same(o, oss.attention(q.to(BF16), k, v, causal=True), atol=0)
     assert loss.dtype == torch.float32
     _same(loss, oss.linear_cross_entropy(h, w.to(BF16), t), atol=0)
+
+
+def test_autocast_with_meta_tensors():
+    """Shape propagation on meta tensors inside a CPU autocast region: torch's ops run as without autocast there
+    (meta is no autocast device type), and so do ours (torch.is_autocast_enabled("meta") raised before)."""
+    q, x = torch.empty(1, 2, 8, 16, device="meta"), torch.empty(3, 40, device="meta")
+    with torch.autocast("cpu", dtype=BF16):
+        o, y = oss.attention(q, q, q, causal=True), oss.softmax(x)
+        loss = oss.linear_cross_entropy(torch.empty(6, 16, device="meta"), torch.empty(32, 16, device="meta"),
+                                        torch.empty(6, dtype=torch.long, device="meta"))
+    assert o.shape == q.shape and o.dtype == q.dtype and y.shape == x.shape and loss.shape == ()

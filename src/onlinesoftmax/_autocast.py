@@ -29,13 +29,26 @@ __all__ = ["any_autocast", "autocast_boundary", "autocast_on"]
 any_autocast = torch._C._is_any_autocast_enabled     # one C call: the check a host-cost-bound public function inlines
 
 
-def autocast_on(t) -> bool:
-    """Autocast is on for tensor ``t``'s device type: a public function that inlines ``any_autocast() and
-    autocast_on(x)`` and then calls its ``autocast_boundary`` wrapper (which turns it off for that device type
-    before calling the function again) cannot recurse."""
-    return isinstance(t, torch.Tensor) and torch.is_autocast_enabled(t.device.type)
-
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia")
+
+
+def _known(dt: str) -> bool:
+    try:
+        torch.is_autocast_enabled(dt)
+        return True
+    except RuntimeError:        # a device type autocast does not know (meta: shape propagation runs as without it)
+        return False
+
+
+_AUTOCAST_TYPES = frozenset(dt for dt in _DEVICE_TYPES if _known(dt))
+
+
+def autocast_on(t) -> bool:
+    """Autocast is on for tensor ``t``'s device type (never for a type autocast does not know, e.g. meta): a public
+    function that inlines ``any_autocast() and autocast_on(x)`` and then calls its ``autocast_boundary`` wrapper
+    (which turns it off for that device type before calling the function again) cannot recurse."""
+    dt = t.device.type if isinstance(t, torch.Tensor) else None
+    return dt in _AUTOCAST_TYPES and torch.is_autocast_enabled(dt)
 
 
 def _torch_autocasts(op: str) -> frozenset:
@@ -70,7 +83,7 @@ def autocast_boundary(torch_op: str, policy: str, names: tuple[str, ...]):
             if not any_autocast():
                 return fn(*args, **kwargs)
             first = args[where[0][1]] if len(args) > where[0][1] else kwargs.get(where[0][0])
-            if not isinstance(first, torch.Tensor) or not torch.is_autocast_enabled(first.device.type):
+            if not autocast_on(first):
                 return fn(*args, **kwargs)
             device_type = first.device.type
             if device_type in devices and policy != "keep":
