@@ -428,3 +428,20 @@ def test_autocast_with_meta_tensors():
         loss = oss.linear_cross_entropy(torch.empty(6, 16, device="meta"), torch.empty(32, 16, device="meta"),
                                         torch.empty(6, dtype=torch.long, device="meta"))
     assert o.shape == q.shape and o.dtype == q.dtype and y.shape == x.shape and loss.shape == ()
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp", "softmax_topk", "sample"])
+def test_meta_tensors_with_backend_triton(name):
+    """backend="triton" on meta tensors (shape propagation) gives the shapes and dtypes of the call on real
+    tensors (resolve_backend: the torch path's ops; under the interpreter the kernels failed to read the meta
+    tensor's data)."""
+    x = torch.randn(4, 100)
+    run = {"softmax": lambda t: oss.softmax(t, backend="triton"),
+           "log_softmax": lambda t: oss.log_softmax(t, dim=0, backend="triton"),
+           "logsumexp": lambda t: oss.logsumexp(t, backend="triton"),
+           "softmax_topk": lambda t: tuple(oss.softmax_topk(t, 5, backend="triton")),
+           "sample": lambda t: oss.sample(t, top_k=5, backend="triton")}[name]
+    got, want = run(x.to("meta")), run(x)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert g.is_meta and g.shape == w.shape and g.dtype == w.dtype

@@ -3,7 +3,7 @@
 * ``None``: Triton for CUDA tensors (when Triton is importable), the portable torch path otherwise.
 * ``"torch"``: the portable path (runs on any device; the CPU backend).
 * ``"triton"``: the Triton kernels. On a CPU tensor only under ``TRITON_INTERPRET=1``, so tests can run
-  the kernels' logic on a machine without a GPU.
+  the kernels' logic on a machine without a GPU. Meta tensors (no values: shape propagation) take the torch path.
 
 Kernel modules are imported lazily (``import onlinesoftmax`` never imports Triton).
 """
@@ -84,6 +84,8 @@ def resolve_backend(backend: str | None, x: torch.Tensor, op: str) -> str:
     if backend == "triton":
         if not triton_available():
             raise RuntimeError(f"{op}: backend='triton' needs the triton package (pip install triton)")
+        if x.is_meta:       # no values: the torch path's ops give the shapes, dtypes and strides (shape propagation)
+            return "torch"
         if not x.is_cuda and not interpret_mode():
             raise RuntimeError(
                 f"{op}: backend='triton' needs a CUDA tensor, got a tensor on {x.device}; "

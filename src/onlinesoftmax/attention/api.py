@@ -700,8 +700,6 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, r
     if backend == "torch" or transforms_active():   # torch.func, forward AD: torch ops compose with them
         o, lse = _torch_attention(q, k, v, scale, left, 0 if causal else right, softcap)
         o = _in_layout_of_q(o, q)
-    elif q.is_meta:                     # the op's fake: shapes, dtypes and strides, no kernel
-        o, lse = torch.ops.onlinesoftmax.attention_fwd(q, k, v, causal, scale, left, right, softcap or 0.0)
     elif _decode_call(q, k, v):
         o, lse = _full_cache()(q, k, v, causal, scale, left, right, float(softcap) if softcap else 0.0, return_lse)
         o = _in_layout_of_q(o, q)

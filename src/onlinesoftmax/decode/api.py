@@ -163,7 +163,7 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
     if transforms_active():      # torch.func transforms, forward AD: torch's ops, which compose with them
         return _merge_torch(o_a, lse_a, o_b, lse_b)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (o_a, lse_a, o_b, lse_b))
-    if grad or torch.compiler.is_compiling() or o_a.device.type == "meta":      # (meta: the op's fake)
+    if grad or torch.compiler.is_compiling():
         return torch.ops.onlinesoftmax.merge_attention_states(o_a, lse_a, o_b, lse_b, which)
     return _merge_impl(o_a, lse_a, o_b, lse_b, which)
 

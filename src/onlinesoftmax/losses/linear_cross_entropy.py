@@ -490,7 +490,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
             bias is not None and bias.requires_grad and grad_on)
     args = (h, w, bias, t, ignore_index, reduction, float(label_smoothing), float(z_loss),
             float(softcap) if softcap is not None else None, *need, backend, *kargs)
-    if not any(need) and not torch.compiler.is_compiling() and h.device.type != "meta":     # (meta: the op's fake)
+    if not any(need) and not torch.compiler.is_compiling():
         loss = _lce_impl(*args)[0]
     else:
         loss = torch.ops.onlinesoftmax.linear_cross_entropy(*args)[0]
