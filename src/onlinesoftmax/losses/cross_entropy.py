@@ -19,7 +19,7 @@ from .._autocast import autocast_boundary
 from .._checks import as_int, check_bool, check_float_tensor, check_instance, no_double_backward, type_name
 from .._triton.host import cached
 from ..backend import raw_apply, resolve_backend, transforms_active, values_unreadable
-from ..target import target_of
+from ..target import Target, target_of
 from .plan import CEKnobs, CEPlan, CEProblem, plan_cross_entropy
 
 __all__ = ["cross_entropy", "explain_cross_entropy"]
@@ -70,8 +70,6 @@ def _number(name: str, arg: str, v) -> float:
 
 def check_explain_extras(name: str, need_grad, target_gpu) -> None:
     """An explain's ``need_grad`` (None or a bool) and ``target_gpu`` (None or a Target)."""
-    from ..target import Target
-
     if need_grad is not None:
         check_bool(need_grad, f"{name}: need_grad")
     check_instance(target_gpu, Target, f"{name}: target_gpu")
