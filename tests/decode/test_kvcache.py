@@ -307,8 +307,8 @@ def test_explain_takes_the_calls_keywords():
 def test_split_count_from_shapes_only():
     """Per-sequence splits (paged caches; dense ones on request): many (b, kv head) programs: no split; one long
     sequence: many; bounded. Dense caches on the H200 run the balanced schedule: one program per SM over all
-    sequences' tiles (up to BALANCED_MAX_B sequences), paged ones from PAGED_BALANCED_MIN_B sequences. Only shapes
-    enter the plan."""
+    sequences' tiles (up to BALANCED_MAX_B sequences and below 3 (b, kv head) units per SM: more fill the SMs
+    without a split), paged ones from PAGED_BALANCED_MIN_B sequences. Only shapes enter the plan."""
     per_seq = Knobs.of(balanced=False)
     big = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200, knobs=per_seq)
     assert big.splits == 1
@@ -319,8 +319,14 @@ def test_split_count_from_shapes_only():
     paged = explain(*_meta(1, 32, 8, 1, 128, 131072, page=16)[:4], block_table=_meta(1, 32, 8, 1, 128, 131072,
                                                                                        page=16)[4], target=H200)
     assert paged.splits == long.splits and not paged.balanced
-    dense = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200)
+    dense = explain(*_meta(32, 32, 8, 1, 128, 4096)[:4], target=H200)
     assert dense.balanced and dense.splits * 8 == H200.sm_count // 8 * 8       # one program per SM: 16 per kv head
+    many = explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200)         # 512 units on 132 SMs
+    assert not many.balanced and many.splits == 1
+    assert explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=H200, knobs=Knobs.of(balanced=True)).balanced
+    assert explain(*_meta(49, 32, 8, 1, 128, 4096)[:4], target=H200).balanced  # 392 units: < 3 per SM
+    assert not explain(*_meta(50, 32, 8, 1, 128, 4096)[:4], target=H200).balanced
+    assert explain(*_meta(64, 32, 8, 1, 128, 4096)[:4], target=A100).splits == 1
     assert not explain(*_meta(BALANCED_MAX_B + 1, 8, 8, 1, 128, 64)[:4], target=H200).balanced
     tiles = tiles_for(H200)
     for B in (1, 2, 4, 8, 16, 64):
@@ -384,7 +390,7 @@ def test_knobs():
     assert decode_plan(Problem(8, 32, 32, 1, 128, 32768), H200, Knobs.of(balanced=True, programs_per_sm=1)).splits == 4
     assert decode_plan(Problem(1, 8, 8, 1, 128, 256), H200, Knobs.of(balanced=True)).splits == 2   # one per tile
     # across kv heads: the chunks of one line fill every SM (132, not 16 · 8 = 128); cross needs balanced
-    wide = Problem(64, 32, 8, 1, 128, 4096)
+    wide = Problem(32, 32, 8, 1, 128, 4096)
     xh = decode_plan(wide, H200, Knobs.of(cross=True))
     assert xh.balanced and xh.cross and xh.splits == 132 and decode_plan(wide, H200).splits == 16
     assert not decode_plan(wide, H200).cross and not decode_plan(wide, H200, Knobs.of(cross=True, balanced=False)).cross

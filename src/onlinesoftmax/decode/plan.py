@@ -56,6 +56,7 @@ class Tiles:
     balanced_per_sm: int = 0     # programs per SM of the balanced schedule (0: programs_per_sm)
     wide_per_sm: int = 0         # the same for row blocks past 16 rows (G·Sq > 16; 0: balanced_per_sm)
     cross: bool = False          # the balanced line over all kv heads (Plan.cross)
+    balanced_below: int = 0      # balanced for fewer than this many units per SM only (0: any)
 
 
 # sm_90, H200 (tools/probe_decode.py, bf16, Sq = 1, GB/s of K and V): dense caches take 128-key tiles over 8 warps,
@@ -81,8 +82,13 @@ SM90 = Tiles(block_n=64, num_stages=4, max_rows=64, programs_per_sm=2, num_warps
 SM90_PAGED_BALANCED = Tiles(block_n=64, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=4, ahead=2,
                             balanced=True, balanced_per_sm=3, wide_per_sm=2)
 PAGED_BALANCED_MIN_B = 8    # fewer paged sequences split per sequence (measured at 1 and from 8)
+# From 3 (b, kv head, row block) units per SM a dense cache splits per sequence: the units fill the SMs without a
+# split, so no merge launch, and the GPU's block scheduler evens out drawn lengths (tools/probe_decode_units.py:
+# 4-16 units per SM, full lengths 1.02-1.10x the balanced GB/s, 0.993x cuDNN at (64, 32/8, 4K) against 0.943; lengths
+# drawn from 1 to S 0.98x at 4 units per SM, 1.04-1.20x at 8-16; skewed lengths (a few full, the rest short)
+# 1.18-1.71x; at 2 units per SM drawn lengths 0.77-0.90x, so the balanced schedule stays below).
 SM90_DENSE = Tiles(block_n=128, num_stages=3, max_rows=64, programs_per_sm=2, num_warps=8, balanced=True,
-                   balanced_per_sm=1)
+                   balanced_per_sm=1, balanced_below=3)
 BALANCED_MAX_B = 256        # the balanced merge sums over all B lengths per row: larger batches split per sequence
 PORTABLE = Tiles(block_n=64, num_stages=2, max_rows=64, programs_per_sm=2, num_warps=8)   # 4 warps spill on sm_80
 INTERPRETED = Tiles(block_n=16, num_stages=1, max_rows=16, programs_per_sm=2)
@@ -249,7 +255,9 @@ def decode_plan(p: Problem, target: Target, knobs: Knobs = NO_KNOBS) -> Plan:
     block_n = knobs.block_n or max(16, min(tiles.block_n, tiles.block_n * 256 // (block_d * p.esize)))
     tiles = dataclasses.replace(tiles, block_n=block_n)
     # a full cache has nothing to balance: its sequences split alone (no merge launch where one split fills the GPU)
-    balanced = (tiles.balanced and p.B <= BALANCED_MAX_B and not p.full) if knobs.balanced is None \
+    units = p.B * p.Hkv * row_blocks
+    many = tiles.balanced_below and units >= tiles.balanced_below * target.sm_count
+    balanced = (tiles.balanced and p.B <= BALANCED_MAX_B and not p.full and not many) if knobs.balanced is None \
         else knobs.balanced
     cross = balanced and (tiles.cross if knobs.cross is None else knobs.cross)
     per_sm = knobs.programs_per_sm or (block_m > 16 and tiles.wide_per_sm) or tiles.balanced_per_sm \
