@@ -2,39 +2,13 @@
 processes are always reaped), against the single-process ops."""
 
 import os
-import socket
 import sys
-import time
 
 import pytest
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import _worker  # noqa: E402
-
-TIME_LIMIT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(P: int, checks: tuple, device: str = "cpu"):
-    ctx = mp.start_processes(_worker.main, args=(P, _free_port(), device, checks), nprocs=P, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIME_LIMIT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{P} ranks did not finish {checks} in {TIME_LIMIT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join()
+from _worker import run_ranks  # noqa: E402
 
 
 @pytest.mark.parametrize("P", [2, 3])
