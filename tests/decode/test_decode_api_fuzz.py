@@ -90,3 +90,27 @@ def test_merge_meta_gives_the_fakes_shapes(backend):
     o, lse = torch.empty(2, 3, 8, device="meta"), torch.empty(2, 3, device="meta")
     mo, ml = oss.merge_attention_states(o, lse, o, lse, backend=backend)
     assert mo.shape == o.shape and ml.shape == lse.shape and mo.device.type == "meta"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype, D", [(torch.float64, 16), (torch.float32, 320)], ids=["float64", "D320"])
+def test_what_the_kernels_do_not_take(dtype, D):
+    """float64 or a head dim past 256 with backend="triton": an error naming the function, as oss.attention's (both
+    ran on the torch path silently, and a D > 256 cache on a GPU reached the kernels by default); by default the
+    torch path (``_kernel_backend``: what a GPU does with backend=None), right against the fp64 reference."""
+    from onlinesoftmax.decode.api import _kernel_backend
+
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 1, D, generator=gen, dtype=dtype)
+    k, v = (torch.randn(2, 2, 9, D, generator=gen, dtype=dtype) for _ in range(2))
+    lens = torch.tensor([9, 4], dtype=torch.int32)
+    err = (TypeError, "takes float16, bfloat16 or float32") if dtype == torch.float64 else \
+        (ValueError, "takes head dims up to 256")
+    with pytest.raises(err[0], match="^attention_with_kvcache: backend='triton' " + err[1]):
+        oss.attention_with_kvcache(q, k, v, lens, backend="triton")
+    with pytest.raises(err[0], match=r"^explain\(attention_with_kvcache\): backend='triton' " + err[1]):
+        explain(q, k, v, lens, backend="triton")
+    assert _kernel_backend("triton", None, q, "op") == "torch"
+    assert _kernel_backend("triton", None, q[..., :16].float(), "op") == "triton"
+    o = oss.attention_with_kvcache(q, k, v, lens)
+    torch.testing.assert_close(o.double(), ref.attention_with_kvcache(q, k, v, lens)[0], rtol=1e-5, atol=1e-6)

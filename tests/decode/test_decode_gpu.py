@@ -186,6 +186,36 @@ def test_plan_on_this_gpu():
     assert p.splits > 1
 
 
+def test_many_units_split_per_sequence():
+    """512 (b, kv head) units, lengths 0 / 1 / odd / full among drawn ones: the default dense plan on the H200 splits
+    per sequence (no split, no merge), right at every length."""
+    B, H, Hkv, S = 64, 32, 8, 4096
+    lens = [S, 1, 0, 7, S - 1] + torch.randint(1, S + 1, (B - 5,)).tolist()
+    k, v, sl, _ = make_cache(B, Hkv, 128, lens, S, torch.bfloat16, DEV)
+    q = torch.randn(B, H, 1, 128, device=DEV).bfloat16()
+    plan = explain(q, k, v, sl)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert not plan.balanced and plan.splits == 1
+    o, lse = oss.attention_with_kvcache(q, k, v, sl, return_lse=True)
+    ro, rl = ref.attention_with_kvcache(q, k, v, sl)
+    assert_matches(o, lse, ro, rl, torch.bfloat16, (ro.bfloat16().double() - ro).abs().max().item())
+
+
+@pytest.mark.parametrize("dtype, D", [(torch.float64, 64), (torch.bfloat16, 320)], ids=["float64", "D320"])
+def test_kernel_limits_take_the_torch_path(dtype, D):
+    """float64 or a head dim past 256 on CUDA: the torch path by default (the plan says so), an error naming the
+    function with backend="triton"."""
+    k, v, sl, _ = make_cache(2, 2, D, [300, 5], 512, dtype, DEV)
+    q = torch.randn(2, 8, 1, D, device=DEV, dtype=dtype)
+    assert explain(q, k, v, sl).path == "torch"
+    o = oss.attention_with_kvcache(q, k, v, sl)
+    ro, _ = ref.attention_with_kvcache(q, k, v, sl)
+    tol = 1e-9 if dtype == torch.float64 else 2e-2
+    torch.testing.assert_close(o.double(), ro, rtol=tol, atol=tol)
+    with pytest.raises((TypeError, ValueError), match="^attention_with_kvcache: backend='triton' takes"):
+        oss.attention_with_kvcache(q, k, v, sl, backend="triton")
+
+
 @pytest.mark.parametrize("page", [0, 16])
 @pytest.mark.parametrize("B,H,Hkv", [(8, 32, 32), (64, 32, 8)])
 def test_balanced_varied_lengths(page, B, H, Hkv):

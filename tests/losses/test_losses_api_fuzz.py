@@ -6,6 +6,7 @@ device."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import onlinesoftmax as oss
 from onlinesoftmax.losses import explain
@@ -38,6 +39,11 @@ def test_scalars_as_torch_takes_them(backend):
             oss.cross_entropy(x, t, ignore_index=bad, backend=backend)
     with pytest.raises(TypeError, match="^linear_cross_entropy: label_smoothing must be a float, got numpy.bool"):
         oss.linear_cross_entropy(h, w, t, label_smoothing=np.True_, backend=backend)
+    with pytest.raises(TypeError, match="label_smoothing"):        # a one-value 1-d tensor: torch refuses it
+        F.cross_entropy(x, t, label_smoothing=torch.tensor([0.1]))
+    for arg in ("label_smoothing", "z_loss", "softcap"):
+        with pytest.raises(TypeError, match=f"^cross_entropy: {arg} must be a float, got torch.Tensor"):
+            oss.cross_entropy(x, t, **{arg: torch.tensor([0.1])}, backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -32,6 +32,21 @@ __all__ = ["attention_with_kvcache", "explain", "explain_merge", "merge_attentio
 
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CHECK_DTYPES = KV_DTYPES + (torch.float64,)
+MAX_HEAD_DIM = 256          # the split-KV kernels' tiles (as oss.attention's)
+
+
+def _kernel_backend(which: str, backend: str | None, q: torch.Tensor, op: str) -> str:
+    """``which`` narrowed to what the split-KV kernels take: float64 or a head dim past MAX_HEAD_DIM run on the torch
+    path by default, and are an error naming ``op`` when backend="triton" asked for the kernels."""
+    if which == "torch" or q.dtype in KV_DTYPES and q.shape[-1] <= MAX_HEAD_DIM:
+        return which
+    if backend is None:
+        return "torch"
+    if q.dtype not in KV_DTYPES:
+        raise TypeError(f"{op}: backend='triton' takes float16, bfloat16 or float32 q and caches, got float64 "
+                        "(use backend='torch')")
+    raise ValueError(f"{op}: backend='triton' takes head dims up to {MAX_HEAD_DIM}, got {q.shape[-1]} "
+                     "(use backend='torch')")
 
 
 @functools.cache
@@ -235,7 +250,7 @@ def _torch_kvcache(q, k, v, seqlens, block_table, causal, scale, left, right, so
 def _kvcache_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                   block_table: torch.Tensor | None, causal: bool, scale: float, left: int, right: int,
                   softcap: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if backend == "torch" or q.dtype == torch.float64:
+    if backend == "torch":
         return _torch_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, right, softcap)
     return _kernels().attention_decode(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, left, right,
                                        softcap, True)
@@ -371,7 +386,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     Parameters
     ----------
-    q : ``[B, H, Sq, D]``, fp16 / bf16 / fp32, any strides.
+    q : ``[B, H, Sq, D]``, fp16 / bf16 / fp32, any strides (float64 or D > 256: the torch path by default, an error
+        with ``backend="triton"``).
     k_cache, v_cache : dense ``[B, Hkv, S_max, D]``, or paged ``[num_pages, Hkv, page_size, D]`` with
         ``block_table``; any strides (a ``[B, S_max, Hkv, D]`` buffer viewed as ``[B, Hkv, S_max, D]`` works; a
         head-dim-outermost buffer of more than 2^31 / D rows is copied to a contiguous one first).
@@ -408,7 +424,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                  scale=scale, window=window, softcap=softcap, return_lse=return_lse, backend=backend)
     cache_seqlens, block_table, scale, softcap, (left, right) = _check_kvcache(
         q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, causal, window, return_lse)
-    which = resolve_backend(backend, q, "attention_with_kvcache")
+    which = _kernel_backend(resolve_backend(backend, q, "attention_with_kvcache"), backend, q, "attention_with_kvcache")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     cap = float(softcap or 0.0)
     # the kernels read lengths[b] and table[b, i] at unit inner stride (the table's row stride is an argument)
@@ -423,7 +439,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         o, lse = _torch_kvcache(*args[:-1])
     elif torch.compiler.is_compiling() or values_unreadable(cache_seqlens):
         o, lse = torch.ops.onlinesoftmax.attention_with_kvcache(*args)      # meta and fake tensors: its fake impl
-    elif which == "torch" or q.dtype == torch.float64:
+    elif which == "torch":
         o, lse = _torch_kvcache(*args[:-1])
     else:
         o, lse = _kernels().attention_decode(*args[:-1], return_lse)
@@ -461,7 +477,8 @@ def explain(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache
                                         window, return_lse)
     check_instance(target, Target, "explain(attention_with_kvcache): target")
     check_instance(knobs, Knobs, "explain(attention_with_kvcache): knobs")
-    if target is None and resolve_backend(backend, q, "explain(attention_with_kvcache)") == "torch":
+    op = "explain(attention_with_kvcache)"
+    if target is None and _kernel_backend(resolve_backend(backend, q, op), backend, q, op) == "torch":
         return TORCH_PLAN
     return decode_plan(kvcache_problem(q, k_cache, block_table), target or target_of(q.device), knobs)
 

@@ -10,13 +10,12 @@ when dloss == 1) -> autograd registration -> eager autograd.Function -> public f
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import torch
 import torch.nn.functional as F
 
 from .._autocast import autocast_boundary
-from .._checks import as_int, check_bool, check_float_tensor, check_instance, no_double_backward, type_name
+from .._checks import as_float, as_int, check_bool, check_float_tensor, check_instance, no_double_backward
 from .._triton.host import cached
 from ..backend import raw_apply, resolve_backend, transforms_active, values_unreadable
 from ..target import Target, target_of
@@ -47,25 +46,13 @@ def _check_common(name, target, ignore_index, reduction, label_smoothing, z_loss
         raise ValueError(f"{name}: ignore_index must fit int64 (the targets' dtype), got {ignore_index}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{name}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if not 0.0 <= _number(name, "label_smoothing", label_smoothing) <= 1.0:
+    if not 0.0 <= as_float(label_smoothing, f"{name}: label_smoothing") <= 1.0:
         raise ValueError(f"{name}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not 0.0 <= _number(name, "z_loss", z_loss) < math.inf:            # inf: inf·lse², NaN where lse = 0
+    if not 0.0 <= as_float(z_loss, f"{name}: z_loss") < math.inf:            # inf: inf·lse², NaN where lse = 0
         raise ValueError(f"{name}: z_loss must be >= 0 and finite, got {z_loss}")
-    if softcap is not None and not 0.0 < _number(name, "softcap", softcap) < math.inf:   # inf: c·tanh(x/c) is NaN
+    if softcap is not None and not 0.0 < as_float(softcap, f"{name}: softcap") < math.inf:   # inf: c·tanh(x/c) is NaN
         raise ValueError(f"{name}: softcap must be None or a positive finite float, got {softcap}")
     return ignore_index
-
-
-def _number(name: str, arg: str, v) -> float:
-    """A real as torch takes one (a Python or NumPy real, a one-value real tensor) as a float, else a TypeError
-    naming the argument (a meta tensor holds no value)."""
-    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex() and v.dtype != torch.bool:
-        if v.device.type == "meta":
-            raise TypeError(f"{name}: {arg} must be a float, got a tensor on the meta device (it holds no value)")
-        return float(v)
-    if isinstance(v, bool) or not isinstance(v, Real):
-        raise TypeError(f"{name}: {arg} must be a float, got {type_name(v)}")
-    return float(v)
 
 
 def check_explain_extras(name: str, need_grad, target_gpu) -> None:
