@@ -204,9 +204,10 @@ def test_many_units_split_per_sequence():
 @pytest.mark.parametrize("dtype, D", [(torch.float64, 64), (torch.bfloat16, 320)], ids=["float64", "D320"])
 def test_kernel_limits_take_the_torch_path(dtype, D):
     """float64 or a head dim past 256 on CUDA: the torch path by default (the plan says so), an error naming the
-    function with backend="triton"."""
-    k, v, sl, _ = make_cache(2, 2, D, [300, 5], 512, dtype, DEV)
-    q = torch.randn(2, 8, 1, D, device=DEV, dtype=dtype)
+    function with backend="triton". (D = 320 and 512 at 64 query rows per kv head (G·Sq) took the kernels by
+    default: OutOfResources, 262-332 KB of shared memory; D <= 256 fits at every row count.)"""
+    k, v, sl, _ = make_cache(2, 1, D, [300, 5], 512, dtype, DEV)
+    q = torch.randn(2, 16, 4, D, device=DEV, dtype=dtype)
     assert explain(q, k, v, sl).path == "torch"
     o = oss.attention_with_kvcache(q, k, v, sl)
     ro, _ = ref.attention_with_kvcache(q, k, v, sl)
