@@ -207,6 +207,43 @@ def _logit_scale(model) -> float:
     return scale * float(div) if model.config.model_type == "hyperclovax" else scale / float(div)
 
 
+def _decoder(model):
+    """The base model whose ``last_hidden_state`` the head reads: ``model.get_decoder()``, or ``model.model`` where
+    that lookup answers the causal LM itself (Llama 4's and Mllama's ``base_model_prefix`` names no attribute: the
+    "hidden states" would be the logits)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if base is None or base is model:
+        base = getattr(model, "model", None)
+    if not isinstance(base, torch.nn.Module) or base is model:
+        raise NotImplementedError(f"causal_lm_loss: {type(model).__name__} has no base model this loss finds "
+                                  "(get_decoder() or .model); use model(..., labels=...).loss")
+    return base
+
+
+_BALANCE_ARGS = ["gate_logits", "num_experts", "top_k", "attention_mask"]
+
+
+def _router_balance_loss(model):
+    """The load-balancing loss an MoE causal LM adds to its loss when it outputs router logits (Mixtral, Qwen-MoE,
+    OLMoE, GPT-OSS, ...): its modeling module's ``load_balancing_loss_func(router_logits, num_experts, top_k,
+    attention_mask)``, weighted by ``model.router_aux_loss_coef``. A model that adds another one (a different
+    function or coefficient) is a ``NotImplementedError``, not a loss without it."""
+    import inspect
+    import sys
+
+    for cls in type(model).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
+        if fn is not None:
+            break
+    ok = fn is not None and all(hasattr(model, a) for a in ("router_aux_loss_coef", "num_experts",
+                                                             "num_experts_per_tok"))
+    if not ok or list(inspect.signature(fn).parameters)[:4] != _BALANCE_ARGS:
+        raise NotImplementedError(f"causal_lm_loss: {type(model).__name__} adds a router load-balancing loss "
+                                  "(output_router_logits=True) this loss does not reproduce; use "
+                                  "model(..., labels=...).loss")
+    return fn
+
+
 def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_index: int = -100,
                    num_items_in_batch=None, knobs: LCEKnobs | None = LOSS_KNOBS, **model_kwargs):
     """``model(input_ids, labels=labels).loss`` without the ``[tokens, vocab]`` logits: the base model's hidden states
@@ -214,7 +251,10 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
     (token t predicts label t + 1, the last position ignored), the model's logit scale (Cohere's ``logit_scale``,
     Granite's and HyperCLOVAX's ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``) and final logit softcap
     (``final_logit_softcapping``, RecurrentGemma's ``logits_soft_cap``) applied, the mean
-    over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation).
+    over non-ignored tokens (``num_items_in_batch``: their sum over it, as transformers' gradient accumulation);
+    with ``output_router_logits`` (the config's or a keyword) an MoE model's router load-balancing loss is added as
+    the model adds it (``router_aux_loss_coef`` x its ``load_balancing_loss_func``; another one is a
+    ``NotImplementedError``).
     ``knobs``: the loss's ``LCEKnobs`` (default ``LOSS_KNOBS``: a logits tile of up to 1 GiB; None: the library's
     60 MiB default). A model whose logits are not ``model.lm_head(hidden)`` (a head transform first, as BERT-style
     heads; an unpadded-vocabulary cut or width multiplier, as Inkling's) is a ``NotImplementedError``."""
@@ -225,8 +265,12 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
             getattr(model.config, a, None) is not None for a in _UNSUPPORTED_HEAD_CONFIG):
         raise NotImplementedError(f"causal_lm_loss: {type(model).__name__}'s logits are not model.lm_head(hidden) "
                                   "with a logit scale and softcap this loss knows; use model(..., labels=...).loss")
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    out = base(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs)
+    router = model_kwargs.get("output_router_logits")
+    router = getattr(model.config, "output_router_logits", False) if router is None else router
+    balance = _router_balance_loss(model) if router else None
+    if router:
+        model_kwargs["output_router_logits"] = True
+    out = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     shift = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -241,4 +285,9 @@ def causal_lm_loss(model, input_ids, labels, *, attention_mask=None, ignore_inde
     loss = _linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, shift.reshape(-1).to(hidden.device),
                                  bias=bias, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
                                  knobs=knobs)
-    return loss / num_items_in_batch if num_items_in_batch is not None else loss
+    loss = loss / num_items_in_batch if num_items_in_batch is not None else loss
+    if balance is not None:     # the MoE router's load-balancing loss, added as the model adds it
+        loss = loss + model.router_aux_loss_coef * balance(out.router_logits, num_experts=model.num_experts,
+                                                           top_k=model.num_experts_per_tok,
+                                                           attention_mask=attention_mask).to(loss.device)
+    return loss
