@@ -74,7 +74,14 @@ def _model(name, impl, **overrides):
     cfg = CONFIGS[name]()
     for k, v in overrides.items():
         setattr(cfg, k, v)
-    m = T.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+    try:
+        m = T.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+    except KeyError as e:
+        # an architecture this transformers version does not route through its AttentionInterface: its layers look
+        # the implementation up in their own table (transformers 5.17's Falcon: KeyError 'onlinesoftmax')
+        if impl != osst.NAME or e.args != (osst.NAME,):
+            raise
+        pytest.skip(f"transformers {T.__version__}'s {name} does not dispatch through AttentionInterface")
     assert m.config._attn_implementation == impl
     return m.to(DEV).eval()
 
