@@ -139,3 +139,230 @@ def kernel_times(fn, calls: int = 10, width: int = 70) -> dict:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             out[e.name[:width]] += e.device_time / calls
     return dict(out)
+
+
+# ---- the attention backward probes (probe_attnbwd*.py, probe_bwdpers.py) ------------------------------------------
+def varlen_backward(lens, H, Hkv, D, kw, seed, p, plan):
+    """(got, want) gradients on packed sequences of ``lens``: the backward of ``plan`` (problem ``p``) vs fp32 torch
+    per sequence."""
+    import torch
+
+    import onlinesoftmax as oss
+    from onlinesoftmax.attention import api
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lens)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    S = max(lens)
+    o, lse = oss.attention_varlen(q, k, v, cu, cu, S, S, return_lse=True, backend="triton", **kw)
+    causal = kw.get("causal", False)
+    shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
+    got = poisoned(lambda: api._backward_triton(do, None, q, k, v, o, lse, p, plan, D ** -0.5, 0.0, (cu, cu)), shapes)
+    want = [torch.zeros(t.shape, dtype=torch.float32, device="cuda") for t in (q, k, v)]
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        s0 = int(cu[b])
+        sl = slice(s0, s0 + n)
+        qs, ks, vs, ds = (t[sl].transpose(0, 1).unsqueeze(0) for t in (q, k, v, do))
+        for w, gi in zip(want, ref_backward(qs, ks, vs, ds, causal, kw.get("window"))):
+            w[sl] = gi[0].transpose(0, 1)
+    return got, want
+
+
+def record_launches(descriptors=False) -> list:
+    """The kernel launches from here on recorded as (fn, args, meta, TMA boxes), not run (``descriptors``: the
+    DescriptorKernel ones too); the api's TMA check and allocator stubbed out for meta tensors."""
+    from onlinesoftmax._triton import launch
+    from onlinesoftmax.attention import api
+    recorded = []
+    launch.BoundKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta, ()))
+    if descriptors:
+        launch.DescriptorKernel.__call__ = lambda self, args, check, device: recorded.append(
+            (self.fn, args, self.meta, self.boxes))
+    api._tma_ok = lambda *ts: True                       # meta tensors have no data pointer
+    api._ensure_allocator = lambda: None
+    return recorded
+
+
+def meta_backward_inputs(B, H, Hkv, S, D):
+    """bf16 q, k, v, dO, o and fp32 lse of a backward call on the meta device."""
+    import torch
+    q, do = (torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    k, v = (torch.empty(B, Hkv, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    return q, k, v, do, torch.empty_like(q), q.new_empty((B, H, S), dtype=torch.float32)
+
+
+def compile_launches(recorded, seen, skip=(), strict=False, extra=None):
+    """(kernel name, 'regs … stack … smem … KB' or 'FAILED …') of each recorded launch compiled for sm_90a, once per
+    specialisation (``seen``: their keys); kernels whose name holds a ``skip`` word are passed over; ``strict``: assert
+    every runtime parameter has its argument; ``extra(compiled)``: more text after the resources."""
+    import json
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
+    nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for fn, args, meta, boxes in recorded:
+        sig, const, attrs = {}, {}, {}
+        runtime = [p for p in fn.params if not p.is_constexpr]
+        if strict:
+            assert len(runtime) == len(args), (fn.__name__, len(runtime), len(args))
+        for j, (p, a) in enumerate(zip(runtime, args)):
+            i = fn.arg_names.index(p.name)
+            if j < len(boxes):          # a host TMA descriptor over a (block shape, layout)
+                sig[p.name] = f"tensordesc<{ptr[a.dtype][1:]}{boxes[j][0]},{boxes[j][1]!r}>"
+            elif isinstance(a, torch.Tensor):
+                sig[p.name] = ptr[a.dtype]
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            elif isinstance(a, float):
+                sig[p.name] = "fp32"
+            elif a == 1:
+                sig[p.name], const[p.name] = "constexpr", 1
+            else:
+                sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
+                if a % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        for p in fn.params:
+            if p.is_constexpr:
+                sig[p.name], const[p.name] = "constexpr", meta[p.name]
+        sig = {n: sig[n] for n in fn.arg_names}
+        opts = {k_: meta[k_] for k_ in ("num_warps", "num_stages") if k_ in meta}
+        key = (fn.__name__, json.dumps(sorted((k_, str(v_)) for k_, v_ in const.items())), str(attrs), str(opts))
+        if key in seen or any(w in fn.__name__ for w in skip):
+            continue
+        seen.add(key)
+        src = (GluonASTSource if "sm90" in fn.__name__ else ASTSource)(fn, sig, const, attrs)
+        try:
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(c.asm["cubin"])
+                f.flush()
+                res = subprocess.run([os.path.join(nvbin, "cuobjdump"), "-res-usage", f.name],
+                                     capture_output=True, text=True, check=True).stdout
+            regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
+            out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB"
+            if extra is not None:
+                out += f" {extra(c)}"
+        except Exception as e:
+            out = f"FAILED {err_line(e)}"
+        yield fn.__name__, out
+
+
+def compile_backward(variants, shapes, backward, descriptors=False):
+    """--compile-only of the variant-by-head-dim probes: each (variant, H / Hkv, D, causal) of ``shapes`` at B = 1,
+    S = 1024 through ``backward(name, q, k, v, do, o, lse, causal)`` on meta tensors; every new launch's sm_90a
+    registers / stack / shared memory printed (Δ and dQ's cast left out)."""
+    import os
+    os.environ.pop("TRITON_INTERPRET", None)
+    recorded = record_launches(descriptors)
+    seen = set()
+    for name in variants:
+        for B, H, Hkv, S, D, causal in sorted({(1, H, Hkv, 1024, D, c) for _, H, Hkv, _, D, c in shapes}):
+            if D not in variants[name][1]:
+                continue
+            q, k, v, do, o, lse = meta_backward_inputs(B, H, Hkv, S, D)
+            recorded.clear()
+            try:
+                backward(name, q, k, v, do, o, lse, causal)
+            except Exception as e:
+                print(f"{name:18} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
+                continue
+            for kname, out in compile_launches(recorded, seen, skip=("delta", "cast")):
+                print(f"{name:18} D={D:3} causal={causal!s:5} {kname:28} {out}", flush=True)
+
+
+def matmul_tflops(rep):
+    """bf16 8192² matmul TFLOP/s (do_bench median over ``rep`` ms): what the device's tensor cores reach."""
+    import torch
+    from triton.testing import do_bench
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / (do_bench(lambda: a @ a, rep=rep, return_mode="median") * 1e-3) / 1e12
+
+
+def record_check(report, bad, key, tag, fn, wrong=lambda m: m > 2e-2):
+    """report["check"][key]: the relative errors of fn()'s (got, want) dq / dk / dv, or its error; ``tag`` into
+    ``bad`` when the worst is ``wrong`` or fn raised."""
+    try:
+        got, want = fn()
+        errs = [rel_norm(x, y) for x, y in zip(got, want)]
+        report["check"][key] = errs
+        if wrong(max(errs)):
+            bad.add(tag)
+            print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
+    except Exception as e:
+        bad.add(tag)
+        report["check"][key] = err_line(e)
+        print(f"FAILED {key}: {err_line(e)}", flush=True)
+
+
+def sdpa_backward_ms(q, k, v, do, causal, row, rep):
+    """SDPA cuDNN's and flash's backward (do_bench medians over ``rep`` ms) into row["ms"], errors into row["err"]."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+    peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    for pname, be in peers.items():
+        try:
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(be):
+                og = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                                                      enable_gqa=q.shape[1] != k.shape[1])
+            f = lambda og=og, ins=(qg, kg, vg): torch.autograd.grad(og, ins, do, retain_graph=True)  # noqa: E731
+            f()
+            row["ms"][pname] = do_bench(f, rep=rep, return_mode="median")
+        except Exception as e:
+            row["err"][pname] = err_line(e)
+        og = qg = kg = vg = f = None
+
+
+def print_rows_x_cudnn(report):
+    """The TFLOP/s rows of a backward report, each over cuDNN's in brackets."""
+    for r in report["rows"]:
+        B, H, Hkv, S, D = r["shape"]
+        t = r["tflops"]
+        lab = f"{B},{H}/{Hkv},{S},{D}{' c' if r['causal'] else ''}"
+        cud = t.get("cudnn")
+        cells = " ".join(f"{n.replace(' ', '_')}={v:.0f}" + (f"({v / cud:.2f})" if cud else "")
+                         for n, v in t.items())
+        print(f"{lab:20} {cells}")
+
+
+def print_check_summary(report, names, width, wrong=lambda m: m > 2e-2):
+    """A backward report's errors (the first 8 timing ones, every failed check) and each variant's passed checks
+    with its worst relative error."""
+    errs = {f"{k} @ {r['shape']} c={r['causal']}": v for r in report["rows"] for k, v in r["err"].items()
+            if isinstance(v, str)}
+    for k, v in list(errs.items())[:8]:
+        print(f"error {k}: {v}")
+    for k, v in report["check"].items():
+        if isinstance(v, str) or wrong(max(v)):
+            print(f"check {k}: {v}")
+    for name in names:
+        vals = [max(v) for k, v in report["check"].items() if k.startswith(name + " |") and not isinstance(v, str)]
+        print(f"check {name:<{width}}: {len(vals)} cases passed, worst rel err vs fp32 torch "
+              f"{max(vals) if vals else float('nan'):.2e}")
+
+
+def compile_or_run(doc, compile_only, device_run):
+    """The backward probes' command line: ``--out DIR`` (default $OUT) for ``device_run``, or ``--compile-only``."""
+    import argparse
+    import os
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile of every variant's launches, no GPU")
+    a = ap.parse_args()
+    if a.compile_only:
+        compile_only()
+    else:
+        device_run(a.out)
