@@ -366,3 +366,144 @@ def compile_or_run(doc, compile_only, device_run):
         compile_only()
     else:
         device_run(a.out)
+
+
+# ---- the decode probes (probe_decode*.py and the ones importing probe_decode2) ------------------------------------
+def log(*a):
+    """print, flushed."""
+    print(*a, flush=True)
+
+
+def err_lines(e: BaseException, n: int = 3) -> str:
+    """The first ``n`` non-blank lines of the exception's last traceback line, at most 400 characters."""
+    lines = [ln for ln in "".join(traceback.format_exception_only(type(e), e)).splitlines() if ln.strip()]
+    return " | ".join(lines[:n])[:400]
+
+
+def sync(dev):
+    """torch.cuda.synchronize() when ``dev`` is "cuda"."""
+    import torch
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(fn, dev, warmup, rep):
+    """ms of fn: on "cuda", do_bench's median after one call; elsewhere (--smoke: the interpreter) one call's time."""
+    import time
+
+    import triton.testing
+
+    if dev != "cuda":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    fn()
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def bench_graph(fn, dev, bench):
+    """fn captured once into a CUDA graph, its replays timed by ``bench``; None off "cuda"."""
+    import torch
+    if dev != "cuda":
+        return None
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return bench(g.replay)
+
+
+def copy_ceiling(dev, bench, cpu_log2):
+    """GB/s of a 1 GiB device copy (2^cpu_log2 bytes off "cuda"), read and write counted, timed by ``bench``."""
+    import torch
+    x = torch.empty(1 << (30 if dev == "cuda" else cpu_log2), dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    return 2 * x.numel() / bench(lambda: y.copy_(x)) / 1e6
+
+
+def lengths(dist, B, S, gen, base):
+    """B sequence lengths in [1, S]: ``full``, ``uni`` (uniform), ``skew`` (B/8 of S, the rest uniform in [1, S/16]),
+    ``uni=`` / ``skew=`` (the uniform batch of base["uni"] / base["skew"]'s total)."""
+    import torch
+    if dist == "full":
+        return [S] * B
+    if dist in ("uni=", "skew="):
+        src = base[dist[:-1]]
+        return [max(1, round(sum(src) / B))] * B
+    if dist == "uni":
+        return torch.randint(1, S + 1, (B,), generator=gen).tolist()
+    long = max(1, B // 8)
+    return [S] * long + torch.randint(1, max(2, S // 16) + 1, (B - long,), generator=gen).tolist()
+
+
+def paged_cache(B, Hkv, S, page, D, dtype, gen, dev, nan_spare=True):
+    """k, v ``[B·S/page + 3, Hkv, page, D]`` and a shuffled block table; the 3 spare pages NaN (``nan_spare``)."""
+    import torch
+    n = S // page
+    perm = torch.randperm(B * n, generator=gen).to(dev).int().reshape(B, n)
+    out = []
+    for _ in range(2):
+        c = torch.randn(B * n + 3, Hkv, page, D, device=dev, dtype=dtype)
+        if nan_spare:
+            c[-3:] = float("nan")
+        out.append(c)
+    return out[0], out[1], perm.contiguous()
+
+
+def decode_check_inputs(B, Hkv, S, G, Sq, page, D, gen, dev):
+    """lens, seqlens, q and the bf16 k, v, block table (None: dense) of a decode check: lengths 0 / 1 / odd / full and
+    random (Sq > 1: at least Sq), NaN in every slot past a length and in the spare pages (page 16 / 256 shuffled)."""
+    import torch
+    lens = [0 if Sq == 1 else Sq, 1 if Sq == 1 else Sq + 1, S, 3, S - 1] + torch.randint(
+        Sq, S, (B - 5,), generator=gen).tolist()
+    lens = [n | 1 if 0 < n < S else n for n in lens]
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    q = torch.randn(B, G * Hkv, Sq, D, device=dev, dtype=torch.bfloat16)
+    if page:
+        k, v, bt = paged_cache(B, Hkv, S, page, D, torch.bfloat16, gen, dev)
+        for c in (k, v):
+            for b, n in enumerate(lens):
+                j = torch.arange(n, S, device=dev)
+                c[bt[b].long()[j // page], :, j % page] = float("nan")
+    else:
+        k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        bt = None
+        for b, n in enumerate(lens):
+            k[b, :, n:] = float("nan")
+            v[b, :, n:] = float("nan")
+    return lens, sl, q, k, v, bt
+
+
+def attention_loop(fn, steps=128, S0=2048, B=8, H=32, Hkv=8, D=128):
+    """(host µs per call, wall µs per step with the device) of fn(q, k, v) as k / v grow by one key per step
+    (torch.cat, as transformers' DynamicCache does), the second of two passes."""
+    import time
+
+    import torch
+    dev = torch.device("cuda")
+    q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+    k0 = torch.randn(B, Hkv, S0, D, device=dev, dtype=torch.bfloat16)
+    v0 = torch.randn_like(k0)
+    new = torch.randn(B, Hkv, 1, D, device=dev, dtype=torch.bfloat16)
+    out = {}
+    for _rep in range(2):                    # the first pass compiles and fills the caches
+        k, v = k0, v0
+        torch.cuda.synchronize()
+        host = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            k, v = torch.cat([k, new], 2), torch.cat([v, new], 2)
+            t1 = time.perf_counter()
+            fn(q, k, v)
+            host += time.perf_counter() - t1
+        torch.cuda.synchronize()
+        out = dict(host_us=host / steps * 1e6, step_us=(time.perf_counter() - t0) / steps * 1e6)
+    return out
+
