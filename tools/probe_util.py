@@ -507,3 +507,83 @@ def attention_loop(fn, steps=128, S0=2048, B=8, H=32, Hkv=8, D=128):
         out = dict(host_us=host / steps * 1e6, step_us=(time.perf_counter() - t0) / steps * 1e6)
     return out
 
+
+# ---- the attention forward probes (probe_fwd*.py) -----------------------------------------------------------------
+def check_case(case, D, g, forward, knobs):
+    """(rel. error of o, of lse) vs fp32 torch of ``forward(q, k, v, causal, window, softcap, knobs)`` on one of the
+    forward probes' CASES at head dim D (fresh inputs from ``g``, outputs poisoned first), or the error's head."""
+    import torch
+    cname, B, H, Hkv, Sq, Sk, causal, window, softcap, dt, layout = case
+    try:
+        dtype = getattr(torch, dt)
+        shp = (lambda h, s: (B, s, h, D)) if layout == "bshd" else (lambda h, s: (B, h, s, D))
+        q, k, v = (torch.randn(shp(h, s), device="cuda", dtype=dtype, generator=g)
+                   for h, s in ((H, Sq), (Hkv, Sk), (Hkv, Sk)))
+        if layout == "bshd":
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        ro, rl = ref_attention(q, k, v, causal, window, softcap)
+        poison()
+        o, lse = forward(q, k, v, causal, window, softcap, knobs)
+        torch.cuda.synchronize()
+        return rel(o, ro), rel(lse, rl)
+    except Exception as e:  # noqa: BLE001
+        return err_head(e)
+
+
+def run_checks(worker, jobs, deadline_s, report, width):
+    """``worker`` on every job in spawned processes: report["checks"][name] = its seconds and results; the names
+    whose results all pass (a worker that errs or does not report within ``deadline_s``, a hang, is left out)."""
+    import multiprocessing as mp
+    import time
+    ok = set()
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:
+        it = pool.imap_unordered(worker, jobs)
+        deadline = time.time() + deadline_s
+        for _ in jobs:
+            try:
+                name, secs, res = it.next(timeout=max(1.0, deadline - time.time()))
+            except Exception as e:  # noqa: BLE001
+                print(f"check workers incomplete: {err_head(e)}", flush=True)
+                break
+            report["checks"][name] = dict(s=secs, results=res)
+            bad = {k: r for k, r in res.items() if bad_result(r)}
+            if not bad:
+                ok.add(name)
+            print(f"check {name:{width}} {secs:5.1f} s {'ok' if not bad else 'FAIL ' + str(bad)[:400]}", flush=True)
+        pool.terminate()
+    return ok
+
+
+def print_checks(report, width):
+    """Each check worker's worst relative errors of (o, lse) and its failures."""
+    print("\n== checks: worst relative error of (o, lse) vs fp32 torch over the cases (> 2e-2 or text: FAIL)")
+    for name, c in report["checks"].items():
+        worst = [r for r in c["results"].values() if not isinstance(r, str)]
+        fails = {k: r for k, r in c["results"].items() if bad_result(r)}
+        print(f"  {name:{width}} worst o {max((r[0] for r in worst), default=0):.2e} lse "
+              f"{max((r[1] for r in worst), default=0):.2e}  {'FAIL ' + str(fails)[:300] if fails else 'ok'}")
+
+
+def print_tflops_x_cudnn(report):
+    """The TFLOP/s rows, each over SDPA cuDNN's in brackets."""
+    print("\n== TFLOP/s (bf16; x cuDNN in brackets)")
+    for r in report["rows"]:
+        cud = r.get("sdpa cudnn")
+        cells = []
+        for k, val in r.items():
+            if k in ("shape", "causal"):
+                continue
+            if isinstance(val, float) and isinstance(cud, float):
+                cells.append(f"{k} {val:.0f} ({val / cud:.2f})")
+            else:
+                cells.append(f"{k} {str(val)[:60]}")
+        print(f"  {r['shape']:16} {'causal' if r['causal'] else 'nc    '} " + " | ".join(cells))
+
+
+def run_main(main):
+    """main(); an exception's traceback printed before it propagates (the device log keeps it)."""
+    try:
+        main()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        raise
