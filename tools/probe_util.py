@@ -1,6 +1,7 @@
-"""What the probes share: error summaries, the comparisons their checks make, their inputs, references, timer and CUDA
-kernel times per call (``kernel_times``). Imported by the probes run as ``python tools/probe_x.py`` (their folder is
-first on sys.path, and their spawned workers inherit it)."""
+"""What the probes share: error summaries, the comparisons their checks make, their inputs, references, timers
+(``bench_ms``, ``bench`` / ``bench_graph``, ``copy_ceiling``), CUDA kernel times per call (``kernel_times``), and the
+attention backward / decode / forward probes' check, compile-report and table helpers. Imported by the probes run as
+``python tools/probe_x.py`` (their folder is first on sys.path, and their spawned workers inherit it)."""
 
 from __future__ import annotations
 
