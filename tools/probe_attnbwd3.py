@@ -20,13 +20,27 @@ TFLOP/s = 2.5 · 4·B·H·S²·D / t, halved when causal. Writes DIR/probe_attnb
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 
-from probe_util import err_line, forward, inputs, poisoned, ref_backward, rel_norm
+from probe_util import (
+    compile_backward,
+    compile_or_run,
+    err_line,
+    forward,
+    inputs,
+    matmul_tflops,
+    poisoned,
+    print_check_summary,
+    print_rows_x_cudnn,
+    record_check,
+    ref_backward,
+    rel_norm,
+    sdpa_backward_ms,
+    varlen_backward,
+)
 
 T0 = time.time()
 BUDGET_S = 135          # stop timing past this (the whole run must end within 150 s)
@@ -91,110 +105,14 @@ def backward(name, q, k, v, do, o, lse, causal, window=None):
 
 def varlen_case(name, H, Hkv, D, kw, seed):
     """(got, want) gradients on packed sequences: the variant's backward vs fp32 torch per sequence."""
-    import torch
-
-    import onlinesoftmax as oss
-    from onlinesoftmax.attention import api
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    T = sum(VARLEN_LENS)
-    cu = torch.tensor([0] + torch.tensor(VARLEN_LENS).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    do = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
     S = max(VARLEN_LENS)
-    o, lse = oss.attention_varlen(q, k, v, cu, cu, S, S, return_lse=True, backend="triton", **kw)
-    causal = kw.get("causal", False)
-    p = problem(len(VARLEN_LENS), H, Hkv, S, S, D, causal, kw.get("window"), varlen=True)
-    shapes = [(q.shape, q.dtype), (k.shape, k.dtype), (v.shape, v.dtype)]
-    got = poisoned(lambda: api._backward_triton(do, None, q, k, v, o, lse, p, bwd_plan(p, name), D ** -0.5, 0.0,
-                                                (cu, cu)), shapes)
-    want = [torch.zeros(t.shape, dtype=torch.float32, device="cuda") for t in (q, k, v)]
-    for b, n in enumerate(VARLEN_LENS):
-        if n == 0:
-            continue
-        s0 = int(cu[b])
-        sl = slice(s0, s0 + n)
-        qs, ks, vs, ds = (t[sl].transpose(0, 1).unsqueeze(0) for t in (q, k, v, do))
-        for w, gi in zip(want, ref_backward(qs, ks, vs, ds, causal, kw.get("window"))):
-            w[sl] = gi[0].transpose(0, 1)
-    return got, want
+    p = problem(len(VARLEN_LENS), H, Hkv, S, S, D, kw.get("causal", False), kw.get("window"), varlen=True)
+    return varlen_backward(VARLEN_LENS, H, Hkv, D, kw, seed, p, bwd_plan(p, name))
 
 
 # ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
 def compile_only():
-    os.environ.pop("TRITON_INTERPRET", None)
-    import re
-    import subprocess
-    import tempfile
-
-    import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from onlinesoftmax._triton import launch
-    from onlinesoftmax.attention import api
-
-    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
-    nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    recorded = []
-    launch.BoundKernel.__call__ = lambda self, args, check, device: recorded.append((self.fn, args, self.meta))
-    api._tma_ok = lambda *ts: True                       # meta tensors have no data pointer
-    api._ensure_allocator = lambda: None
-    seen = set()
-    for name in VARIANTS:
-        for B, H, Hkv, S, D, causal in sorted({(1, H, Hkv, 1024, D, c) for _, H, Hkv, _, D, c in SHAPES}):
-            if not runs(name, D):
-                continue
-            q, do = (torch.empty(B, H, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
-            k, v = (torch.empty(B, Hkv, S, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
-            o, lse = torch.empty_like(q), q.new_empty((B, H, S), dtype=torch.float32)
-            recorded.clear()
-            try:
-                backward(name, q, k, v, do, o, lse, causal)
-            except Exception as e:
-                print(f"{name:18} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
-                continue
-            for fn, args, meta in recorded:
-                sig, const, attrs = {}, {}, {}
-                runtime = [p for p in fn.params if not p.is_constexpr]
-                for p, a in zip(runtime, args):
-                    i = fn.arg_names.index(p.name)
-                    if isinstance(a, torch.Tensor):
-                        sig[p.name] = ptr[a.dtype]
-                        attrs[(i,)] = [["tt.divisibility", 16]]
-                    elif isinstance(a, float):
-                        sig[p.name] = "fp32"
-                    elif a == 1:
-                        sig[p.name], const[p.name] = "constexpr", 1
-                    else:
-                        sig[p.name] = "i32" if abs(a) < 2**31 else "i64"
-                        if a % 16 == 0:
-                            attrs[(i,)] = [["tt.divisibility", 16]]
-                for p in fn.params:
-                    if p.is_constexpr:
-                        sig[p.name], const[p.name] = "constexpr", meta[p.name]
-                sig = {n: sig[n] for n in fn.arg_names}
-                opts = {k_: meta[k_] for k_ in ("num_warps", "num_stages") if k_ in meta}
-                key = (fn.__name__, json.dumps(sorted((k_, str(v_)) for k_, v_ in const.items())), str(attrs),
-                       str(opts))
-                if key in seen or "delta" in fn.__name__ or "cast" in fn.__name__:
-                    continue
-                seen.add(key)
-                src = (GluonASTSource if "sm90" in fn.__name__ else ASTSource)(fn, sig, const, attrs)
-                try:
-                    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                        f.write(c.asm["cubin"])
-                        f.flush()
-                        res = subprocess.run([os.path.join(nvbin, "cuobjdump"), "-res-usage", f.name],
-                                             capture_output=True, text=True, check=True).stdout
-                    regs, stack = (int(g) for g in re.search(r"REG:(\d+).*?STACK:(\d+)", res).groups())
-                    out = f"regs {regs:3} stack {stack:4} smem {c.metadata.shared // 1024:3} KB"
-                except Exception as e:
-                    out = f"FAILED {err_line(e)}"
-                print(f"{name:18} D={D:3} causal={causal!s:5} {fn.__name__:28} {out}", flush=True)
+    compile_backward(VARIANTS, SHAPES, backward)
 
 
 # ---- the device -----------------------------------------------------------------------------------------------
@@ -264,25 +182,9 @@ def device_run(out_dir):
             print(f"warm {name:18} did not report: not run here", flush=True)
     print(f"[{time.time() - T0:5.1f} s] compiled; skipped: {sorted(bad)}", flush=True)
 
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    report["matmul_tflops"] = mm = 2 * 8192 ** 3 / (do_bench(lambda: a @ a, rep=100, return_mode="median")
-                                                    * 1e-3) / 1e12
-    a = None
+    report["matmul_tflops"] = mm = matmul_tflops(100)
 
     # 2. correctness against fp32 torch, fresh inputs, poisoned outputs
-    def record(key, name, fn):
-        try:
-            got, want = fn()
-            errs = [rel_norm(x, y) for x, y in zip(got, want)]
-            report["check"][key] = errs
-            if max(errs) > 2e-2:
-                bad.add(name)
-                print(f"WRONG {key}: rel err dq/dk/dv {errs}", flush=True)
-        except Exception as e:
-            bad.add(name)
-            report["check"][key] = err_line(e)
-            print(f"FAILED {key}: {err_line(e)}", flush=True)
-
     for D in (64, 256):
         for ci, (B, H, Hkv, Sq, Sk, causal, window) in enumerate(CHECKS):
             q, k, v, do = inputs(B, H, Hkv, Sq, Sk, D, "cuda", seed=100 + ci + D)
@@ -292,19 +194,19 @@ def device_run(out_dir):
             for name in VARIANTS:
                 if name in bad or not runs(name, D):
                     continue
-                record(f"{name} | D{D} H{H}/{Hkv} {Sq}x{Sk} causal={causal} window={window}", name,
-                       lambda: (poisoned(lambda: backward(name, q, k, v, do, o, lse, causal, window), shapes), g_ref))
+                record_check(report, bad, f"{name} | D{D} H{H}/{Hkv} {Sq}x{Sk} causal={causal} window={window}", name,
+                             lambda: (poisoned(lambda: backward(name, q, k, v, do, o, lse, causal, window), shapes),
+                                      g_ref))
         for ci, (H, Hkv, kw) in enumerate(VARLEN_CASES):
             for name in VARIANTS:
                 if name in bad or not runs(name, D):
                     continue
-                record(f"{name} | D{D} varlen H{H}/{Hkv} {kw}", name, lambda: varlen_case(name, H, Hkv, D, kw, 7 + ci))
+                record_check(report, bad, f"{name} | D{D} varlen H{H}/{Hkv} {kw}", name,
+                             lambda: varlen_case(name, H, Hkv, D, kw, 7 + ci))
     q = k = v = do = o = lse = g_ref = None
     print(f"[{time.time() - T0:5.1f} s] checked; bad: {sorted(bad)}", flush=True)
 
     # 3. timings
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    peers = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     for si, (B, H, Hkv, S, D, causal) in enumerate(SHAPES):
         if time.time() - T0 > BUDGET_S:
             print(f"out of time: shapes from {SHAPES[si]} not timed", flush=True)
@@ -314,18 +216,7 @@ def device_run(out_dir):
         o, lse = forward(q, k, v, causal)
         base = None
         row = dict(shape=(B, H, Hkv, S, D), causal=causal, ms={}, tflops={}, err={})
-        for pname, be in peers.items():
-            try:
-                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-                with sdpa_kernel(be):
-                    og = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
-                                                                          enable_gqa=H != Hkv)
-                f = lambda og=og, ins=(qg, kg, vg): torch.autograd.grad(og, ins, do, retain_graph=True)  # noqa: E731
-                f()
-                row["ms"][pname] = do_bench(f, rep=100, return_mode="median")
-            except Exception as e:
-                row["err"][pname] = err_line(e)
-            og = qg = kg = vg = f = None
+        sdpa_backward_ms(q, k, v, do, causal, row, 100)
         for name in VARIANTS:
             if name in bad or not runs(name, D) or time.time() - T0 > BUDGET_S:
                 continue
@@ -363,36 +254,12 @@ def device_run(out_dir):
 def table(report, mm):
     print(f"\n== attention backward, bf16, TFLOP/s (2.5x fwd flops, causal halved); bf16 matmul {mm:.0f}; "
           f"{report['device']}, torch {report['torch']}, triton {report['triton']}")
-    for r in report["rows"]:
-        B, H, Hkv, S, D = r["shape"]
-        t = r["tflops"]
-        lab = f"{B},{H}/{Hkv},{S},{D}{' c' if r['causal'] else ''}"
-        cud = t.get("cudnn")
-        cells = " ".join(f"{n.replace(' ', '_')}={v:.0f}" + (f"({v / cud:.2f})" if cud else "")
-                         for n, v in t.items())
-        print(f"{lab:20} {cells}")
-    errs = {f"{k} @ {r['shape']} c={r['causal']}": v for r in report["rows"] for k, v in r["err"].items()
-            if isinstance(v, str)}
-    for k, v in list(errs.items())[:8]:
-        print(f"error {k}: {v}")
-    for k, v in report["check"].items():
-        if isinstance(v, str) or max(v) > 2e-2:
-            print(f"check {k}: {v}")
-    for name in VARIANTS:
-        vals = [max(v) for k, v in report["check"].items() if k.startswith(name + " |") and not isinstance(v, str)]
-        print(f"check {name:18}: {len(vals)} cases passed, worst rel err vs fp32 torch "
-              f"{max(vals) if vals else float('nan'):.2e}")
+    print_rows_x_cudnn(report)
+    print_check_summary(report, VARIANTS, 18)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile of every variant's launches, no GPU")
-    a = ap.parse_args()
-    if a.compile_only:
-        compile_only()
-    else:
-        device_run(a.out)
+    compile_or_run(__doc__, compile_only, device_run)
 
 
 if __name__ == "__main__":

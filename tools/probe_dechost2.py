@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from probe_util import err_head  # noqa: E402
+from probe_util import attention_loop, err_head  # noqa: E402
 
 import onlinesoftmax as oss  # noqa: E402
 from onlinesoftmax.attention import api as aapi  # noqa: E402
@@ -193,25 +193,8 @@ def sdpa(q, k, v):
 
 def growing(fn, steps, S0=2048):
     """(host µs per call, wall µs per step) of fn(q, k, v) as k / v grow by one key a step (torch.cat), the second of
-    two passes (probe_tf_decode.attention_loop)."""
-    q = torch.randn(B, H, 1, D, device=DEV, dtype=torch.bfloat16)
-    k0 = torch.randn(B, HKV, S0, D, device=DEV, dtype=torch.bfloat16)
-    v0 = torch.randn_like(k0)
-    new = torch.randn(B, HKV, 1, D, device=DEV, dtype=torch.bfloat16)
-    out = {}
-    for _ in range(2):
-        k, v = k0, v0
-        torch.cuda.synchronize()
-        host = 0.0
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            k, v = torch.cat([k, new], 2), torch.cat([v, new], 2)
-            t1 = time.perf_counter()
-            fn(q, k, v)
-            host += time.perf_counter() - t1
-        torch.cuda.synchronize()
-        out = dict(host_us=host / steps * 1e6, step_us=(time.perf_counter() - t0) / steps * 1e6)
-    return out
+    two passes (probe_util.attention_loop)."""
+    return attention_loop(fn, steps, S0, B, H, HKV, D)
 
 
 def kvcache_loop(route, steps, S0=2048):

@@ -24,9 +24,10 @@ import math
 import os
 import sys
 import time
-import traceback
 
+import probe_util as pu
 import torch
+from probe_util import err_lines, log
 
 from onlinesoftmax.decode.api import explain
 from onlinesoftmax.decode.plan import Knobs
@@ -43,17 +44,8 @@ ROWS: list[dict] = []
 ERRORS: list[str] = []
 
 
-def log(*a):
-    print(*a, flush=True)
-
-
 def over(budget: float) -> bool:
     return time.time() - T0 > budget
-
-
-def err_lines(e: BaseException, n: int = 3) -> str:
-    lines = [ln for ln in "".join(traceback.format_exception_only(type(e), e)).splitlines() if ln.strip()]
-    return " | ".join(lines[:n])[:400]
 
 
 # ---- inputs and the reference -----------------------------------------------------------------------------------
@@ -130,37 +122,16 @@ def check(B, H, Hkv, page, knobs, gen=None):
 
 # ---- timing ----------------------------------------------------------------------------------------------------
 def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
+    pu.sync(DEV)
 
 
 def bench(fn):
-    import triton.testing
-
-    if DEV != "cuda":                   # --smoke: the interpreter, one timed call
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-
-    fn()
-    return triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median")
+    return pu.bench(fn, DEV, 5, 40)
 
 
 def bench_graph(fn):
     """fn captured once into a CUDA graph, its replays timed."""
-    if DEV != "cuda":
-        return None
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay)
+    return pu.bench_graph(fn, DEV, bench)
 
 
 def record(section, shape, name, ms, nbytes, plan=None, graph_ms=None, ok=None, extra=None):
@@ -344,10 +315,7 @@ def varlen_section(B, H, Hkv, S, gen, checked, budget, summary):
 
 
 def copy_ceiling():
-    x = torch.empty(1 << (30 if DEV == "cuda" else 20), dtype=torch.uint8, device=DEV)
-    y = torch.empty_like(x)
-    ms = bench(lambda: y.copy_(x))
-    return 2 * x.numel() / ms / 1e6
+    return pu.copy_ceiling(DEV, bench, 20)
 
 
 def table(summary, ceiling):

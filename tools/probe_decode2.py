@@ -24,9 +24,10 @@ import json
 import os
 import sys
 import time
-import traceback
 
+import probe_util as pu
 import torch
+from probe_util import err_lines, lengths, log
 
 from onlinesoftmax.decode.api import explain
 from onlinesoftmax.decode.plan import Knobs
@@ -49,18 +50,8 @@ ERRORS: list[str] = []
 BAD: set = set()
 
 
-def log(*a):
-    print(*a, flush=True)
-
-
-def err_lines(e: BaseException, n: int = 3) -> str:
-    lines = [ln for ln in "".join(traceback.format_exception_only(type(e), e)).splitlines() if ln.strip()]
-    return " | ".join(lines[:n])[:400]
-
-
 def sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
+    pu.sync(DEV)
 
 
 def run_plan(plan, q, k, v, sl, bt, window=(-1, -1)):
@@ -71,15 +62,7 @@ def run_plan(plan, q, k, v, sl, bt, window=(-1, -1)):
 
 def paged_cache(B, Hkv, S, page, gen, nan_spare=True):
     """k, v ``[B·S/page + 3, Hkv, page, D]`` and a shuffled block table; the 3 spare pages NaN."""
-    n = S // page
-    perm = torch.randperm(B * n, generator=gen).to(DEV).int().reshape(B, n)
-    out = []
-    for _ in range(2):
-        c = torch.randn(B * n + 3, Hkv, page, D, device=DEV, dtype=torch.bfloat16)
-        if nan_spare:
-            c[-3:] = float("nan")
-        out.append(c)
-    return out[0], out[1], perm.contiguous()
+    return pu.paged_cache(B, Hkv, S, page, D, torch.bfloat16, gen, DEV, nan_spare)
 
 
 # ---- checks ----------------------------------------------------------------------------------------------------
@@ -90,24 +73,7 @@ def check(kw, page, G, Sq=1, window=(-1, -1), gen=None):
     from onlinesoftmax.reference import decode as ref
 
     B, Hkv, S = 8, 4, 256 if DEV == "cpu" else 2048
-    lens = [0 if Sq == 1 else Sq, 1 if Sq == 1 else Sq + 1, S, 3, S - 1] + torch.randint(
-        Sq, S, (B - 5,), generator=gen).tolist()
-    lens = [n | 1 if 0 < n < S else n for n in lens]
-    sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    q = torch.randn(B, G * Hkv, Sq, D, device=DEV, dtype=torch.bfloat16)
-    if page:
-        k, v, bt = paged_cache(B, Hkv, S, page, gen)
-        for c in (k, v):
-            for b, n in enumerate(lens):
-                j = torch.arange(n, S, device=DEV)
-                c[bt[b].long()[j // page], :, j % page] = float("nan")
-    else:
-        k = torch.randn(B, Hkv, S, D, device=DEV, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        bt = None
-        for b, n in enumerate(lens):
-            k[b, :, n:] = float("nan")
-            v[b, :, n:] = float("nan")
+    lens, sl, q, k, v, bt = pu.decode_check_inputs(B, Hkv, S, G, Sq, page, D, gen, DEV)
     plan = explain(q, k, v, sl, block_table=bt, backend="triton", knobs=Knobs.of(**kw))
     rows = G * Hkv * Sq * (plan.splits + B)
     layout = ((rows * D, torch.float32), (rows, torch.float32), (B * G * Hkv * Sq, torch.float32))  # launch.py's
@@ -160,30 +126,11 @@ def check_variants(variants: dict, page: int, cases: tuple, gen, bad: set, error
 
 # ---- timing ----------------------------------------------------------------------------------------------------
 def bench(fn, rep=20):
-    import triton.testing
-
-    if DEV != "cuda":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    fn()
-    return triton.testing.do_bench(fn, warmup=3, rep=rep, return_mode="median")
+    return pu.bench(fn, DEV, 3, rep)
 
 
 def bench_graph(fn):
-    if DEV != "cuda":
-        return None
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay)
+    return pu.bench_graph(fn, DEV, bench)
 
 
 def record(part, shape, page, dist, name, ms, nbytes, splits, graph_ms=None):
@@ -206,18 +153,6 @@ def sdpa(part, shape, dist, q, k, v, nbytes):
         record(part, shape, 0, dist, "sdpa-cudnn", bench(fn), nbytes, 0)
     except Exception as e:
         ERRORS.append(f"{shape} {dist} cudnn: {err_lines(e)}")
-
-
-def lengths(dist, B, S, gen, base):
-    if dist == "full":
-        return [S] * B
-    if dist in ("uni=", "skew="):
-        src = base[dist[:-1]]
-        return [max(1, round(sum(src) / B))] * B
-    if dist == "uni":
-        return torch.randint(1, S + 1, (B,), generator=gen).tolist()
-    long = max(1, B // 8)
-    return [S] * long + torch.randint(1, max(2, S // 16) + 1, (B - long,), generator=gen).tolist()
 
 
 def section(part, B, H, Hkv, S, dists, pages, gen, budget, graph=False):
@@ -302,9 +237,7 @@ def table(ceiling):
 
 
 def copy_ceiling():
-    x = torch.empty(1 << (30 if DEV == "cuda" else 16), dtype=torch.uint8, device=DEV)
-    y = torch.empty_like(x)
-    return 2 * x.numel() / bench(lambda: y.copy_(x)) / 1e6
+    return pu.copy_ceiling(DEV, bench, 16)
 
 
 def compile_only():

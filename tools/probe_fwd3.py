@@ -19,9 +19,15 @@ import argparse
 import json
 import os
 import time
-import traceback
 
-from probe_util import bad_result, bench_ms, err_head, poison, ref_attention, rel
+from probe_util import (
+    bench_ms,
+    check_case,
+    err_head,
+    print_checks,
+    run_checks,
+    run_main,
+)
 
 T0 = time.time()
 SM90 = {"kernel": "sm90"}
@@ -73,21 +79,8 @@ def _check(job):
     t0 = time.time()
     out = {}
     g = torch.Generator(device="cuda").manual_seed(hash(name) & 0xFFFF)
-    for cname, B, H, Hkv, Sq, Sk, causal, window, softcap, dt, layout in CASES:
-        try:
-            dtype = getattr(torch, dt)
-            shp = (lambda h, s: (B, s, h, D)) if layout == "bshd" else (lambda h, s: (B, h, s, D))
-            q, k, v = (torch.randn(shp(h, s), device="cuda", dtype=dtype, generator=g)
-                       for h, s in ((H, Sq), (Hkv, Sk), (Hkv, Sk)))
-            if layout == "bshd":
-                q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            ro, rl = ref_attention(q, k, v, causal, window, softcap)
-            poison()
-            o, lse = forward(q, k, v, causal, window, softcap, knobs)
-            torch.cuda.synchronize()
-            out[cname] = (rel(o, ro), rel(lse, rl))
-        except Exception as e:  # noqa: BLE001
-            out[cname] = err_head(e)
+    for case in CASES:
+        out[case[0]] = check_case(case, D, g, forward, knobs)
     return name, round(time.time() - t0, 1), out
 
 
@@ -131,7 +124,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    import multiprocessing as mp
 
     import torch
     import triton
@@ -144,22 +136,7 @@ def main():
     for n, pl in report["plans"].items():
         print(f"plan {n:18} nc: {pl[0]} | causal: {pl[1]}", flush=True)
     jobs = list(VARIANTS.items())
-    ok = set()
-    with mp.get_context("spawn").Pool(len(jobs)) as pool:
-        it = pool.imap_unordered(_check, jobs)
-        deadline = time.time() + 75
-        for _ in jobs:
-            try:
-                name, secs, res = it.next(timeout=max(1.0, deadline - time.time()))
-            except Exception as e:  # noqa: BLE001
-                print(f"check workers incomplete: {err_head(e)}", flush=True)
-                break
-            report["checks"][name] = dict(s=secs, results=res)
-            bad = {k: r for k, r in res.items() if bad_result(r)}
-            if not bad:
-                ok.add(name)
-            print(f"check {name:18} {secs:5.1f} s {'ok' if not bad else 'FAIL ' + str(bad)[:400]}", flush=True)
-        pool.terminate()
+    ok = run_checks(_check, jobs, 75, report, 18)
     print(f"[{time.time() - T0:5.1f} s] checked; timed: {sorted(ok)}", flush=True)
 
     for B, H, S, causal in SHAPES:
@@ -188,12 +165,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe_fwd3.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print("\n== checks: worst relative error of (o, lse) vs fp32 torch over the cases (> 2e-2 or text: FAIL)")
-    for name, c in report["checks"].items():
-        worst = [r for r in c["results"].values() if not isinstance(r, str)]
-        fails = {k: r for k, r in c["results"].items() if bad_result(r)}
-        print(f"  {name:18} worst o {max((r[0] for r in worst), default=0):.2e} lse "
-              f"{max((r[1] for r in worst), default=0):.2e}  {'FAIL ' + str(fails)[:300] if fails else 'ok'}")
+    print_checks(report, 18)
     print("\n== TFLOP/s, bf16, D = 256: graph replay (device time) / eager do_bench; x cuDNN (graph) in brackets")
     for r in report["rows"]:
         cud = r["graph"].get("sdpa cudnn")
@@ -209,8 +181,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        raise
+    run_main(main)

@@ -17,9 +17,18 @@ import json
 import math
 import os
 import time
-import traceback
 
-from probe_util import bad_result, err_head, poison, ref_attention, rel
+from probe_util import (
+    check_case,
+    err_head,
+    poison,
+    print_checks,
+    print_tflops_x_cudnn,
+    ref_attention,
+    rel,
+    run_checks,
+    run_main,
+)
 
 T0 = time.time()
 D128, D64 = (128,), (64,)
@@ -77,22 +86,8 @@ def _check(job):
     out = {}
     g = torch.Generator(device="cuda").manual_seed(hash(name) & 0xFFFF)
     for D in dims:
-        for cname, B, H, Hkv, Sq, Sk, causal, window, softcap, dt, layout in CASES:
-            key = f"D{D} {cname}"
-            try:
-                dtype = getattr(torch, dt)
-                shp = (lambda h, s: (B, s, h, D)) if layout == "bshd" else (lambda h, s: (B, h, s, D))
-                q, k, v = (torch.randn(shp(h, s), device="cuda", dtype=dtype, generator=g)
-                           for h, s in ((H, Sq), (Hkv, Sk), (Hkv, Sk)))
-                if layout == "bshd":
-                    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-                ro, rl = ref_attention(q, k, v, causal, window, softcap)
-                poison()
-                o, lse = forward(q, k, v, causal, window, softcap, knobs)
-                torch.cuda.synchronize()
-                out[key] = (rel(o, ro), rel(lse, rl))
-            except Exception as e:  # noqa: BLE001
-                out[key] = err_head(e)
+        for case in CASES:
+            out[f"D{D} {case[0]}"] = check_case(case, D, g, forward, knobs)
         if knobs and knobs.get("programs"):
             continue                           # the persistent grid takes dense inputs only
         try:                                   # packed sequences, empty ones among them, GQA 4
@@ -128,7 +123,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    import multiprocessing as mp
 
     import torch
     import triton
@@ -140,22 +134,7 @@ def main():
                   variants={k: v[0] for k, v in VARIANTS.items()}, checks={}, rows=[])
     jobs = [("default D64", None, (64,)), ("default D128", None, (128,))]
     jobs += [(n, kn, dims) for n, (kn, dims) in VARIANTS.items()]
-    ok = set()
-    with mp.get_context("spawn").Pool(len(jobs)) as pool:
-        it = pool.imap_unordered(_check, jobs)
-        deadline = time.time() + 75
-        for _ in jobs:
-            try:
-                name, secs, res = it.next(timeout=max(1.0, deadline - time.time()))
-            except Exception as e:  # noqa: BLE001
-                print(f"check workers incomplete: {err_head(e)}", flush=True)
-                break
-            report["checks"][name] = dict(s=secs, results=res)
-            bad = {k: r for k, r in res.items() if bad_result(r)}
-            if not bad:
-                ok.add(name)
-            print(f"check {name:16} {secs:5.1f} s {'ok' if not bad else 'FAIL ' + str(bad)[:400]}", flush=True)
-        pool.terminate()
+    ok = run_checks(_check, jobs, 75, report, 16)
     print(f"[{time.time() - T0:5.1f} s] checked; timed: {sorted(ok)}", flush=True)
 
     for B, H, Hkv, S, D in SHAPES:
@@ -183,30 +162,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe_fwd_sm90.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print("\n== checks: worst relative error of (o, lse) vs fp32 torch over the cases (> 2e-2 or text: FAIL)")
-    for name, c in report["checks"].items():
-        worst = [r for r in c["results"].values() if not isinstance(r, str)]
-        fails = {k: r for k, r in c["results"].items() if bad_result(r)}
-        print(f"  {name:16} worst o {max((r[0] for r in worst), default=0):.2e} lse "
-              f"{max((r[1] for r in worst), default=0):.2e}  {'FAIL ' + str(fails)[:300] if fails else 'ok'}")
-    print("\n== TFLOP/s (bf16; x cuDNN in brackets)")
-    for r in report["rows"]:
-        cud = r.get("sdpa cudnn")
-        cells = []
-        for k, val in r.items():
-            if k in ("shape", "causal"):
-                continue
-            if isinstance(val, float) and isinstance(cud, float):
-                cells.append(f"{k} {val:.0f} ({val / cud:.2f})")
-            else:
-                cells.append(f"{k} {str(val)[:60]}")
-        print(f"  {r['shape']:16} {'causal' if r['causal'] else 'nc    '} " + " | ".join(cells))
+    print_checks(report, 16)
+    print_tflops_x_cudnn(report)
     print(f"[{time.time() - T0:5.1f} s] done")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        raise
+    run_main(main)

@@ -21,29 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-
-
-def attention_loop(fn, steps=128, S0=2048, B=8, H=32, Hkv=8, D=128):
-    """(host µs per call, wall µs per step with the device) of fn(q, k, v) as k / v grow by one key per step."""
-    dev = torch.device("cuda")
-    q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
-    k0 = torch.randn(B, Hkv, S0, D, device=dev, dtype=torch.bfloat16)
-    v0 = torch.randn_like(k0)
-    new = torch.randn(B, Hkv, 1, D, device=dev, dtype=torch.bfloat16)
-    out = {}
-    for _rep in range(2):                    # the first pass compiles and fills the caches
-        k, v = k0, v0
-        torch.cuda.synchronize()
-        host = 0.0
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            k, v = torch.cat([k, new], 2), torch.cat([v, new], 2)
-            t1 = time.perf_counter()
-            fn(q, k, v)
-            host += time.perf_counter() - t1
-        torch.cuda.synchronize()
-        out = dict(host_us=host / steps * 1e6, step_us=(time.perf_counter() - t0) / steps * 1e6)
-    return out
+from probe_util import attention_loop  # noqa: E402
 
 
 def profile_generate(model, prompt, new_tokens, out_path):
