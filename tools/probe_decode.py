@@ -2,7 +2,8 @@
 SDPA cuDNN / flash, bf16, D = 128, Sq = 1.
 
     PYTHONPATH=src python tools/probe_decode.py --out DIR       # on the GPU: checks, timings, DIR/probe_decode.json
-    PYTHONPATH=src python tools/probe_decode.py --compile-only  # here: every variant compiled for sm_90
+
+The kernels' compile reports (registers, spills, shared memory, no GPU): tools/decode_compile.py.
 
 GB/s counts K and V read once: 2·B·Hkv·Sk·D·2 bytes (variable lengths: valid keys only). Every KV cache is >= 1 GiB
 (L2 is 60 MB), so no rotation is needed. Sections, in order (a time budget cuts the tail, never the table):
@@ -22,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 import probe_util as pu
@@ -336,62 +336,12 @@ def table(summary, ceiling):
     return "\n".join(out)
 
 
-def compile_only():
-    """Every variant the probe launches, compiled here for sm_90 (no GPU): registers, stack, shared memory."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    os.environ.pop("TRITON_INTERPRET", None)
-    from compiler_report import compile_launch
-
-    from onlinesoftmax.decode.launch import _split_launches
-    from onlinesoftmax.decode.plan import Problem, decode_plan
-    from onlinesoftmax.target import H200
-
-    def meta(dt):
-        return torch.empty(1, dtype=dt, device="meta")
-    seen, bad = {}, 0
-    for B, H, Hkv, S in GOAL:
-        for page in (0, 16, 256):
-            p = Problem(B, H, Hkv, 1, D, S, page, 2)
-            variants = [Knobs()] + [knobs_of(t) for t in TILES] + [knobs_of(t, splits=s) for t in TILES[:2]
-                                                                   for s in (1, 4)]
-            if page:
-                variants += [knobs_of(t, ahead=a, splits=s) for a in (0, 1, 2) for t in PAGED_TILES for s in (1, 4)]
-            else:
-                variants += [Knobs.of(bound=True, splits=s) for s in (1, 8)]
-            for kn in variants:
-                plan = decode_plan(p, H200, kn)
-                pg = max(page, 1)
-                kst = (Hkv * page * D, page * D, D, 1) if page else (Hkv * S * D, S * D, D, 1)
-                strides = (H * D, D, D, 1, *kst, *kst, S // pg, H * D, D, D, 1)
-                kv, head, _ = _split_launches(plan, p, (bool(page), True, False, False, False, False),
-                                              (0.1, 0.0, -1, -1), strides)
-                key = (page, plan.block_n, plan.num_warps, plan.num_stages, plan.splits > 1, plan.ahead, plan.bound)
-                if key in seen:
-                    continue
-                q = meta(torch.bfloat16)
-                f = meta(torch.float32)
-                i = meta(torch.int32)
-                try:
-                    r = compile_launch(kv.fn, (q, q, q, i, i, q, f, f, f, *head), kv.meta, 90)
-                except Exception as e:
-                    r = dict(regs=-1, stack=-1, shared=0, error=err_lines(e))
-                seen[key] = r
-                bad += r["stack"] != 0
-                log(f"page {page:3} {plan_str(plan):40} regs {r['regs']:3} stack {r['stack']} "
-                    f"smem {r['shared'] // 1024}K {r.get('error', '')}")
-    log(f"{len(seen)} kernels, {bad} with spills or errors")
-    return bad
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="probe_out")
     ap.add_argument("--budget", type=float, default=112.0, help="seconds after which remaining variants are skipped")
-    ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, kernels in Triton's interpreter")
     a = ap.parse_args()
-    if a.compile_only:
-        sys.exit(1 if compile_only() else 0)
     os.makedirs(a.out, exist_ok=True)
     global DEV, GOAL, TILES, PAGED_TILES, SPLITS, CHECK_S
     if a.smoke:

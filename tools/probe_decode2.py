@@ -4,8 +4,9 @@ balanced schedule for paged caches at other tiles / warps / programs per SM, bes
 splits and SDPA cuDNN (dense, padded).
 
     PYTHONPATH=src python tools/probe_decode2.py --out DIR          # the GPU: checks, timings, JSON, table last
-    PYTHONPATH=src python tools/probe_decode2.py --compile-only     # here: every variant compiled for sm_90
     PYTHONPATH=src python tools/probe_decode2.py --smoke --out DIR  # here: tiny, Triton's interpreter
+
+The kernels' compile reports (registers, spills, shared memory, no GPU): tools/decode_compile.py.
 
 bf16, D = 128, Sq = 1. Part 1, the goal shapes (B, H, Hkv, S) = (8, 32, 32, 32K), (1, 32, 32, 128K),
 (8, 32, 8, 32K), (64, 32, 8, 4K) at full lengths: dense (goal >= 1.0x cuDNN) and paged 16 / 256 (shuffled pages;
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import probe_util as pu
@@ -240,58 +240,12 @@ def copy_ceiling():
     return pu.copy_ceiling(DEV, bench, 16)
 
 
-def compile_only():
-    """Every variant's kernels compiled here for sm_90 at the goal shapes: registers, stack (spills), shared."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    os.environ.pop("TRITON_INTERPRET", None)
-    import compiler_report as cr
-
-    from onlinesoftmax.decode.launch import _balanced_launches, _split_launches
-    from onlinesoftmax.decode.plan import Problem, decode_plan
-    from onlinesoftmax.target import H200
-
-    def meta(dt):
-        return torch.empty(1, dtype=dt, device="meta")
-    q, f, i = meta(torch.bfloat16), meta(torch.float32), meta(torch.int32)
-    bad = 0
-    for B, H, Hkv, S in GOAL:
-        for page in (0, 16, 256):
-            for name, kw in (PAGED if page else DENSE).items():
-                p = Problem(B, H, Hkv, 1, D, S, page, 2)
-                plan = decode_plan(p, H200, Knobs.of(**kw))
-                kst = (Hkv * page * D, page * D, D, 1) if page else (Hkv * S * D, S * D, D, 1)
-                strides = (H * D, D, D, 1, *kst, *kst, S // max(page, 1), H * D, D, D, 1)
-                flags = (bool(page), True, False, False, False, False)
-                try:
-                    if plan.balanced:
-                        kv, head, mg, tail = _balanced_launches(plan, p, flags, (0.1, 0.0, -1, -1), strides)
-                        r = cr.compile_launch(kv.fn, (q, q, q, i, i, f, f, *head), kv.meta, 90)
-                        m = cr.compile_launch(mg.fn, (f, f, i, q, f, *tail), mg.meta, 90)
-                        r["merge"] = (m["regs"], m["stack"])
-                        bad += m["stack"] != 0
-                    else:
-                        kv, head, _ = _split_launches(plan, p, flags, (0.1, 0.0, -1, -1), strides)
-                        r = cr.compile_launch(kv.fn, (q, q, q, i, i, q, f, f, f, *head), kv.meta, 90)
-                except Exception as e:
-                    r = dict(regs=-1, stack=-1, shared=0, error=err_lines(e))
-                new = name not in ("default", "per-seq")
-                bad += new and r["stack"] != 0
-                log(f"B{B:3} Hkv{Hkv:2} page {page:3} {name:12} s{plan.splits:<4} w{plan.num_warps} n{plan.block_n} "
-                    f"st{plan.num_stages} regs {r['regs']:3} stack {r['stack']} smem {r['shared'] // 1024}K "
-                    f"merge {r.get('merge')} {r.get('error', '')}")
-    log(f"{bad} new kernels with spills or errors")
-    return bad
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="probe_out")
     ap.add_argument("--budget", type=float, default=125.0, help="seconds after which remaining timings are skipped")
-    ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, kernels in Triton's interpreter")
     a = ap.parse_args()
-    if a.compile_only:
-        sys.exit(1 if compile_only() else 0)
     os.makedirs(a.out, exist_ok=True)
     global DEV, GOAL, VARLEN
     if a.smoke:

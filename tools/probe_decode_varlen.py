@@ -4,8 +4,9 @@ schedule (``Knobs(balanced=True)``: the key tiles of all sequences laid end to e
 chunks on the device) at 1 / 2 / 4 programs per SM, beside SDPA cuDNN over the padded dense cache.
 
     PYTHONPATH=src python tools/probe_decode_varlen.py --out DIR       # the GPU: checks, timings, JSON, table
-    PYTHONPATH=src python tools/probe_decode_varlen.py --compile-only  # here: every kernel compiled for sm_90
     PYTHONPATH=src python tools/probe_decode_varlen.py --smoke --out DIR   # here: tiny, Triton's interpreter
+
+The kernels' compile reports (registers, spills, shared memory, no GPU): tools/decode_compile.py.
 
 bf16, D = 128, Sq = 1; (B, H/Hkv) in {8, 32, 64} x {32/32, 32/8}; lengths in [1, S] (S = 32K, 16K for B = 64):
 - ``full``: every sequence S keys (the uniform batch of the old probe),
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import probe_util as pu
@@ -202,72 +202,12 @@ def copy_ceiling():
     return pu.copy_ceiling(DEV, bench, 16)
 
 
-def compile_only():
-    """The balanced kernels and their merge compiled here for sm_90 beside the default's: registers, stack,
-    shared memory, and the K / V shared-memory buffers the pipeliner kept (TTGIR)."""
-    import re
-
-    import triton
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    os.environ.pop("TRITON_INTERPRET", None)
-    import compiler_report as cr
-
-    from onlinesoftmax.decode.launch import _balanced_launches, _split_launches
-    from onlinesoftmax.decode.plan import Problem, decode_plan
-    from onlinesoftmax.target import H200
-
-    compile_fn = triton.compile
-
-    def keep(*a, **k):
-        keep.last = compile_fn(*a, **k)
-        return keep.last
-    cr.triton.compile = keep
-
-    def meta(dt):
-        return torch.empty(1, dtype=dt, device="meta")
-    q, f, i = meta(torch.bfloat16), meta(torch.float32), meta(torch.int32)
-    bad = 0
-    for B, H, Hkv, S in SHAPES + [(256, 32, 8, 4096)]:
-        for page in (0, 16):
-            for name, kw in VARIANTS.items():
-                p = Problem(B, H, Hkv, 1, D, S, page, 2)
-                plan = decode_plan(p, H200, Knobs.of(**kw))
-                kst = (Hkv * page * D, page * D, D, 1) if page else (Hkv * S * D, S * D, D, 1)
-                strides = (H * D, D, D, 1, *kst, *kst, S // max(page, 1), H * D, D, D, 1)
-                flags = (bool(page), True, False, False, False, False)
-                try:
-                    if plan.balanced:
-                        kv, head, mg, tail = _balanced_launches(plan, p, flags, (0.1, 0.0, -1, -1), strides)
-                        r = cr.compile_launch(kv.fn, (q, q, q, i, i, f, f, *head), kv.meta, 90)
-                        ttgir = keep.last.asm["ttgir"]
-                        m = cr.compile_launch(mg.fn, (f, f, i, q, f, *tail), mg.meta, 90)
-                        r["merge"] = (m["regs"], m["stack"])
-                        bad += m["stack"] != 0
-                    else:
-                        kv, head, _ = _split_launches(plan, p, flags, (0.1, 0.0, -1, -1), strides)
-                        r = cr.compile_launch(kv.fn, (q, q, q, i, i, q, f, f, f, *head), kv.meta, 90)
-                        ttgir = keep.last.asm["ttgir"]
-                    r["kv_buffers"] = sorted(set(re.findall(r"!ttg.memdesc<(\d+)x\d+x\d+x", ttgir)))
-                except Exception as e:
-                    r = dict(regs=-1, stack=-1, shared=0, error=err_lines(e))
-                bad += r["stack"] != 0 and not (name == "default" or "bound" in name)   # the default's own
-                log(f"B{B:3} Hkv{Hkv:2} page {page:2} {name:10} s{plan.splits:<4} regs {r['regs']:3} stack "
-                    f"{r['stack']} smem {r['shared'] // 1024}K bufs {r.get('kv_buffers')} merge {r.get('merge')} "
-                    f"{r.get('error', '')}")
-    log(f"{bad} new kernels with spills or errors")
-    return bad
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="probe_out")
     ap.add_argument("--budget", type=float, default=125.0, help="seconds after which remaining timings are skipped")
-    ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, kernels in Triton's interpreter")
     a = ap.parse_args()
-    if a.compile_only:
-        sys.exit(1 if compile_only() else 0)
     os.makedirs(a.out, exist_ok=True)
     global DEV, SHAPES
     if a.smoke:
