@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import onlinesoftmax as oss
-from onlinesoftmax.decode import explain
+from onlinesoftmax.decode import explain, explain_merge
 from onlinesoftmax.reference import decode as ref
+from onlinesoftmax.target import H200
 
 BACKENDS = [pytest.param("torch"), pytest.param("triton", marks=pytest.mark.interpreter)]
 TOL = dict(rtol=1e-4, atol=1e-5)
@@ -114,3 +115,24 @@ def test_what_the_kernels_do_not_take(dtype, D):
     assert _kernel_backend("triton", None, q[..., :16].float(), "op") == "triton"
     o = oss.attention_with_kvcache(q, k, v, lens)
     torch.testing.assert_close(o.double(), ref.attention_with_kvcache(q, k, v, lens)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.interpreter
+def test_merge_float64_with_backend_triton_is_an_error():
+    """A float64 state with backend="triton" ran the torch path silently (the kernel merges in fp32); by default it
+    still merges in float64."""
+    gen = torch.Generator().manual_seed(5)
+    o_a, o_b = (torch.randn(2, 3, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    lse_a, lse_b = (torch.randn(2, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    with pytest.raises(TypeError, match="^merge_attention_states: backend='triton' takes float16, bfloat16 or float32"):
+        oss.merge_attention_states(o_a, lse_a, o_b, lse_b, backend="triton")
+    with pytest.raises(TypeError, match="^merge_attention_states: backend='triton'"):
+        oss.merge_attention_states(o_a.float(), lse_a, o_b.float(), lse_b.float(), backend="triton")
+    o, lse = oss.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    ro, rl = ref.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    assert o.dtype == lse.dtype == torch.float64
+    torch.testing.assert_close(o, ro.to(o.dtype), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, rl.to(lse.dtype), rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match=r"^explain\(merge_attention_states\): backend='triton' takes"):
+        explain_merge(o_a, backend="triton")
+    assert explain_merge(o_a, target=H200).path != "torch"          # another GPU's plan: the kernel's

@@ -90,6 +90,18 @@ def _acc(*ts) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
+def _merge_backend(backend: str | None, op: str, *states: torch.Tensor) -> str:
+    """The merge's path: float64 states take the torch path by default (the kernel merges in fp32) and are an error
+    naming ``op`` with backend="triton"."""
+    which = resolve_backend(backend, states[0], op)
+    if which == "triton" and _acc(*states) == torch.float64:
+        if backend == "triton":
+            raise TypeError(f"{op}: backend='triton' takes float16, bfloat16 or float32 states, got float64 "
+                            "(use backend='torch')")
+        return "torch"
+    return which
+
+
 def _check_merge(o_a, lse_a, o_b, lse_b):
     for t, n in ((o_a, "o_a"), (o_b, "o_b"), (lse_a, "lse_a"), (lse_b, "lse_b")):
         check_float_tensor(t, f"merge_attention_states: {n}")
@@ -167,14 +179,15 @@ def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Te
     ``(o, lse)``: ``lse = logaddexp(lse_a, lse_b)`` (float32) and ``o = o_a·e^(lse_a − lse) + o_b·e^(lse_b − lse)``,
     computed in fp32 and cast to o_a's dtype. When one side is empty (lse −inf) the other comes back unchanged,
     whatever the empty side's o holds; both empty give o = 0, lse = −inf, never NaN. Differentiable in all four
-    inputs.
+    inputs. A float64 state (o or lse) merges in float64 (lse float64) on the torch path; ``backend="triton"``
+    refuses it.
 
     Example
     -------
     >>> o, lse = merge_attention_states(o_prefix, lse_prefix, o_suffix, lse_suffix)
     """
     _check_merge(o_a, lse_a, o_b, lse_b)
-    which = resolve_backend(backend, o_a, "merge_attention_states")
+    which = _merge_backend(backend, "merge_attention_states", o_a, lse_a, o_b, lse_b)
     if transforms_active():      # torch.func transforms, forward AD: torch's ops, which compose with them
         return _merge_torch(o_a, lse_a, o_b, lse_b)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (o_a, lse_a, o_b, lse_b))
@@ -189,7 +202,7 @@ def explain_merge(o_a: torch.Tensor, *, backend: str | None = None, target: Targ
     if o_a.dim() < 1:
         raise ValueError("explain(merge_attention_states): o_a must have shape [..., D], got a 0-d tensor")
     check_instance(target, Target, "explain(merge_attention_states): target")
-    if target is None and resolve_backend(backend, o_a, "explain(merge_attention_states)") == "torch":
+    if target is None and _merge_backend(backend, "explain(merge_attention_states)", o_a) == "torch":
         return MergePlan("torch")
     D = o_a.shape[-1]
     return merge_plan(o_a.numel() // max(D, 1), D, target or target_of(o_a.device))
