@@ -8,6 +8,18 @@ from numbers import Integral, Real
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)     # what the attention / decode kernels take
+
+
+def check_kernel_inputs(q: torch.Tensor, op: str, what: str, max_head_dim: int) -> None:
+    """backend="triton" for an attention-like ``op``: ``q``'s dtype one the kernels take and its head dim (last) at
+    most ``max_head_dim``, else an error naming ``op`` (``what``: the inputs as its message names them)."""
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{op}: backend='triton' takes float16, bfloat16 or float32 {what}, got "
+                        f"{str(q.dtype).replace('torch.', '')} (use backend='torch')")
+    if q.shape[-1] > max_head_dim:
+        raise ValueError(f"{op}: backend='triton' takes head dims up to {max_head_dim}, got {q.shape[-1]} "
+                         "(use backend='torch')")
 
 
 def as_int(v, name: str) -> int:

@@ -15,11 +15,13 @@ import torch
 
 from .._autocast import any_autocast, autocast_boundary, autocast_on
 from .._checks import (
+    KERNEL_DTYPES,
     as_int,
     check_attention_scalars,
     check_bool,
     check_float_tensor,
     check_instance,
+    check_kernel_inputs,
     check_window,
     fit_window,
     no_double_backward,
@@ -31,7 +33,6 @@ from .plan import AttentionPlan, BackwardPlan, ForwardPlan, Knobs, Problem, back
 
 __all__ = ["attention", "attention_varlen", "explain"]
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TORCH_DTYPES = KERNEL_DTYPES + (torch.float64,)
 MAX_HEAD_DIM = 256           # the kernels' register tiles (a [BLOCK_M, 256] fp32 accumulator per program)
 
@@ -69,15 +70,6 @@ def _check_qkv(q, k, v, op: str, ndim: int, seq_dim: int, head_dim: int) -> None
     if Hkv == 0 and H != 0 or Hkv and H % Hkv:
         raise ValueError(f"{op}: the query heads H = {H} must be a multiple of the key/value heads Hkv = {Hkv} "
                          "(GQA / MQA)")
-
-
-def _check_kernel(q, op: str) -> None:
-    if q.dtype not in KERNEL_DTYPES:
-        raise TypeError(f"{op}: backend='triton' takes float16, bfloat16 or float32 q/k/v, got "
-                        f"{_dtype_name(q.dtype)} (use backend='torch')")
-    if q.shape[-1] > MAX_HEAD_DIM:
-        raise ValueError(f"{op}: backend='triton' takes head dims up to {MAX_HEAD_DIM}, got {q.shape[-1]} "
-                         "(use backend='torch')")
 
 
 def _tma_ok(*ts) -> bool:
@@ -631,7 +623,7 @@ def _prepare(q, k, v, causal, scale, window, softcap, backend, op=_OP):
     win = (-1, -1) if window is None else fit_window(*check_window(window, op), q.shape[2], k.shape[2])
     backend = resolve_backend(backend, q, op)
     if backend == "triton":
-        _check_kernel(q, op)
+        check_kernel_inputs(q, op, "q/k/v", MAX_HEAD_DIM)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return win, backend, scale, softcap
 
@@ -832,7 +824,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                   v.transpose(0, 1).unsqueeze(0), scale, left, right, softcap, keep=keep)
         o, lse = o[0].transpose(0, 1), lse[0]
     else:
-        _check_kernel(q, _VOP)
+        check_kernel_inputs(q, _VOP, "q/k/v", MAX_HEAD_DIM)
         # the kernels read cu_seqlens[b] at b (unit stride): a strided view (a column of a 2-d tensor) made dense
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         o, lse = torch.ops.onlinesoftmax.attention_varlen_fwd(

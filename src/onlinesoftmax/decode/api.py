@@ -16,11 +16,13 @@ import torch
 
 from .._autocast import any_autocast, autocast_boundary, autocast_on
 from .._checks import (
+    KERNEL_DTYPES,
     as_int,
     check_attention_scalars,
     check_bool,
     check_float_tensor,
     check_instance,
+    check_kernel_inputs,
     check_window,
     fit_window,
 )
@@ -30,23 +32,18 @@ from .plan import NO_KNOBS, TORCH_PLAN, Knobs, MergePlan, Plan, Problem, decode_
 
 __all__ = ["attention_with_kvcache", "explain", "explain_merge", "merge_attention_states"]
 
-KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-CHECK_DTYPES = KV_DTYPES + (torch.float64,)
+CHECK_DTYPES = KERNEL_DTYPES + (torch.float64,)
 MAX_HEAD_DIM = 256          # the split-KV kernels' tiles (as oss.attention's)
 
 
 def _kernel_backend(which: str, backend: str | None, q: torch.Tensor, op: str) -> str:
     """``which`` narrowed to what the split-KV kernels take: float64 or a head dim past MAX_HEAD_DIM run on the torch
     path by default, and are an error naming ``op`` when backend="triton" asked for the kernels."""
-    if which == "torch" or q.dtype in KV_DTYPES and q.shape[-1] <= MAX_HEAD_DIM:
-        return which
-    if backend is None:
-        return "torch"
-    if q.dtype not in KV_DTYPES:
-        raise TypeError(f"{op}: backend='triton' takes float16, bfloat16 or float32 q and caches, got float64 "
-                        "(use backend='torch')")
-    raise ValueError(f"{op}: backend='triton' takes head dims up to {MAX_HEAD_DIM}, got {q.shape[-1]} "
-                     "(use backend='torch')")
+    if which == "triton" and (q.dtype not in KERNEL_DTYPES or q.shape[-1] > MAX_HEAD_DIM):
+        if backend is None:
+            return "torch"
+        check_kernel_inputs(q, op, "q and caches", MAX_HEAD_DIM)      # raises: backend="triton" asked for them
+    return which
 
 
 @functools.cache
