@@ -212,7 +212,8 @@ def compile_launches(recorded, seen, skip=(), strict=False, extra=None):
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
+    ptr = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
+           torch.int64: "*i64"}
     nvbin = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for fn, args, meta, boxes in recorded:
         sig, const, attrs = {}, {}, {}

@@ -206,6 +206,13 @@ ROW = "bins"                    # default of ``row``: tools/probe_rowbins.py at 
                                 # levels: sampling_kernels.THIRD_MAX_CH); V = 262144 B = 8 326.9 / 162.3; peaked
                                 # rows (a nucleus of ~20 tokens: step 1 decides them) equal
 ROW_BINS_CAP = 4096             # row="bins": the most elements of the boundary's fine bin (past it: the radix)
+GRID = False                    # default of ``grid`` (not yet timed on a GPU: tools/probe_samplegrid.py)
+GRID_BLOCK = 256                # grid: elements per step of a pass (two per thread of GRID_WARPS warps)
+GRID_WARPS = 4
+GRID_TABLE = 128                # grid: the most chunks of a row (per-chunk tables are read this wide: one compile)
+GRID_WAVES = 4                  # grid: programs per SM a pass aims for, in chunks of ...
+GRID_MIN_CHUNK = 1024           # ... at least this many elements and ...
+GRID_MAX_CHUNK = 8192           # ... at most this many (the draw scans one chunk in one program)
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -221,6 +228,16 @@ def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
     per = -(-V // C)
     ch = -(-per // ROW_BLOCK) * ROW_BLOCK
     return -(-V // ch), ch, cp
+
+
+def grid_chunks(B: int, V: int, target: Target, chunk: int | None = None,
+                block: int = GRID_BLOCK) -> tuple[int, int]:
+    """(C, CH): the grid passes' chunks per row and elements per chunk (a multiple of ``block``): B·C programs of
+    ``chunk`` elements (default: GRID_WAVES per SM within [GRID_MIN_CHUNK, GRID_MAX_CHUNK]), C <= GRID_TABLE."""
+    if chunk is None:
+        chunk = min(max(GRID_MIN_CHUNK, -(-B * V // (GRID_WAVES * target.sm_count))), GRID_MAX_CHUNK)
+    ch = -(-max(chunk, -(-V // GRID_TABLE)) // block) * block
+    return -(-V // ch), ch
 
 
 @dataclass(frozen=True)
@@ -246,6 +263,11 @@ class SampleKnobs:
     group's or bin's elements, at most ``ROW_BINS_CAP``, listed, sorted and cut: three or four passes and barriers;
     the radix where more; ``sampling_kernels._topp_bins``). Default ``ROW``.
 
+    ``grid``: rows with top-p and neither top-k nor min-p (the row kernel's bins) on a grid of launches, a pass
+    each, over B·C chunks of ``grid_chunk`` elements (default :func:`grid_chunks`), passes stepping
+    ``grid_block`` elements with ``grid_warps`` warps, in place of the row kernel's barriers (its programs are
+    one per SM: ``sampling_grid``); the row kernel then finishes the other rows. Default ``GRID``.
+
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
     1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
@@ -256,6 +278,10 @@ class SampleKnobs:
     one_buffer: bool | None = None
     graph_draw: str | None = None
     row: str | None = None
+    grid: bool | None = None
+    grid_chunk: int | None = None
+    grid_block: int | None = None
+    grid_warps: int | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -314,6 +340,10 @@ class SamplePlan:
     one_buffer: bool = ONE_BUFFER   # ids and logprobs as views of one allocation
     graph_draw: str = GRAPH_DRAW    # the uniforms of a captured call: "torch" (torch.rand) or "kernel" (Philox)
     row: str = ROW              # the row kernel's top-p boundary without top-k: "radix" or "bins"
+    grid_chunks: int = 0        # grid launches (row="bins" only): chunks per row; 0: none
+    grid_chunk: int = 0         # their elements per chunk
+    grid_block: int = 0         # elements per step of their passes
+    grid_warps: int = 0         # their warps
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -340,5 +370,15 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     if greedy or top_k is not None or K == V:
         return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
                           one_buffer=one, graph_draw=graph_draw)
+    grid = (GRID if knobs.grid is None else knobs.grid) and row == "bins"
+    block = GRID_BLOCK if knobs.grid_block is None else knobs.grid_block
+    warps = GRID_WARPS if knobs.grid_warps is None else knobs.grid_warps
+    if block < 16 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"SampleKnobs: grid_block must be a power of two >= 16 and grid_warps one of 1, 2, 4, 8, "
+                         f"16, got {block} and {warps}")
+    if knobs.grid_chunk is not None and knobs.grid_chunk < 1:
+        raise ValueError(f"SampleKnobs: grid_chunk must be positive, got {knobs.grid_chunk}")
+    gc, gch = grid_chunks(B, V, target, knobs.grid_chunk, block) if grid else (0, 0)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
-                      graph_draw=graph_draw, row=row)
+                      graph_draw=graph_draw, row=row, grid_chunks=gc, grid_chunk=gch,
+                      grid_block=block if grid else 0, grid_warps=warps if grid else 0)

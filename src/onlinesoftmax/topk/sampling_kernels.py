@@ -475,12 +475,43 @@ def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, H
     tl.store(HC + buf + mine, cnt)
     _barrier(ARRIVE, GEN, row, C)
     h = _gather16(HM + buf, row, C, CP)
-    d = tl.min(tl.where(above + tl.cumsum(h, 0) >= P, bins, 16))
+    d, above_d = _bins_digit(h, above, P)
     counts = tl.load(HC + buf + (row * C + j) * 16 + d, mask=(j < C) & (d < 16), other=0, cache_modifier=".cg")
     n = tl.sum(counts)
-    above += tl.sum(tl.where(bins < d, h, 0.0))
     kept += tl.sum(tl.where(bins < d, kept_own, 0.0))
-    return G * 16 + d, n, counts, above, kept, ((d < 16) & (n >= 1)).to(tl.int32)
+    return G * 16 + d, n, counts, above_d, kept, ((d < 16) & (n >= 1)).to(tl.int32)
+
+
+@triton.jit
+def _bins_digit(h, above, P):
+    """(d, mass above bin d): the first of the 16 bins ``h`` (from the top) where the mass from the top, ``above``
+    before them, reaches P (16: none)."""
+    bins = tl.arange(0, 16)
+    d = tl.min(tl.where(above + tl.cumsum(h, 0) >= P, bins, 16))
+    return d, above + tl.sum(tl.where(bins < d, h, 0.0))
+
+
+@triton.jit
+def _bins_scale(lse2, c, tp, V, x_max):
+    """Fine bins per unit of x: 4096 over [x_lo, x_max], where every element of p < (1 − top_p) / (2V) lies past
+    the nucleus (the mass above it exceeds top_p · W: at most V elements of no more p lie at or below it)."""
+    x_lo = (lse2 + tl.log2((1.0 - tp) * 0.5 / V.to(tl.float32))) / c
+    return 4096.0 / (x_max - x_lo)
+
+
+@triton.jit
+def _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, lst, run, BLOCK: tl.constexpr):
+    """The indices of chunk [lo, hi)'s elements of fine bin group ``f >> SH == G``, in index order, to ``lst``
+    from position ``run``; returns the position after them."""
+    x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
+    for st in range(lo, hi, BLOCK):
+        o = st + tl.arange(0, BLOCK)
+        x = x_next                                  # (the next block's load in flight while this one is listed)
+        x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
+        sel = (o < hi) & ((_fine_bin(x, x_max, s) >> SH) == G)
+        tl.store(lst + run + tl.cumsum(sel.to(tl.int32), 0) - 1, o, mask=sel)
+        run += tl.sum(sel.to(tl.int32))
+    return run
 
 
 @triton.jit
@@ -499,8 +530,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     every chunk writes the indices of its elements in G (F) to the row's list at its offset (the counts of chunks
     before it: the list in index order), a barrier, and every program reads the list (at most ``CAP``, else ok =
     0), sorts it by (key descending, index ascending) and cuts it where the running mass reaches top_p · W."""
-    x_lo = (lse2 + tl.log2((1.0 - tp) * 0.5 / V.to(tl.float32))) / c
-    s = 4096.0 / (x_max - x_lo)
+    s = _bins_scale(lse2, c, tp, V, x_max)
     bins = tl.arange(0, 16)
     j = tl.arange(0, CP)
     npg = tl.num_programs(0)
@@ -516,8 +546,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     h = _gather16(HM + buf, row, C, CP)
     w = tl.sum(h) + tl.sum(tl.load(WM + npg + row * C + j, mask=j < C, other=0.0, cache_modifier=".cg"))
     P = tp * w
-    d1 = tl.min(tl.where(tl.cumsum(h, 0) >= P, bins, 16))
-    above = tl.sum(tl.where(bins < d1, h, 0.0))
+    d1, above = _bins_digit(h, 0.0, P)
     ok = ((d1 < 16) & (s > 0.0) & (s < float("inf"))).to(tl.int32)
     levels = 1
     tb = tl.full([], INT32_MIN, tl.int32)
@@ -539,15 +568,7 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
         if ok != 0:
             # 3. the list of G's elements in index order, sorted and cut
             base = tl.sum(tl.where(j < chunk, counts, 0))
-            run = base
-            x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
-            for st in range(lo, hi, BLOCK):
-                o = st + tl.arange(0, BLOCK)
-                x = x_next
-                x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
-                sel = (o < hi) & ((_fine_bin(x, x_max, s) >> SH) == G)
-                tl.store(EB + row * CAP + run + tl.cumsum(sel.to(tl.int32), 0) - 1, o, mask=sel)
-                run += tl.sum(sel.to(tl.int32))
+            run = _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, EB + row * CAP, base, BLOCK)
             _barrier(ARRIVE, GEN, row, C)
             if n <= SHORT_LIST:
                 tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, SHORT_LIST)
@@ -610,16 +631,7 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
                 BINS: tl.constexpr, CAP: tl.constexpr):
     t_row, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                          q_ptr, q_val, q_stride, row, V)
-    c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
-    x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
-    lse2 = tl.load(lse_ptr + row) * LOG2E
-    m2 = x_max * c
-    if _huge(m2):
-        # |x| / T past ~7e8 (a tiny T): lse2 converted from lse errs by ulps of 2^30 (p = 2^(x·c − lse2) then
-        # overflows or vanishes); p = 2^(x·c − m2) instead, 1 at the max's ties, 0 elsewhere: every mass below is
-        # measured on this same form (top-p's W by its radix's first level, top-k's by the sums at tk), so the scale
-        # cancels
-        lse2 = m2
+    c, x_max, lse2 = _row_scale(x_row, stride_v, ind_ptr, lse_ptr, t_ptr, t_val, t_stride, row, K)
     p_max = tl.exp2(x_max * c - lse2)                # as every p here: the min-p test is on this same form
     lo = chunk * CH
     hi = tl.minimum(lo + CH, V)
@@ -695,28 +707,51 @@ def _sample_row(x_row, stride_v, V, ind_ptr, lse_ptr, u, ids_ptr, logp_ptr,
         tl.store(ids_ptr + row, tl.full([], -1, tl.int64))
         tl.store(logp_ptr + row, float("nan"))
     if owner == chunk:
-        # block by block, a sum each, until the running mass passes u · W_kept: one scan, in that block; the next
-        # block's elements loaded while this one is summed
-        run = tl.sum(tl.where(j == chunk, before, 0.0))
-        pick = -1
-        last = -1
-        s = lo
-        x_next = _load_chunk(x_row, stride_v, s + tl.arange(0, BLOCK), hi)
-        while (s < hi) & (pick < 0):
-            o = s + tl.arange(0, BLOCK)
-            x = x_next
-            x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
-            pr = tl.exp2(x * c - lse2)
-            kept = _in_prefixes(_key_of(x), o, tk, uk, tb, ub) & (pr >= thr) & (o < hi) & (pr > 0.0)
-            pk = tl.where(kept, pr, 0.0)
-            mass = tl.sum(pk)
-            if run + mass > target:
-                pick = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
-                pick = tl.where(pick == 2147483647, -1, pick)
-            last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
-            run += mass
-            s += BLOCK
-        pick = tl.where(pick < 0, last, pick)          # rounding: u · W_kept at or past the chunk's end
-        p_pick = tl.exp2(tl.load(x_row + pick.to(tl.int64) * stride_v).to(tl.float32) * c - lse2)
-        tl.store(ids_ptr + row, pick.to(tl.int64))
-        tl.store(logp_ptr + row, tl.log(p_pick) - tl.log(w_kept))
+        _scan_draw(x_row, stride_v, lo, hi, c, lse2, tk, uk, tb, ub, thr, tl.sum(tl.where(j == chunk, before, 0.0)),
+                   target, w_kept, ids_ptr + row, logp_ptr + row, BLOCK)
+
+
+@triton.jit
+def _row_scale(x_row, stride_v, ind_ptr, lse_ptr, t_ptr, t_val, t_stride, row, K):
+    """(c, x_max, lse2) of a flagged row: p = 2^(x·c − lse2), x_max its first candidate's x, lse2 = lse·log2 e."""
+    c = _log2_scale(t_ptr, t_val, t_stride, row, 1)
+    x_max = tl.load(x_row + tl.load(ind_ptr + row.to(tl.int64) * K) * stride_v).to(tl.float32)
+    lse2 = tl.load(lse_ptr + row) * LOG2E
+    m2 = x_max * c
+    if _huge(m2):
+        # |x| / T past ~7e8 (a tiny T): lse2 converted from lse errs by ulps of 2^30 (p = 2^(x·c − lse2) then
+        # overflows or vanishes); p = 2^(x·c − m2) instead, 1 at the max's ties, 0 elsewhere: every mass below is
+        # measured on this same form (top-p's W by its radix's first level or its bins, top-k's by the sums at tk),
+        # so the scale cancels
+        lse2 = m2
+    return c, x_max, lse2
+
+
+@triton.jit
+def _scan_draw(x_row, stride_v, lo, hi, c, lse2, tk, uk, tb, ub, thr, run, target, w_kept, id_ptr, lp_ptr,
+               BLOCK: tl.constexpr):
+    """The draw inside chunk [lo, hi), the kept mass before it ``run``: block by block, a sum each, until the
+    running mass passes ``target`` = u · W_kept (one scan, in that block; the next block's elements loaded while
+    this one is summed); the first kept token (index order) past it, its id and log p − log W_kept stored."""
+    pick = -1
+    last = -1
+    s = lo
+    x_next = _load_chunk(x_row, stride_v, s + tl.arange(0, BLOCK), hi)
+    while (s < hi) & (pick < 0):
+        o = s + tl.arange(0, BLOCK)
+        x = x_next
+        x_next = _load_chunk(x_row, stride_v, o + BLOCK, hi)
+        pr = tl.exp2(x * c - lse2)
+        kept = _in_prefixes(_key_of(x), o, tk, uk, tb, ub) & (pr >= thr) & (o < hi) & (pr > 0.0)
+        pk = tl.where(kept, pr, 0.0)
+        mass = tl.sum(pk)
+        if run + mass > target:
+            pick = tl.min(tl.where(kept & (run + tl.cumsum(pk, 0) > target), o, 2147483647))
+            pick = tl.where(pick == 2147483647, -1, pick)
+        last = tl.maximum(last, tl.max(tl.where(kept, o, -1)))
+        run += mass
+        s += BLOCK
+    pick = tl.where(pick < 0, last, pick)          # rounding: u · W_kept at or past the chunk's end
+    p_pick = tl.exp2(tl.load(x_row + pick.to(tl.int64) * stride_v).to(tl.float32) * c - lse2)
+    tl.store(id_ptr, pick.to(tl.int64))
+    tl.store(lp_ptr, tl.log(p_pick) - tl.log(w_kept))

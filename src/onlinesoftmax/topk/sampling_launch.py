@@ -30,8 +30,22 @@ from .._triton.launch import (
 from ..target import target_of
 from .launch import _empty_like, final_meta, workspaces
 from .launch import _launches as topk_launches
-from .plan import MIN_KP, NO_SAMPLE_KNOBS, ROW_BINS_CAP, ROW_BLOCK, ROW_WARPS, SampleKnobs, SamplePlan, sample_plan
+from .plan import (
+    GRID_TABLE,
+    MIN_KP,
+    NO_SAMPLE_KNOBS,
+    ROW_BINS_CAP,
+    ROW_BLOCK,
+    ROW_WARPS,
+    SampleKnobs,
+    SamplePlan,
+    sample_plan,
+)
+from .sampling_grid import _grid_finish_kernel, _grid_pass_kernel
 from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_kernel
+
+GRID_SCAN_BLOCK = 1024  # the grid's draw: elements per step of its scan of one chunk
+GRID_LIST_BLOCK = 64    # ... and of its list's kept masses per chunk (a [GRID_TABLE, this] tile)
 
 CALLS_KEPT = 256        # bound problems kept (then all dropped: a server sees a handful of (B, V, dtype) at a time)
 _calls: dict = {}
@@ -79,6 +93,13 @@ class SampleCall:
         else:
             kernels.append(BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)),
                                                                   num_warps=1 if K <= 256 else 4, **draw)))
+            if plan.grid_chunks:
+                meta = dict(CP=GRID_TABLE, CAP=ROW_BINS_CAP)
+                for step in (1, 2, 3, 4):
+                    kernels.append(BoundKernel(_grid_pass_kernel, (B * plan.grid_chunks,), dict(
+                        meta, STEP=step, BLOCK=plan.grid_block, num_warps=plan.grid_warps)))
+                kernels.append(BoundKernel(_grid_finish_kernel, (B,), dict(     # (4 / 8 warps: 16 / 24 B of stack)
+                    meta, BLOCK=GRID_SCAN_BLOCK, LB=GRID_LIST_BLOCK, PHILOX=philox, num_warps=16)))
             if C:
                 kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(
                     BLOCK=ROW_BLOCK, CP=plan.table, num_warps=ROW_WARPS, PHILOX=philox, BINS=plan.row == "bins",
@@ -112,6 +133,15 @@ class SampleCall:
                                                         (6 * BC, torch.float32),
                                                         (B * ROW_BINS_CAP if plan.row == "bins" else 1, torch.int32)),
                                  zeroed=2)
+        if plan.grid_chunks:
+            # per chunk: the levels' 16-bin masses (and counts below the first) and the mass past the fine bins;
+            # per row: three steps' records (int32, float32) and the boundary's list
+            BG = 16 * B * plan.grid_chunks
+            row += stream_scratch("sample-grid", device, ((BG, torch.float32), (BG // 16, torch.float32),
+                                                          (BG, torch.float32), (BG, torch.int32), (BG, torch.float32),
+                                                          (BG, torch.int32), (12 * B, torch.int32),
+                                                          (12 * B, torch.float32), (B * ROW_BINS_CAP, torch.int32)),
+                                  zeroed=0)
         return (ws, ws2, *cand, *row)
 
     def __call__(self, x: torch.Tensor, tt: tuple, kt: tuple, pt: tuple, qt: tuple, u, stream, capturing: bool):
@@ -183,8 +213,13 @@ class SampleCall:
             return lists
         K, V = plan.k, self.V
         lists.append((vals, inds, lse, u, ids, logp, flag, *prm, *rng, K, V))
+        if plan.grid_chunks:
+            grid = (*views[13:22], plan.grid_chunks, plan.grid_chunk)
+            lists += [(x, *self.strides, V, inds, lse, flag, *prm, K, *grid)] * 4
+            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, grid[0], grid[2],
+                          grid[4], *grid[6:]))
         if plan.row_chunks:
-            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, *views[6:],
+            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, *views[6:13],
                           plan.row_chunks, plan.chunk))
         return lists
 

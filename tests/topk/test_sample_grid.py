@@ -1,0 +1,274 @@
+"""``SampleKnobs(grid=True)``: top-p without top-k or min-p on a grid of launches (``topk/sampling_grid.py``)
+against the fp64 reference draw, which rows it takes and which it leaves to the row kernel, its plan. On CPU the
+kernels run in the interpreter with several chunks per row (the row kernel has one there)."""
+
+import pytest
+import torch
+from test_sample_kernels import BINS_CASES, _logits, _mid_uniforms, check_draws
+
+from onlinesoftmax.reference import philox_uniform
+
+GRID = dict(grid=True, grid_chunk=512, draw="torch")
+
+
+def _grid_views(x, knobs):
+    """(records ``[B, 3, 4]`` int32, lists ``[B, ROW_BINS_CAP]``) of the grid workspace a call on ``x`` uses."""
+    from onlinesoftmax.topk import sampling_launch as SL
+
+    call = SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
+    B, cap = x.shape[0], SL.ROW_BINS_CAP
+    views = call.workspace(x.device)
+    return views[-3][:12 * B].view(B, 3, 4), views[-1][:B * cap].view(B, cap)
+
+
+def _knobs(**kw):
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    return SampleKnobs(**dict(GRID, **kw))
+
+
+@pytest.mark.parametrize("V, kw", BINS_CASES, ids=[f"{V}-{kw}" for V, kw in BINS_CASES])
+def test_grid_draw_matches_reference(kernel_device, kw, V):
+    """The reference's ids on every row; the rows whose nucleus runs past the 64 candidates took the grid (its last
+    record on, the list of the boundary's bin written) unless min-p is on (left to the row kernel: no record)."""
+    from onlinesoftmax.reference import sample_distribution
+    from onlinesoftmax.topk.plan import FREE_K
+
+    B = 5
+    x = _logits(B, V, scale=1.0, device=kernel_device)
+    x[1] = torch.linspace(-3, 3, V)
+    knobs = _knobs()
+    rec, lst = _grid_views(x, knobs)
+    rec.fill_(-5)
+    lst.fill_(-7)
+    check_draws(x, torch.rand(B, device=kernel_device), backend="triton", knobs=knobs, **kw)
+    xs = x.double().cpu().numpy()
+    long = torch.tensor([int((sample_distribution(xs[r], kw.get("temperature", 1.0), None, kw.get("top_p"),
+                                                  kw.get("min_p")) > 0).sum()) > FREE_K for r in range(B)])
+    took = (rec[:, 2, 0] == 0).cpu()
+    assert took.tolist() == (long & ("min_p" not in kw)).tolist(), (took, long)
+    n = rec[:, 2, 3].cpu()
+    assert ((lst != -7).sum(1).cpu()[took] == n[took]).all()
+    assert V < 3000 or bool(long.any())
+
+
+@pytest.mark.parametrize("chunk", [256, 768, 4096])
+def test_grid_chunks_of_any_size(kernel_device, chunk):
+    """Chunks of one block, of three, past the row (C = 1): the same draws."""
+    x = _logits(3, 2500, scale=1.0, device=kernel_device)
+    check_draws(x, torch.rand(3, device=kernel_device), top_p=0.8, backend="triton", knobs=_knobs(grid_chunk=chunk))
+
+
+def test_grid_ties_per_row_top_k_and_overflow(kernel_device, monkeypatch):
+    """bf16 logits (runs of ties at the boundary), a row of equal logits (one fine bin of V elements: the third
+    level, then the cut by index), per-row top-k (those rows left to the row kernel); a list capacity of 16: the
+    rows whose boundary bin overflows it go to the row kernel (last record off) and draw the same ids."""
+    from onlinesoftmax.topk import sampling_launch as SL
+
+    B, V = 4, 2001
+    x = _logits(B, V, dtype=torch.bfloat16, scale=1.0, device=kernel_device)
+    x[2] = 0.5
+    u = torch.rand(B, device=kernel_device)
+    k = torch.tensor([0, 700, 0, 0], device=kernel_device)
+    knobs = _knobs()
+    rec, _ = _grid_views(x, knobs)
+    rec.fill_(-5)
+    check_draws(x, u, top_k=k, top_p=0.8, backend="triton", knobs=knobs, max_near=0.5)
+    assert rec[:, 2, 0].tolist() == [0, -5, 0, 0]
+    assert int(rec[2, 2, 1]) == 3 and int(rec[2, 2, 3]) == V       # equal logits: three levels, all V listed
+    monkeypatch.setattr(SL, "ROW_BINS_CAP", 16)
+    SL._calls.clear()
+    try:
+        rec, _ = _grid_views(x, knobs)
+        rec.fill_(-5)
+        check_draws(x, u, top_p=0.6, backend="triton", knobs=knobs, max_near=0.5)
+        assert int(rec[2, 2, 0]) == 1
+    finally:
+        SL._calls.clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="patches the constexpr SHORT_LIST, which the GPU's compiled "
+                    "kernels keep; the interpreter reads it on every call")
+def test_grid_third_level(kernel_device, monkeypatch):
+    """A boundary group of more than SHORT_LIST elements takes the third level (step 4): with SHORT_LIST 16 every
+    row's last record has three levels and a shorter list, and the draws are the reference's."""
+    import triton.language as tl
+
+    from onlinesoftmax.topk import sampling_grid as SG
+
+    x = _logits(3, 3000, scale=1.0, device=kernel_device)
+    u = torch.rand(3, device=kernel_device)
+    knobs = _knobs()
+    levels, n = [], []
+    for short in (None, 16):
+        if short is not None:
+            monkeypatch.setattr(SG, "SHORT_LIST", tl.constexpr(short))
+        rec, _ = _grid_views(x, knobs)
+        check_draws(x, u, top_p=0.9, backend="triton", knobs=knobs, max_near=0.5)
+        levels.append(rec[:, 2, 1].tolist())
+        n.append(rec[:, 2, 3].cpu().clone())
+    assert levels == [[2] * 3, [3] * 3] and bool((n[1] < n[0]).all()), (levels, n)
+
+
+def test_grid_kernel_draw_and_replay_counts(kernel_device):
+    """The grid's draw takes u as step 1 does: Philox of the generator's words (``philox`` 1) and, for a captured
+    call (``philox`` 2), at the row's replay count, which it advances once per call: the ids and logprobs of
+    ``uniform=`` those u."""
+    from onlinesoftmax.topk.sampling import _int32, philox_words
+    from onlinesoftmax.topk.sampling_launch import sample_2d
+
+    B, V, seed, offset, tag = 4, 3000, 0xF234567890ABCDEF, 4 * (2**32 - 2), (0x2345 << 40) | 0x9ABCDEF1
+    x = _logits(B, V, scale=1.0, device=kernel_device)
+    knobs = _knobs(draw="kernel", mass="fixed")
+    rec, _ = _grid_views(x, knobs)
+    rec.fill_(-5)
+    ids, logp = sample_2d(x, 1.0, None, 0.9, None, philox_words(seed, offset), knobs)
+    assert rec[:, 2, 0].tolist() == [0] * B
+    u = torch.tensor([philox_uniform(seed, offset, r) for r in range(B)], device=kernel_device)
+    ref = sample_2d(x, 1.0, None, 0.9, None, u, knobs)
+    assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1])
+    slots = torch.tensor([0, -1, tag - 1, 12345], dtype=torch.int64, device=kernel_device)
+    words = (slots, *philox_words(seed, offset), _int32(tag & 0xFFFFFFFF), _int32(tag >> 32))
+    for n in range(2):
+        ids, logp = sample_2d(x, 1.0, None, 0.9, None, words, knobs)
+        assert slots.tolist() == [tag + n + 1] * B, n
+        u = torch.tensor([philox_uniform(seed, offset + 4 * n, r) for r in range(B)], device=kernel_device)
+        ref = sample_2d(x, 1.0, None, 0.9, None, u, knobs)
+        assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1]), n
+
+
+def test_grid_plan():
+    """Chunks per row from the batch (GRID_WAVES programs per SM, chunks within [GRID_MIN_CHUNK,
+    GRID_MAX_CHUNK], at most GRID_TABLE per row); only where the row kernel runs its bins; knobs checked."""
+    from onlinesoftmax.target import H200
+    from onlinesoftmax.topk import explain_sample
+    from onlinesoftmax.topk.plan import GRID_TABLE, SampleKnobs, grid_chunks, sample_plan
+
+    assert grid_chunks(1, 128256, H200) == (126, 1024)
+    assert grid_chunks(8, 128256, H200) == (63, 2048)
+    assert grid_chunks(64, 128256, H200) == grid_chunks(256, 128256, H200) == (16, 8192)
+    assert grid_chunks(1, 262144, H200) == (128, 2048)
+    assert grid_chunks(1, 10**6, H200)[0] <= GRID_TABLE
+    assert grid_chunks(2, 3000, H200, 512, 256) == (6, 512)
+    assert grid_chunks(2, 3000, H200, 700, 256) == (4, 768)
+    x = torch.empty(8, 128256, device="meta")
+    on = SampleKnobs(grid=True)
+    p = explain_sample(x, target=H200, knobs=on)
+    assert (p.grid_chunks, p.grid_chunk, p.grid_block, p.grid_warps) == (63, 2048, 256, 4) and p.row_chunks
+    assert explain_sample(x, target=H200).grid_chunks == 0                          # off by default
+    assert explain_sample(x, top_k=50, target=H200, knobs=on).grid_chunks == 0      # step 1 decides every row
+    assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(grid=True, row="radix")).grid_chunks == 0
+    for bad in (dict(grid_block=100), dict(grid_warps=3), dict(grid_chunk=0)):
+        with pytest.raises(ValueError, match="grid_"):
+            sample_plan(8, 1000, 4, H200, knobs=SampleKnobs(grid=True, **bad))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 16, 64])
+def test_gpu_grid_matches_reference(dtype, B):
+    """Flat rows of a real vocabulary on the grid (its default chunks): the reference's ids on every row (u in the
+    middle of a kept token's interval); per-row top-k and min-p rows left to the row kernel beside them."""
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    V = 128256
+    x = torch.randn(B, V, device="cuda").to(dtype)
+    knobs = SampleKnobs(grid=True)
+    rec, _ = _grid_views(x, knobs)
+    k = torch.tensor([0, 5000, 100, 0] * (B // 4 + 1), device="cuda")[:B]
+    mixes = [dict(top_p=0.9), dict(temperature=0.7, top_p=0.5), dict(top_k=k, top_p=0.95),
+             dict(temperature=1.3, top_p=0.99, min_p=0.001), dict(temperature=0.8, top_p=0.999)]
+    for i, kw in enumerate(mixes):
+        rec.fill_(-5)
+        xi = x.t().contiguous().t() if i == 4 else x
+        check_draws(xi, _mid_uniforms(x, **kw), backend="triton", gap=2e-6, max_near=0, knobs=knobs, **kw)
+        took = rec[:, 2, 0] == 0
+        if i in (0, 1, 4):
+            assert bool(took.all()), (i, rec[:, 2])
+        elif i == 2:
+            assert took.tolist() == (k == 0).tolist()
+        else:
+            assert not bool(took.any())
+
+
+@pytest.mark.gpu
+def test_gpu_grid_under_graph_capture():
+    """A captured grid call replays with new logits and new per-row top_p: the reference's distribution's ids
+    (u in the middle of a kept token's interval, passed as a tensor)."""
+    from onlinesoftmax.topk import sample
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    B, V = 8, 128256
+    knobs = SampleKnobs(grid=True)
+    x = torch.randn(B, V, device="cuda")
+    p = torch.full((B,), 0.9, device="cuda")
+    u = torch.rand(B, device="cuda")
+    sample(x, top_p=p, uniform=u, knobs=knobs)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ids, logp = sample(x, top_p=p, uniform=u, knobs=knobs)
+    for top_p in (0.9, 0.6):
+        x.copy_(torch.randn(B, V, device="cuda"))
+        p.fill_(top_p)
+        u.copy_(_mid_uniforms(x, top_p=top_p))
+        g.replay()
+        want = sample(x, top_p=p, uniform=u, knobs=SampleKnobs(grid=False))
+        assert torch.equal(ids, want[0]), top_p
+        torch.testing.assert_close(logp, want[1], rtol=2e-5, atol=2e-5)
+
+
+GRID_PROBE = r"""
+import json
+import torch
+import compiler_report as CR
+from onlinesoftmax.target import H200
+from onlinesoftmax.topk.plan import SampleKnobs, sample_plan
+from onlinesoftmax.topk.sampling_launch import SampleCall
+
+M = CR._meta
+failed, regs, seen = [], {}, set()
+for (B, V), philox, knobs in (((1, 128256), 1, SampleKnobs(grid=True)), ((256, 128256), 2, SampleKnobs(grid=True)),
+                              ((8, 262144), 0, SampleKnobs(grid=True, grid_block=1024, grid_warps=8)),
+                              ((3, 300), 1, SampleKnobs(grid=True, grid_block=128, grid_warps=2))):
+    plan = sample_plan(B, V, 4, H200, knobs=knobs)
+    call = SampleCall(plan, B, V, V, 1, 1, torch.device("meta"), torch.float32, philox)
+    f32, i32, i64 = torch.float32, torch.int32, torch.int64
+    K, G = plan.k, 16 * B * plan.grid_chunks
+    views = (M((1 << 24,), i32), M((1 << 20,), i32), M((B * K,), f32), M((B * K,), i64), M((B,), f32), M((B,), i32),
+             M((B,), i32), M((B,), i32), M((1 << 20,), i32), M((1 << 20,), f32), M((1 << 16,), i32),
+             M((1 << 16,), f32), M((B * 4096,), i32),
+             M((G,), f32), M((G // 16,), f32), M((G,), f32), M((G,), i32), M((G,), f32), M((G,), i32),
+             M((12 * B,), i32), M((12 * B,), f32), M((B * 4096,), i32))
+    ids, logp = M((B,), i64), M((B,), f32)
+    u = M((B,), i64 if philox == 2 else f32)
+    prm = [logp, 0.8, -1, ids, 0, -1, logp, 0.9, -1, logp, 0.0, -1]
+    rng = (-5, 7, -2**31, 1, 3, -9) if philox else (0,) * 6
+    for kern, a in zip(call.kernels, call._arglists(M((B, V), f32), views, ids, logp, u, prm, rng)):
+        key = CR._key(kern.fn, kern.meta, a)
+        if key in seen or "grid" not in kern.fn.__name__ and "row" not in kern.fn.__name__:
+            continue
+        seen.add(key)
+        try:
+            r = CR.compile_launch(kern.fn, a, kern.meta, 90)
+            regs.setdefault(kern.fn.__name__, []).append(r["regs"])
+            if r["stack"]:
+                failed.append(f"{kern.fn.__name__} B={B} V={V} {kern.meta}: {r['stack']} bytes of stack")
+        except Exception as e:
+            failed.append(f"{kern.fn.__name__} B={B} V={V} {kern.meta}: {type(e).__name__}: {str(e)[-300:]}")
+print(json.dumps(dict(failed=failed, regs=regs)))
+"""
+
+
+@pytest.mark.slow
+def test_grid_launches_compile():
+    """Every launch of a grid plan (the four passes, the per-row finish, the row kernel after them), with the real
+    argument layout, compiles for sm_90a without spilling: Philox 0 / 1 / 2, 128- to 1024-element steps; the
+    passes at 256-element steps and 4 warps stay under 128 registers (several programs per SM)."""
+    from test_topk_compile import _compile_probe
+
+    out = _compile_probe(GRID_PROBE)
+    assert not out["failed"], "\n".join(out["failed"])
+    assert sorted(out["regs"]) == ["_grid_finish_kernel", "_grid_pass_kernel", "_sample_row_kernel"]
+    assert len(out["regs"]["_grid_pass_kernel"]) >= 12
+    assert max(out["regs"]["_grid_pass_kernel"][:4]) <= 128, out["regs"]
