@@ -31,9 +31,10 @@ def _model(name, impl, dtype=torch.float32):
     return m.to(DEV).eval()
 
 
-def _batch(padded: bool):
+def _batch(padded: bool, low: int = 0):
+    """Three rows of 13 token ids in [low, 211), rows 0 and 2 left-padded by 4 and 1 (``padded``), and the mask."""
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 211, (3, 13), generator=g)
+    ids = torch.randint(low, 211, (3, 13), generator=g)
     mask = torch.ones_like(ids)
     if padded:
         mask[0, :4] = 0                     # left padding

@@ -11,6 +11,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from test_transformers import _batch as transformers_batch  # noqa: E402
+
 from onlinesoftmax.integrations import transformers as osst  # noqa: E402
 
 osst.register()
@@ -87,13 +89,7 @@ def _model(name, impl, **overrides):
 
 
 def _batch(padded: bool):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 211, (3, 13), generator=g)
-    mask = torch.ones_like(ids)
-    if padded:
-        mask[0, :4] = 0                     # left padding
-        mask[2, :1] = 0
-    return ids.to(DEV), mask.to(DEV)
+    return transformers_batch(padded, low=3)
 
 
 def _ours(fn):
