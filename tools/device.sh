@@ -7,7 +7,7 @@
 #           Liger-Kernel is installed from .whl/ when its wheel was carried (see the device README)
 #   report: the compiler report for sm_90a (tools/compiler_report.py), no GPU needed
 #   probes: each family's probe (knob variants beside the default and the peers, each checked first): attention
-#           forward (sm90) and backward, decode, cross-entropy; JSON and logs in $OUT/probes.tgz
+#           forward (sm90) and backward, decode, cross-entropy, sampling's grid; JSON and logs in $OUT/probes.tgz
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/device-out}
@@ -30,7 +30,7 @@ for step in ${*:-tests bench}; do
     probes) mkdir -p "$OUT/probes"
             timeout ${T_PROBE:-240} python tools/attention_sm90_probe.py --budget 150 --out "$OUT/probes" \
               > "$OUT/probes/attention_sm90.log" 2>&1
-            for p in probe_attnbwd_sm90 probe_decode probe_ce; do
+            for p in probe_attnbwd_sm90 probe_decode probe_ce probe_samplegrid; do
               timeout ${T_PROBE:-240} python tools/$p.py --out "$OUT/probes" > "$OUT/probes/$p.log" 2>&1
             done
             tail -n 12 "$OUT"/probes/*.log
