@@ -7,6 +7,7 @@ import torch
 from test_sample_kernels import BINS_CASES, _logits, _mid_uniforms, check_draws
 
 from onlinesoftmax.reference import philox_uniform
+from onlinesoftmax.topk import sample as sample_
 
 GRID = dict(grid=True, grid_chunk=512, draw="torch")
 
@@ -85,6 +86,23 @@ def test_grid_ties_per_row_top_k_and_overflow(kernel_device, monkeypatch):
         assert int(rec[2, 2, 0]) == 1
     finally:
         SL._calls.clear()
+
+
+def test_grid_rows_whose_bins_fail_go_to_the_row_kernel(kernel_device):
+    """At a tiny temperature the fine bins' range is lost to fp32 (x_lo rounds to x_max: s = inf): every step's
+    record says so, even over records a former call left "on" (zeros), and the row kernel draws the nucleus of the
+    first ceil(top_p · n) ties (270 of 300 flat entries at 0.9), as without the grid."""
+    import math
+
+    x = torch.ones(3, 300, device=kernel_device)
+    u = torch.tensor([0.0, 0.5, 0.999], device=kernel_device)
+    knobs = _knobs()
+    rec, _ = _grid_views(x, knobs)
+    rec.zero_()
+    ids, logp = sample_(x, temperature=1e-10, top_p=0.9, uniform=u, backend="triton", knobs=knobs)
+    assert rec[:, :, 0].tolist() == [[1, 1, 1]] * 3
+    assert (ids >= 0).all() and (ids < 271).all() and ids[0] == 0
+    assert (logp.cpu() >= -math.log(271)).all() and (logp.cpu() <= -math.log(270) + 1e-6).all()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="patches the constexpr SHORT_LIST, which the GPU's compiled "

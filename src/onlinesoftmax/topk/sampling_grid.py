@@ -6,7 +6,8 @@ so its programs are at most one per SM, whatever the batch: eight warps per SM o
 waits on another: each launch covers B·C chunks (C up to ``GRID_TABLE``), as many resident as registers allow, and
 the next launch reads what the last one wrote. Each program of a launch makes the previous level's choice itself
 from the C chunks' histograms, summed in chunk order (every program the same bits), and chunk 0 records it for the
-later launches (one record per step: a program never reads a record that its own launch writes).
+later launches (one record per step, each step writing its own for every row it takes, so that no program reads a
+record that its own launch writes, or one a former call left).
 
 A row goes this way when step 1 flagged it, top-p is on, top-k off and min-p off (the kept set is then the nucleus
 alone: its mass per chunk comes from the histograms, no pass); every other flagged row, and a row whose bins fail
@@ -140,6 +141,8 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                         tl.store(N3 + mine, cnt)
                     else:
                         _list_bin(x_row, stride_v, lo, hi, x_max, s, 4, G, EB + row * CAP, base, BLOCK)
+            elif chunk == 0:        # left to the row kernel: said again, so no later step reads a stale record
+                _record(RS, RF, row, 1, status, 1, G, 0, P, above)
         else:
             status, levels, G, n, P, above = _read(RS, RF, row, 1)
             if (status == 0) & (n > SHORT_LIST):
