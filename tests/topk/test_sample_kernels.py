@@ -499,7 +499,7 @@ def _bins_list(x, knobs):
 
     call = SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
     B, cap = x.shape[0], SL.ROW_BINS_CAP
-    return call.workspace(x.device)[-1][:B * cap].view(B, cap)
+    return call.workspace(x.device)[12][:B * cap].view(B, cap)      # (the grid's views follow it)
 
 
 BINS_CASES = [(300, kw) for kw in BINS_MIXES] + [(3000, BINS_MIXES[0]), (3000, BINS_MIXES[3])]
@@ -516,7 +516,7 @@ def test_row_bins_draw_matches_reference(kernel_device, kw, V):
     x = _logits(B, V, scale=1.0, device=kernel_device)
     x[1] = torch.linspace(-3, 3, V)                      # sorted: the boundary bin is one run of the order
     u = torch.rand(B, device=kernel_device)
-    knobs = SampleKnobs(row="bins", draw="torch")
+    knobs = SampleKnobs(row="bins", draw="torch", grid=False)
     lst = _bins_list(x, knobs)
     lst.fill_(-7)
     check_draws(x, u, backend="triton", knobs=knobs, **kw)
@@ -551,7 +551,7 @@ def test_row_bins_per_row_top_k_ties_and_overflow(kernel_device, monkeypatch):
     x[2] = 0.5                                           # every logit equal: one bin of V elements
     u = torch.rand(B, device=kernel_device)
     k = torch.tensor([0, 700, 0, 0], device=kernel_device)
-    knobs = SampleKnobs(row="bins", draw="torch")
+    knobs = SampleKnobs(row="bins", draw="torch", grid=False)
     lst = _bins_list(x, knobs)
     lst.fill_(-7)
     check_draws(x, u, top_k=k, top_p=0.8, backend="triton", knobs=knobs, max_near=0.5)
@@ -582,7 +582,7 @@ def test_row_bins_third_level(kernel_device, monkeypatch):
     B, V = 3, 3000
     x = _logits(B, V, scale=1.0, device=kernel_device)
     u = torch.rand(B, device=kernel_device)
-    knobs = SampleKnobs(row="bins", draw="torch")
+    knobs = SampleKnobs(row="bins", draw="torch", grid=False)
     written = []
     for short in (None, 16):
         if short is not None:
@@ -637,7 +637,7 @@ def test_gpu_row_bins_many_chunks_matches_reference(dtype):
     B, V = 16, 128256
     assert row_chunks(B, V, target_of(torch.device("cuda")))[0] > 1
     x = torch.randn(B, V, device="cuda").to(dtype)
-    knobs = SampleKnobs(row="bins")
+    knobs = SampleKnobs(row="bins", grid=False)
     lst = _bins_list(x, knobs)
     lst.fill_(-7)
     k = torch.tensor([0, 5000, 100, 70000] * 4, device="cuda")
