@@ -75,6 +75,7 @@ VARIANTS = {
     "s1 tma": ({"dq_tma": True, "num_stages": 1}, (256,)),
     "rows": ({"dq_rows": True}, (64,)),
     "rows slot": ({"dq_rows": True, "dq_slot": True}, (64,)),
+    "preg24": ({"producer_regs": 24}, (64, 128)),
 }
 BREAKDOWN = ("default", "slot", "slot s3", "rows")     # also timed launch by launch
 

@@ -946,6 +946,22 @@ def test_sm90_backward_knobs_dq_slot_lpt_rows():
     assert api._caches()[1](d64, rows, strides, False)[1].meta["DQ_ROWS"]
 
 
+def test_sm90_backward_producer_regs_knob():
+    """producer_regs (the producer warpgroup's setmaxnreg; the default-partition consumer gets 504 − 240 − it): 32
+    by default, a knob of the sm90 backward only, carried by the bound launch."""
+    from onlinesoftmax.attention import api
+    from onlinesoftmax.attention.plan import Problem, plan_backward
+
+    base = Problem(4, 32, 32, 4096, 4096, 128, "bfloat16", True, (-1, 0), tma=True)
+    assert plan_backward(base, H200).producer_regs == 32
+    plan = plan_backward(base, H200, Knobs(backward={"producer_regs": 24}))
+    assert plan.producer_regs == 24
+    assert api._caches()[1](base, plan, (1,) * 27, False)[1].meta["PRODUCER_REGS"] == 24
+    for knobs in ({"producer_regs": 20}, {"producer_regs": 24, "kernel": "triton"}):
+        with pytest.raises(ValueError, match="producer_regs"):
+            plan_backward(base, H200, Knobs(backward=knobs))
+
+
 def _lpt_order_host(n_kb, bh, heads, longest_last):
     """bwd_sm90._lpt_order on the host: (key block, head) of each program in launch order."""
     out = []
@@ -991,9 +1007,10 @@ for D, flags in ((128, {}), (128, dict(HAS_RIGHT=True)), (128, dict(VARLEN=True,
                  (256, dict(fast, DQ_SLOT=True, BLOCK_N=32, VARLEN=True, HAS_LEFT=True, HAS_RIGHT=True)),
                  (64, dict(fast, BLOCK_M=128, DQ_ROWS=True, HAS_RIGHT=True)),
                  (64, dict(fast, BLOCK_M=128, DQ_ROWS=True, DQ_SLOT=True, VARLEN=True, HAS_LEFT=True,
-                           HAS_RIGHT=True))):
+                           HAS_RIGHT=True)),
+                 (128, dict(fast, HAS_RIGHT=True, PRODUCER_REGS=24))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, VARLEN=False,
-                 DQ_SLOT=False, LPT_HEADS=0, DQ_ROWS=False)
+                 DQ_SLOT=False, LPT_HEADS=0, DQ_ROWS=False, PRODUCER_REGS=32)
     const.update(flags)
     sig = {p.name: "constexpr" if p.is_constexpr else "i32" for p in fn.params}
     sig.update(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", DK="*bf16", DV="*bf16", LSE="*fp32", DELTA="*fp32",
@@ -1024,8 +1041,8 @@ def test_sm90_backward_compiles():
     shared memory within 227 KB, consumers at 240 registers. D = 64 has no stack frame; D = 128 (dK, dV, Sᵀ, dPᵀ
     and dQ: 224 fp32 accumulator registers of the 240), D = 64 with 128 query rows and D = 256 spill a few scalars,
     at most 160 bytes (the accumulators stay in registers). DQ_SLOT (D = 128 with three slots, D = 256),
-    LPT_HEADS and DQ_ROWS (D = 64; up to 256 bytes packed) compile the same way (DQ_SLOT: TMA reduce, no
-    atomics)."""
+    LPT_HEADS, DQ_ROWS (D = 64; up to 256 bytes packed) and PRODUCER_REGS 24 compile the same way (DQ_SLOT: TMA
+    reduce, no atomics)."""
     import json
     import os
     import subprocess
@@ -1249,9 +1266,10 @@ for D, flags in ((128, fast), (128, dict(fast, HAS_RIGHT=True, LPT_HEADS=132)), 
                  PAIRS=True)), (128, dict(fast, HAS_LEFT=True, HAS_RIGHT=True)), (128, dict(HAS_RIGHT=True)),
                  (64, dict(fast, BLOCK_M=128)), (64, dict(fast, BLOCK_M=128, DQ_ROWS=True, HAS_RIGHT=True)),
                  (256, dict(fast, BLOCK_N=32, DQ_SLOT=True, HAS_RIGHT=True, LPT_HEADS=16)),
-                 (256, dict(fast, BLOCK_N=32, DQ_SLOT=True))):
+                 (256, dict(fast, BLOCK_N=32, DQ_SLOT=True)), (128, dict(fast, HAS_RIGHT=True, PAIRS=True,
+                                                                            PRODUCER_REGS=24))):
     const = dict(HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64, STAGES=2, HAS_LEFT=False, HAS_RIGHT=False, STAGE_ROWS=False,
-                 DQ_TMA=False, DQ_SLOT=False, LPT_HEADS=0, DQ_ROWS=False, PAIRS=False)
+                 DQ_TMA=False, DQ_SLOT=False, LPT_HEADS=0, DQ_ROWS=False, PAIRS=False, PRODUCER_REGS=32)
     const.update(flags)
     bm, keys = const["BLOCK_M"], 2 * const["BLOCK_N"]
     def desc(dt, name, block):

@@ -281,7 +281,7 @@ def _bwd_launches(problem: Problem, plan: BackwardPlan, strides: tuple, has_dlse
         meta = dict(HEAD_DIM=p.D, BLOCK_M=plan.block_m, BLOCK_N=keys // bwd_sm90.CONSUMERS,
                     STAGES=plan.num_stages, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, VARLEN=p.varlen,
                     STAGE_ROWS=plan.stage_rows, DQ_TMA=plan.dq_tma, DQ_SLOT=plan.dq_slot,
-                    LPT_HEADS=plan.lpt_heads, DQ_ROWS=plan.dq_rows, num_warps=4)
+                    LPT_HEADS=plan.lpt_heads, DQ_ROWS=plan.dq_rows, PRODUCER_REGS=plan.producer_regs, num_warps=4)
         n_kb = -(-p.Sk // keys)
         if plan.programs:
             del meta["VARLEN"]

@@ -108,6 +108,9 @@ class BackwardPlan:
     pairs: bool = False       # persistent grid: a program's unit of work is the key blocks n_kb − 1 − i and i of one
                               # (batch, kv head) (under a causal band their query tiles add up to the same count:
                               # the round-robin over programs is balanced; no lpt_heads then)
+    producer_regs: int = 32   # registers per thread of the producer's warpgroup (setmaxnreg); the default-partition
+                              # consumer gets 504 − 240 − this (kernels/bwd_sm90.py: 232 spills inside its loop at
+                              # D = 128, 24 gives it 240; not timed)
 
 
 @dataclass(frozen=True)
@@ -423,6 +426,9 @@ def plan_backward(p: Problem, target: Target, knobs: Knobs = Knobs()) -> Backwar
         plan = dataclasses.replace(plan, pairs=False)
     if (plan.dq_slot or plan.lpt_heads or plan.dq_rows) and plan.kernel != "sm90":
         raise ValueError(f"attention: dq_slot / lpt_heads / dq_rows are options of the sm90 backward; got {plan}")
+    if plan.producer_regs != 32 and (plan.kernel != "sm90" or plan.producer_regs not in (24, 32, 40, 48)):
+        raise ValueError(f"attention: producer_regs is the sm90 backward's producer register count, one of 24, 32, "
+                         f"40, 48; got {plan.producer_regs} with kernel {plan.kernel!r}")
     if plan.dq_rows and (p.D != 64 or plan.block_m != 128):
         raise ValueError(f"attention: dq_rows splits dQ's 128 query rows per step in two at D = 64 (D = 128 / 256 "
                          f"split it by columns); got D = {p.D}, block_m = {plan.block_m}")

@@ -69,10 +69,10 @@ CONSUMERS = 2              # consumer warpgroups per program
 # Sᵀ, dPᵀ, dK, dV), 64 query rows (N for Sᵀ, dPᵀ; M for dQ), 128 at D = 64 (Sᵀ, dPᵀ: 64 fp32 registers each beside
 # dK, dV's 32 each and dQ's 64); D = 256 (SPLIT_D): 32 keys per warpgroup for S, dP, dK / dV / dQ split by columns
 TILES = {64: ((64, 128), 128), 128: ((64,), 128), 256: ((64,), 64)}
-# registers per consumer thread (two warpgroups at 240) and per producer thread (one warp; it loads lse / Δ with
-# STAGE_ROWS): 2·128·240 + 32·32 of the SM's 64K
+# registers per thread of the worker consumer warpgroup; the producer's warpgroup takes the kernel's PRODUCER_REGS
+# (``BackwardPlan.producer_regs``, default 32: it loads lse / Δ with STAGE_ROWS) and the default-partition consumer
+# the rest of 384 threads × 168: 504 − 240 − PRODUCER_REGS per thread
 CONSUMER_REGS = gl.constexpr(240)
-PRODUCER_REGS = gl.constexpr(32)
 
 
 @builtin
@@ -530,7 +530,7 @@ def attention_bwd_sm90_kernel(
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, VARLEN: gl.constexpr,
         STAGE_ROWS: gl.constexpr = False, DQ_TMA: gl.constexpr = False, DQ_SLOT: gl.constexpr = False,
-        LPT_HEADS: gl.constexpr = 0, DQ_ROWS: gl.constexpr = False):
+        LPT_HEADS: gl.constexpr = 0, DQ_ROWS: gl.constexpr = False, PRODUCER_REGS: gl.constexpr = 32):
     """Grid (cdiv(Sk, 2·BLOCK_N), B·Hkv), num_warps = 4: two consumer warpgroups of BLOCK_N keys (the first is
     the default partition) and the producer warp. Strides as ``bwd.attention_bwd_dkdv_kernel`` less the unit
     head-dim ones; DQACC: fp32 rows of HEAD_DIM laid out as the lse, zeroed. STAGE_ROWS / DQ_TMA: the plan's
@@ -739,7 +739,7 @@ def attention_bwd_sm90_persistent_kernel(
         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
         HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, STAGE_ROWS: gl.constexpr = False,
         DQ_TMA: gl.constexpr = False, DQ_SLOT: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-        DQ_ROWS: gl.constexpr = False, PAIRS: gl.constexpr = False):
+        DQ_ROWS: gl.constexpr = False, PAIRS: gl.constexpr = False, PRODUCER_REGS: gl.constexpr = 32):
     """Grid (programs,), num_warps = 4 (as ``attention_bwd_sm90_kernel``); work units u = 0 .. units − 1 (the
     n_kb key blocks of 2·BLOCK_N keys of each of the n_bh = B·Hkv (batch, kv head)s, or with PAIRS their pairs:
     ``fwd_sm90._units``) go to program u mod programs. Host descriptors over q, dO [B, H, Sq, D] (boxes
