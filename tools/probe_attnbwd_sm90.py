@@ -25,17 +25,15 @@ import sys
 import time
 
 from probe_util import (
-    compile_launches,
+    compile_backward,
     compile_or_run,
     err_line,
     forward,
     inputs,
     matmul_tflops,
-    meta_backward_inputs,
     poisoned,
     print_check_summary,
     record_check,
-    record_launches,
     ref_backward,
     rel_norm,
     sdpa_backward_ms,
@@ -102,26 +100,13 @@ def varlen_case(knobs, H, Hkv, D, kw, seed):
 
 # ---- compile-only (no GPU): sm_90a resources of every variant's launches, from the api's own arguments ------------
 def compile_only():
-    os.environ.pop("TRITON_INTERPRET", None)
     import re
-
-    recorded = record_launches()
-    seen = set()
 
     def atoms(c):
         return " ".join(sorted(set(re.findall(
             r"\b(?:red|atom)\.global[\w.]+|cp\.reduce\.async\.bulk\.tensor[\w.:]+", c.asm["ptx"]))))
-    for name, knobs in VARIANTS.items():
-        for B, H, Hkv, S, D, causal in groups():
-            q, k, v, do, o, lse = meta_backward_inputs(B, H, Hkv, S, D)
-            recorded.clear()
-            try:
-                backward(knobs, q, k, v, do, o, lse, causal)
-            except Exception as e:
-                print(f"{name:8} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
-                continue
-            for kname, out in compile_launches(recorded, seen, strict=True, extra=atoms):
-                print(f"{name:13} H{H}/{Hkv} D={D:3} causal={causal!s:5} {kname:30} {out}", flush=True)
+    compile_backward({name: (knobs, (64, 128, 256)) for name, knobs in VARIANTS.items()}, SHAPES,
+                     lambda name, *a: backward(VARIANTS[name], *a), descriptors=True, strict=True, extra=atoms)
 
 
 # ---- the device -----------------------------------------------------------------------------------------------

@@ -261,10 +261,10 @@ def compile_launches(recorded, seen, skip=(), strict=False, extra=None):
         yield fn.__name__, out
 
 
-def compile_backward(variants, shapes, backward, descriptors=False):
+def compile_backward(variants, shapes, backward, descriptors=False, strict=False, extra=None):
     """--compile-only of the variant-by-head-dim probes: each (variant, H / Hkv, D, causal) of ``shapes`` at B = 1,
     S = 1024 through ``backward(name, q, k, v, do, o, lse, causal)`` on meta tensors; every new launch's sm_90a
-    registers / stack / shared memory printed (Δ and dQ's cast left out)."""
+    registers / stack / shared memory printed (Δ and dQ's cast left out; ``strict``, ``extra``: compile_launches')."""
     import os
     os.environ.pop("TRITON_INTERPRET", None)
     recorded = record_launches(descriptors)
@@ -280,8 +280,8 @@ def compile_backward(variants, shapes, backward, descriptors=False):
             except Exception as e:
                 print(f"{name:18} D={D} causal={causal!s:5}: {err_line(e)}", flush=True)
                 continue
-            for kname, out in compile_launches(recorded, seen, skip=("delta", "cast")):
-                print(f"{name:18} D={D:3} causal={causal!s:5} {kname:28} {out}", flush=True)
+            for kname, out in compile_launches(recorded, seen, skip=("delta", "cast"), strict=strict, extra=extra):
+                print(f"{name:18} H{H}/{Hkv} D={D:3} causal={causal!s:5} {kname:28} {out}", flush=True)
 
 
 def matmul_tflops(rep):
