@@ -4,7 +4,7 @@ kernels run in the interpreter with several chunks per row (the row kernel has o
 
 import pytest
 import torch
-from test_sample_kernels import BINS_CASES, _logits, _mid_uniforms, check_draws
+from test_sample_kernels import BINS_CASES, _logits, _mid_uniforms, check_draws, workspace_views
 
 from onlinesoftmax.reference import philox_uniform
 from onlinesoftmax.topk import sample as sample_
@@ -16,9 +16,8 @@ def _grid_views(x, knobs):
     """(records ``[B, 3, 4]`` int32, lists ``[B, ROW_BINS_CAP]``) of the grid workspace a call on ``x`` uses."""
     from onlinesoftmax.topk import sampling_launch as SL
 
-    call = SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
     B, cap = x.shape[0], SL.ROW_BINS_CAP
-    views = call.workspace(x.device)
+    views = workspace_views(x, knobs)
     return views[-3][:12 * B].view(B, 3, 4), views[-1][:B * cap].view(B, cap)
 
 

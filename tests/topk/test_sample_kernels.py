@@ -492,14 +492,22 @@ BINS_MIXES = [dict(top_p=0.9), dict(top_p=0.2), dict(top_p=0.999), dict(top_p=0.
               dict(temperature=3.0, top_p=0.7), dict(temperature=0.5, top_p=0.95)]
 
 
-def _bins_list(x, knobs):
-    """The row kernel's lists of boundary-bin indices (row="bins"), ``[B, ROW_BINS_CAP]``: a view of the workspace
-    a call on ``x`` uses (which may be larger: the first call that needed it sized it)."""
+def workspace_views(x, knobs):
+    """The workspace views a top-p call (no top-k) on ``x`` with ``knobs`` uses (each may be larger than this call
+    needs: the first call that needed it sized it)."""
     from onlinesoftmax.topk import sampling_launch as SL
 
     call = SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
+    return call.workspace(x.device)
+
+
+def _bins_list(x, knobs):
+    """The row kernel's lists of boundary-bin indices (row="bins"), ``[B, ROW_BINS_CAP]`` (the launch module's,
+    which a test may patch)."""
+    from onlinesoftmax.topk import sampling_launch as SL
+
     B, cap = x.shape[0], SL.ROW_BINS_CAP
-    return call.workspace(x.device)[12][:B * cap].view(B, cap)      # (the grid's views follow it)
+    return workspace_views(x, knobs)[12][:B * cap].view(B, cap)      # (the grid's views follow it)
 
 
 BINS_CASES = [(300, kw) for kw in BINS_MIXES] + [(3000, BINS_MIXES[0]), (3000, BINS_MIXES[3])]

@@ -40,6 +40,7 @@ from .sampling_kernels import (
     _bins_scale,
     _cut_list,
     _gather16,
+    _level_choice,
     _list_bin,
     _load_chunk,
     _row_params,
@@ -79,17 +80,6 @@ def _read(RS, RF, row, step):
     f = tl.load(RF + base + q, mask=q < 2, other=0.0)
     return (tl.sum(tl.where(q == 0, r, 0)), tl.sum(tl.where(q == 1, r, 0)), tl.sum(tl.where(q == 2, r, 0)),
             tl.sum(tl.where(q == 3, r, 0)), tl.sum(tl.where(q == 0, f, 0.0)), tl.sum(tl.where(q == 1, f, 0.0)))
-
-
-@triton.jit
-def _level_choice(HM, HC, row, chunk, C, G, above, P, CP: tl.constexpr):
-    """The bin d of the 16 below G (the C chunks' masses ``HM``, summed in chunk order) where the mass from the top
-    reaches P: (16·G + d, its elements' count n, the count in the chunks before this one, the mass above it, ok)."""
-    j = tl.arange(0, CP)
-    d, above = _bins_digit(_gather16(HM, row, C, CP), above, P)
-    counts = tl.load(HC + (row * C + j) * 16 + d, mask=(j < C) & (d < 16), other=0, cache_modifier=".cg")
-    n = tl.sum(counts)
-    return G * 16 + d, n, tl.sum(tl.where(j < chunk, counts, 0)), above, ((d < 16) & (n >= 1)).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",

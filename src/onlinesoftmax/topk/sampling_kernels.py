@@ -466,23 +466,30 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
 def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, HC, HM, ARRIVE, GEN, row, chunk, C,
                 parity, LEVEL: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr):
     """One level below the first (``_bin_pass``'s LEVEL 2 or 3 inside bin G): a pass, a barrier, the bin d of the
-    16 where the mass from the top (``above`` before them) reaches P. Returns (G·16 + d, its elements' count, the
-    chunks' counts there, the mass above it, this chunk's own mass above it added to ``kept``, ok)."""
+    16 where the mass from the top (``above`` before them) reaches P (``_level_choice``). Returns (G·16 + d, its
+    elements' count, the count in the chunks before this one, the mass above it, this chunk's own mass above it
+    added to ``kept``, ok)."""
     bins = tl.arange(0, 16)
-    j = tl.arange(0, CP)
     buf = (parity % 2) * (tl.num_programs(0) * 16)
     mine = (row * C + chunk) * 16 + bins
     h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, LEVEL, BLOCK)
-    kept_own = h
     tl.store(HM + buf + mine, h)
     tl.store(HC + buf + mine, cnt)
     _barrier(ARRIVE, GEN, row, C)
-    h = _gather16(HM + buf, row, C, CP)
-    d, above_d = _bins_digit(h, above, P)
-    counts = tl.load(HC + buf + (row * C + j) * 16 + d, mask=(j < C) & (d < 16), other=0, cache_modifier=".cg")
+    G, n, base, above, ok = _level_choice(HM + buf, HC + buf, row, chunk, C, G, above, P, CP)
+    kept += tl.sum(tl.where(bins < (G & 15), h, 0.0))
+    return G, n, base, above, kept, ok
+
+
+@triton.jit
+def _level_choice(HM, HC, row, chunk, C, G, above, P, CP: tl.constexpr):
+    """The bin d of the 16 below G (the C chunks' masses ``HM``, summed in chunk order) where the mass from the top
+    reaches P: (16·G + d, its elements' count n, the count in the chunks before this one, the mass above it, ok)."""
+    j = tl.arange(0, CP)
+    d, above = _bins_digit(_gather16(HM, row, C, CP), above, P)
+    counts = tl.load(HC + (row * C + j) * 16 + d, mask=(j < C) & (d < 16), other=0, cache_modifier=".cg")
     n = tl.sum(counts)
-    kept += tl.sum(tl.where(bins < d, kept_own, 0.0))
-    return G * 16 + d, n, counts, above_d, kept, ((d < 16) & (n >= 1)).to(tl.int32)
+    return G * 16 + d, n, tl.sum(tl.where(j < chunk, counts, 0)), above, ((d < 16) & (n >= 1)).to(tl.int32)
 
 
 @triton.jit
@@ -557,20 +564,18 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     if ok != 0:
         kept = tl.sum(tl.where(bins < d1, kept_own, 0.0))
         # 2. level 2, and level 3 where the group is long: the bin G of fine bins >> SH, its count n
-        G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, above, P, kept,
-                                                    HC, HM, ARRIVE, GEN, row, chunk, C, level0 + 1, 2, BLOCK, CP)
+        G, n, base, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, above, P, kept,
+                                                  HC, HM, ARRIVE, GEN, row, chunk, C, level0 + 1, 2, BLOCK, CP)
         levels = 2
         SH = 4
         if (ok != 0) & (n > SHORT_LIST) & (CH <= THIRD_MAX_CH):
-            G, n, counts, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, above, P,
-                                                        kept, HC, HM, ARRIVE, GEN, row, chunk, C, level0, 3, BLOCK,
-                                                        CP)
+            G, n, base, above, kept, ok = _bins_level(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, above, P,
+                                                      kept, HC, HM, ARRIVE, GEN, row, chunk, C, level0, 3, BLOCK, CP)
             levels = 3
             SH = 0
         ok = ok & (n <= CAP).to(tl.int32)
         if ok != 0:
             # 3. the list of G's elements in index order, sorted and cut
-            base = tl.sum(tl.where(j < chunk, counts, 0))
             run = _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, EB + row * CAP, base, BLOCK)
             _barrier(ARRIVE, GEN, row, C)
             if n <= SHORT_LIST:
