@@ -15,6 +15,7 @@ flash backwards:
     PYTHONPATH=src python tools/probe_attnbwd4.py --out DIR          # on the GPU machine, < 150 s
     PYTHONPATH=src python tools/probe_attnbwd4.py --compile-only     # here, no GPU: every launch's sm_90a
                                                                      # registers / stack / shared memory
+    ONLY=preg24,slot PYTHONPATH=src python tools/probe_attnbwd4.py --out DIR     # those beside the default
 
 Steps:
 1. compile and run every (variant, head dim) once in its own worker process (all at once; a worker that fails or
@@ -78,6 +79,8 @@ VARIANTS = {
     "preg24": ({"producer_regs": 24}, (64, 128)),
 }
 BREAKDOWN = ("default", "slot", "slot s3", "rows")     # also timed launch by launch
+if os.environ.get("ONLY"):      # ONLY=name,name: those variants beside the default (the workers see it too)
+    VARIANTS = {n: v for n, v in VARIANTS.items() if n == "default" or n in os.environ["ONLY"].split(",")}
 
 # (B, H, Hkv, S, D, causal)
 SHAPES = [(16, 32, 32, 1024, 128, True), (16, 32, 32, 1024, 128, False),

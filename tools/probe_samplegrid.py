@@ -48,7 +48,9 @@ VARIANTS = {"row": SampleKnobs(), "grid": SampleKnobs(grid=True),
             "g512w4": SampleKnobs(grid=True, grid_block=512),
             "g512w8": SampleKnobs(grid=True, grid_block=512, grid_warps=8),
             "g1024w8": SampleKnobs(grid=True, grid_block=1024, grid_warps=8),
-            "c2k": SampleKnobs(grid=True, grid_chunk=2048), "c4k": SampleKnobs(grid=True, grid_chunk=4096)}
+            "c2k": SampleKnobs(grid=True, grid_chunk=2048), "c4k": SampleKnobs(grid=True, grid_chunk=4096),
+            "l2k": SampleKnobs(grid=True, grid_list=2048), "l4k": SampleKnobs(grid=True, grid_list=4096),
+            "g512l4k": SampleKnobs(grid=True, grid_block=512, grid_list=4096)}
 
 
 def parse_variant(spec: str) -> tuple[str, SampleKnobs]:
@@ -143,7 +145,12 @@ def main():
     ap.add_argument("--variant", action="append", default=[], help="NAME=field=value,... (grid=True implied)")
     ap.add_argument("--only", default="", help="comma-separated variant names to keep")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--cases", default="", help="comma-separated BxV (default: CASES)")
+    ap.add_argument("--profile", default="", help="comma-separated variant names: per-kernel µs (torch.profiler)")
     args = ap.parse_args()
+    global CASES
+    if args.cases:
+        CASES = tuple(tuple(int(v) for v in c.split("x")) for c in args.cases.split(","))
     variants = dict(VARIANTS)
     variants.update(parse_variant(s) for s in args.variant)
     if args.only:
@@ -152,9 +159,40 @@ def main():
         res = dict(compile=compile_only(variants))
     else:
         res = run(variants)
+        if args.profile:
+            res["profile_us"] = profile({k: variants[k] for k in args.profile.split(",") if k in variants})
     res.update(commit=os.environ.get("ONLINESOFTMAX_COMMIT", ""), variants={k: str(v) for k, v in variants.items()})
     with open(os.path.join(args.out, "probe_samplegrid.json"), "w") as f:
         json.dump(res, f, indent=1)
+
+
+def profile(variants) -> dict:
+    """Per case and variant, each kernel's mean µs over 20 eager calls (torch.profiler's CUDA times), inputs
+    rotated past the L2: which launch the time goes to."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    out = {}
+    for B, V in CASES:
+        n = max(2, -(-ROTATE_BYTES // (B * V * 4)))
+        sets = [torch.randn(B, V, device="cuda") for _ in range(n)]
+        for name, knobs in variants.items():
+            for i in range(3):
+                sample(sets[i % n], temperature=T, top_p=P, knobs=knobs)
+            torch.cuda.synchronize()
+            with prof(activities=[ProfilerActivity.CUDA]) as p:
+                for i in range(20):
+                    sample(sets[i % n], temperature=T, top_p=P, knobs=knobs)
+                torch.cuda.synchronize()
+            per = {}
+            for ev in p.events():
+                if ev.device_type.name == "CUDA":
+                    per.setdefault(ev.name, []).append(ev.device_time)
+            rows = {k[:40]: round(sum(v) / 20, 2) for k, v in per.items()}
+            out[f"B{B} V{V} {name}"] = rows
+            print("profile", f"B{B} V{V}", name, " ".join(f"{k}={v}" for k, v in rows.items()), flush=True)
+        del sets
+    return out
 
 
 def run(variants) -> dict:

@@ -104,22 +104,14 @@ def test_grid_rows_whose_bins_fail_go_to_the_row_kernel(kernel_device):
     assert (logp.cpu() >= -math.log(271)).all() and (logp.cpu() <= -math.log(270) + 1e-6).all()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="patches the constexpr SHORT_LIST, which the GPU's compiled "
-                    "kernels keep; the interpreter reads it on every call")
-def test_grid_third_level(kernel_device, monkeypatch):
-    """A boundary group of more than SHORT_LIST elements takes the third level (step 4): with SHORT_LIST 16 every
-    row's last record has three levels and a shorter list, and the draws are the reference's."""
-    import triton.language as tl
-
-    from onlinesoftmax.topk import sampling_grid as SG
-
+def test_grid_third_level(kernel_device):
+    """A boundary group of more than ``grid_list`` elements takes the third level (step 4): with grid_list 16
+    every row's last record has three levels and a shorter list, and the draws are the reference's."""
     x = _logits(3, 3000, scale=1.0, device=kernel_device)
     u = torch.rand(3, device=kernel_device)
-    knobs = _knobs()
     levels, n = [], []
-    for short in (None, 16):
-        if short is not None:
-            monkeypatch.setattr(SG, "SHORT_LIST", tl.constexpr(short))
+    for lst in (4096, 16):
+        knobs = _knobs(grid_list=lst)
         rec, _ = _grid_views(x, knobs)
         check_draws(x, u, top_p=0.9, backend="triton", knobs=knobs, max_near=0.5)
         levels.append(rec[:, 2, 1].tolist())
@@ -156,10 +148,11 @@ def test_grid_kernel_draw_and_replay_counts(kernel_device):
 
 def test_grid_plan():
     """Chunks per row from the batch (GRID_WAVES programs per SM, chunks within [GRID_MIN_CHUNK,
-    GRID_MAX_CHUNK], at most GRID_TABLE per row); only where the row kernel runs its bins; knobs checked."""
+    GRID_MAX_CHUNK], at most GRID_TABLE per row); only where the row kernel runs its bins, by default from
+    GRID_MIN_ROWS rows; knobs checked."""
     from onlinesoftmax.target import H200
     from onlinesoftmax.topk import explain_sample
-    from onlinesoftmax.topk.plan import GRID_TABLE, SampleKnobs, grid_chunks, sample_plan
+    from onlinesoftmax.topk.plan import GRID_LIST, GRID_TABLE, SampleKnobs, grid_chunks, sample_plan
 
     assert grid_chunks(1, 128256, H200) == (126, 1024)
     assert grid_chunks(8, 128256, H200) == (63, 2048)
@@ -172,10 +165,14 @@ def test_grid_plan():
     on = SampleKnobs(grid=True)
     p = explain_sample(x, target=H200, knobs=on)
     assert (p.grid_chunks, p.grid_chunk, p.grid_block, p.grid_warps) == (63, 2048, 256, 4) and p.row_chunks
-    assert explain_sample(x, target=H200).grid_chunks == 0                          # off by default
+    assert explain_sample(x, target=H200).grid_chunks == 63                         # on by default from 8 rows
+    assert explain_sample(x[:7], target=H200).grid_chunks == 0                      # the row kernel below
+    assert explain_sample(x, target=H200, knobs=SampleKnobs(grid=False)).grid_chunks == 0
+    assert explain_sample(x, target=H200).grid_list == p.grid_list == GRID_LIST
     assert explain_sample(x, top_k=50, target=H200, knobs=on).grid_chunks == 0      # step 1 decides every row
     assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(grid=True, row="radix")).grid_chunks == 0
-    for bad in (dict(grid_block=100), dict(grid_warps=3), dict(grid_chunk=0)):
+    for bad in (dict(grid_block=100), dict(grid_warps=3), dict(grid_chunk=0), dict(grid_list=0),
+                dict(grid_list=4097)):
         with pytest.raises(ValueError, match="grid_"):
             sample_plan(8, 1000, 4, H200, knobs=SampleKnobs(grid=True, **bad))
 

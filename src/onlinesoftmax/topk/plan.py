@@ -206,13 +206,17 @@ ROW = "bins"                    # default of ``row``: tools/probe_rowbins.py at 
                                 # levels: sampling_kernels.THIRD_MAX_CH); V = 262144 B = 8 326.9 / 162.3; peaked
                                 # rows (a nucleus of ~20 tokens: step 1 decides them) equal
 ROW_BINS_CAP = 4096             # row="bins": the most elements of the boundary's fine bin (past it: the radix)
-GRID = False                    # default of ``grid`` (not yet timed on a GPU: tools/probe_samplegrid.py)
+GRID_MIN_ROWS = 8               # default of ``grid``: on from this many rows (tools/probe_samplegrid.py at e359ca0,
+                                # H200, fp32, T = 0.8, top_p = 0.9, µs per graph-replayed call, row kernel against
+                                # grid at V = 128256: B = 1 49.3 / 54.0, 8 73.9 / 68.0, 64 305.7 / 188.7, 256
+                                # 1101 / 568; B = 8, V = 262144: 108.6 / 92.9)
 GRID_BLOCK = 256                # grid: elements per step of a pass (two per thread of GRID_WARPS warps)
 GRID_WARPS = 4
 GRID_TABLE = 128                # grid: the most chunks of a row (per-chunk tables are read this wide: one compile)
 GRID_WAVES = 4                  # grid: programs per SM a pass aims for, in chunks of ...
 GRID_MIN_CHUNK = 1024           # ... at least this many elements and ...
 GRID_MAX_CHUNK = 8192           # ... at most this many (the draw scans one chunk in one program)
+GRID_LIST = 512                 # grid: a boundary group of at most this many elements is listed, no third level
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -266,7 +270,10 @@ class SampleKnobs:
     ``grid``: rows with top-p and neither top-k nor min-p (the row kernel's bins) on a grid of launches, a pass
     each, over B·C chunks of ``grid_chunk`` elements (default :func:`grid_chunks`), passes stepping
     ``grid_block`` elements with ``grid_warps`` warps, in place of the row kernel's barriers (its programs are
-    one per SM: ``sampling_grid``); the row kernel then finishes the other rows. Default ``GRID``.
+    one per SM: ``sampling_grid``); the row kernel then finishes the other rows. Default: on from
+    ``GRID_MIN_ROWS`` rows. ``grid_list`` (<= ``ROW_BINS_CAP``): a boundary group of at most this many elements
+    is listed at the second level (the fourth pass then has nothing to do), a larger one takes the third level.
+    Default ``GRID_LIST``.
 
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
@@ -282,6 +289,7 @@ class SampleKnobs:
     grid_chunk: int | None = None
     grid_block: int | None = None
     grid_warps: int | None = None
+    grid_list: int | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -344,6 +352,7 @@ class SamplePlan:
     grid_chunk: int = 0         # their elements per chunk
     grid_block: int = 0         # elements per step of their passes
     grid_warps: int = 0         # their warps
+    grid_list: int = 0          # the most elements of a boundary group listed at the second level
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -370,7 +379,7 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     if greedy or top_k is not None or K == V:
         return SamplePlan("kernels", K, cfg, fuse=FUSE if knobs.fuse is None else knobs.fuse, mass=mass, draw=draw,
                           one_buffer=one, graph_draw=graph_draw)
-    grid = (GRID if knobs.grid is None else knobs.grid) and row == "bins"
+    grid = (B >= GRID_MIN_ROWS if knobs.grid is None else knobs.grid) and row == "bins"
     block = GRID_BLOCK if knobs.grid_block is None else knobs.grid_block
     warps = GRID_WARPS if knobs.grid_warps is None else knobs.grid_warps
     if block < 16 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
@@ -378,7 +387,10 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
                          f"16, got {block} and {warps}")
     if knobs.grid_chunk is not None and knobs.grid_chunk < 1:
         raise ValueError(f"SampleKnobs: grid_chunk must be positive, got {knobs.grid_chunk}")
+    lst = GRID_LIST if knobs.grid_list is None else knobs.grid_list
+    if not 1 <= lst <= ROW_BINS_CAP:
+        raise ValueError(f"SampleKnobs: grid_list must be in [1, {ROW_BINS_CAP}], got {lst}")
     gc, gch = grid_chunks(B, V, target, knobs.grid_chunk, block) if grid else (0, 0)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
                       graph_draw=graph_draw, row=row, grid_chunks=gc, grid_chunk=gch,
-                      grid_block=block if grid else 0, grid_warps=warps if grid else 0)
+                      grid_block=block if grid else 0, grid_warps=warps if grid else 0, grid_list=lst if grid else 0)

@@ -17,9 +17,9 @@ alone: its mass per chunk comes from the histograms, no pass); every other flagg
    its mass past them.
 2. ``STEP`` 2: W (the row's mass: both sums), P = top_p · W and the group d1 where the mass from the top reaches P;
    each chunk's 16-bin masses and counts inside d1.
-3. ``STEP`` 3: the group G = 16·d1 + d2 (the same rule, counts of its elements n); where n > ``SHORT_LIST`` each
-   chunk's masses and counts of the 16 fine bins of G, else each chunk lists G's elements (index order, the counts
-   of the chunks before it giving its offset).
+3. ``STEP`` 3: the group G = 16·d1 + d2 (the same rule, counts of its elements n); where n > ``LIST``
+   (``SampleKnobs.grid_list``) each chunk's masses and counts of the 16 fine bins of G, else each chunk lists G's
+   elements (index order, the counts of the chunks before it giving its offset).
 4. ``STEP`` 4: where step 3 counted, the fine bin F = 16·G + d3 and its list (at most ``CAP``).
 5. ``_grid_finish_kernel``, a program per row: the list sorted and cut where the mass from the top reaches P
    (``_cut_list``), each chunk's kept mass (its bins above the boundary's, level by level, and its listed elements
@@ -82,11 +82,12 @@ def _read(RS, RF, row, step):
             tl.sum(tl.where(q == 3, r, 0)), tl.sum(tl.where(q == 0, f, 0.0)), tl.sum(tl.where(q == 1, f, 0.0)))
 
 
-@triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
+@triton.jit(do_not_specialize=("stride_b", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
                                "p_val", "p_stride", "q_val", "q_stride"))
 def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val,
                       k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, K, H1, R1, H2, N2, H3, N3, RS, RF, EB,
-                      C, CH, STEP: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr):
+                      C, CH, STEP: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr,
+                      LIST: tl.constexpr):
     """Steps 1–4, program ``pid`` = chunk ``pid % C`` (CH elements) of row ``pid // C``."""
     pid = tl.program_id(0)
     row = pid // C
@@ -125,7 +126,7 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                 if chunk == 0:
                     _record(RS, RF, row, 1, 1 - ok, 2, G, n, P, above)
                 if ok != 0:
-                    if n > SHORT_LIST:
+                    if n > LIST:
                         h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, 3, BLOCK)
                         tl.store(H3 + mine, h)
                         tl.store(N3 + mine, cnt)
@@ -135,7 +136,7 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                 _record(RS, RF, row, 1, status, 1, G, 0, P, above)
         else:
             status, levels, G, n, P, above = _read(RS, RF, row, 1)
-            if (status == 0) & (n > SHORT_LIST):
+            if (status == 0) & (n > LIST):
                 G, n, base, above, ok = _level_choice(H3, N3, row, chunk, C, G, above, P, CP)
                 ok = ok & (n <= CAP).to(tl.int32)
                 if chunk == 0:
