@@ -50,7 +50,9 @@ VARIANTS = {"row": SampleKnobs(), "grid": SampleKnobs(grid=True),
             "g1024w8": SampleKnobs(grid=True, grid_block=1024, grid_warps=8),
             "c2k": SampleKnobs(grid=True, grid_chunk=2048), "c4k": SampleKnobs(grid=True, grid_chunk=4096),
             "l2k": SampleKnobs(grid=True, grid_list=2048), "l4k": SampleKnobs(grid=True, grid_list=4096),
-            "g512l4k": SampleKnobs(grid=True, grid_block=512, grid_list=4096)}
+            "g512l4k": SampleKnobs(grid=True, grid_block=512, grid_list=4096),
+            "lanes": SampleKnobs(grid=True, grid_lane_counts=True),
+            "l4k lanes": SampleKnobs(grid=True, grid_list=4096, grid_lane_counts=True)}
 
 
 def parse_variant(spec: str) -> tuple[str, SampleKnobs]:

@@ -104,6 +104,22 @@ def test_grid_rows_whose_bins_fail_go_to_the_row_kernel(kernel_device):
     assert (logp.cpu() >= -math.log(271)).all() and (logp.cpu() <= -math.log(270) + 1e-6).all()
 
 
+def test_grid_lane_counts_match_the_histogram(kernel_device):
+    """Levels 2 and 3 counting per lane (``grid_lane_counts``) record the same levels, groups and counts as
+    ``tl.histogram``, and draw the reference's ids (several chunks a row; a third level forced with grid_list 16)."""
+    x = _logits(3, 3000, scale=1.0, device=kernel_device)
+    u = torch.rand(3, device=kernel_device)
+    for lst in (4096, 16):
+        recs = []
+        for lanes in (False, True):
+            knobs = _knobs(grid_list=lst, grid_lane_counts=lanes)
+            rec, _ = _grid_views(x, knobs)
+            rec.fill_(-7)
+            check_draws(x, u, top_p=0.9, backend="triton", knobs=knobs, max_near=0.5)
+            recs.append(rec.cpu().clone())
+        assert torch.equal(recs[0], recs[1]) and (recs[0][:, 2, 0] == 0).all(), recs
+
+
 def test_grid_third_level(kernel_device):
     """A boundary group of more than ``grid_list`` elements takes the third level (step 4): with grid_list 16
     every row's last record has three levels and a shorter list, and the draws are the reference's."""

@@ -217,6 +217,7 @@ GRID_WAVES = 4                  # grid: programs per SM a pass aims for, in chun
 GRID_MIN_CHUNK = 1024           # ... at least this many elements and ...
 GRID_MAX_CHUNK = 8192           # ... at most this many (the draw scans one chunk in one program)
 GRID_LIST = 512                 # grid: a boundary group of at most this many elements is listed, no third level
+GRID_LANE_COUNTS = False        # grid: levels 2-3 count per lane (True) or by tl.histogram per step
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -273,7 +274,9 @@ class SampleKnobs:
     one per SM: ``sampling_grid``); the row kernel then finishes the other rows. Default: on from
     ``GRID_MIN_ROWS`` rows. ``grid_list`` (<= ``ROW_BINS_CAP``): a boundary group of at most this many elements
     is listed at the second level (the fourth pass then has nothing to do), a larger one takes the third level.
-    Default ``GRID_LIST``.
+    Default ``GRID_LIST``. ``grid_lane_counts``: levels 2 and 3 count their bins' elements per lane beside the
+    masses (an integer add per bin) in place of ``tl.histogram`` per step (shared-memory atomics and block
+    barriers in the loop). Default ``GRID_LANE_COUNTS``.
 
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
@@ -290,6 +293,7 @@ class SampleKnobs:
     grid_block: int | None = None
     grid_warps: int | None = None
     grid_list: int | None = None
+    grid_lane_counts: bool | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -353,6 +357,7 @@ class SamplePlan:
     grid_block: int = 0         # elements per step of their passes
     grid_warps: int = 0         # their warps
     grid_list: int = 0          # the most elements of a boundary group listed at the second level
+    grid_lane_counts: bool = False  # levels 2-3 count per lane, not by tl.histogram
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -393,4 +398,6 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     gc, gch = grid_chunks(B, V, target, knobs.grid_chunk, block) if grid else (0, 0)
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
                       graph_draw=graph_draw, row=row, grid_chunks=gc, grid_chunk=gch,
-                      grid_block=block if grid else 0, grid_warps=warps if grid else 0, grid_list=lst if grid else 0)
+                      grid_block=block if grid else 0, grid_warps=warps if grid else 0, grid_list=lst if grid else 0,
+                      grid_lane_counts=grid and (GRID_LANE_COUNTS if knobs.grid_lane_counts is None
+                                                 else knobs.grid_lane_counts))

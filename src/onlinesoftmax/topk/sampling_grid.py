@@ -87,7 +87,7 @@ def _read(RS, RF, row, step):
 def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val,
                       k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, K, H1, R1, H2, N2, H3, N3, RS, RF, EB,
                       C, CH, STEP: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr,
-                      LIST: tl.constexpr):
+                      LIST: tl.constexpr, LANE_COUNTS: tl.constexpr):
     """Steps 1–4, program ``pid`` = chunk ``pid % C`` (CH elements) of row ``pid // C``."""
     pid = tl.program_id(0)
     row = pid // C
@@ -116,7 +116,7 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
             if chunk == 0:
                 _record(RS, RF, row, 0, 1 - ok.to(tl.int32), 1, d1, 0, P, above)
             if ok:
-                h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, 2, BLOCK)
+                h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, 2, BLOCK, LANE_COUNTS)
                 tl.store(H2 + mine, h)
                 tl.store(N2 + mine, cnt)
         elif STEP == 3:
@@ -127,7 +127,8 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                     _record(RS, RF, row, 1, 1 - ok, 2, G, n, P, above)
                 if ok != 0:
                     if n > LIST:
-                        h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, 3, BLOCK)
+                        h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, 3, BLOCK,
+                                                 LANE_COUNTS)
                         tl.store(H3 + mine, h)
                         tl.store(N3 + mine, cnt)
                     else:

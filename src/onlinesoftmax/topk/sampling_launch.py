@@ -97,7 +97,8 @@ class SampleCall:
                 meta = dict(CP=GRID_TABLE, CAP=ROW_BINS_CAP)
                 for step in (1, 2, 3, 4):
                     kernels.append(BoundKernel(_grid_pass_kernel, (B * plan.grid_chunks,), dict(
-                        meta, STEP=step, LIST=plan.grid_list, BLOCK=plan.grid_block, num_warps=plan.grid_warps)))
+                        meta, STEP=step, LIST=plan.grid_list, LANE_COUNTS=plan.grid_lane_counts,
+                        BLOCK=plan.grid_block, num_warps=plan.grid_warps)))
                 kernels.append(BoundKernel(_grid_finish_kernel, (B,), dict(     # (4 / 8 warps: 16 / 24 B of stack)
                     meta, BLOCK=GRID_SCAN_BLOCK, LB=GRID_LIST_BLOCK, PHILOX=philox, num_warps=16)))
             if C:
