@@ -275,8 +275,8 @@ class SampleKnobs:
     ``GRID_MIN_ROWS`` rows. ``grid_list`` (<= ``ROW_BINS_CAP``): a boundary group of at most this many elements
     is listed at the second level (the fourth pass then has nothing to do), a larger one takes the third level.
     Default ``GRID_LIST``. ``grid_lane_counts``: levels 2 and 3 count their bins' elements per lane beside the
-    masses (an integer add per bin) in place of ``tl.histogram`` per step (shared-memory atomics and block
-    barriers in the loop). Default ``GRID_LANE_COUNTS``.
+    masses (a predicated fp32 add per bin) in place of ``tl.histogram`` per step (shared-memory atomics and
+    block barriers in the loop). Default ``GRID_LANE_COUNTS``.
 
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
