@@ -168,6 +168,11 @@ def main():
         json.dump(res, f, indent=1)
 
 
+def rotated_sets(B: int, V: int) -> list:
+    """Enough fp32 [B, V] inputs (at least 2) that cycling through them reads past the L2 between reuses."""
+    return [torch.randn(B, V, device="cuda") for _ in range(max(2, -(-ROTATE_BYTES // (B * V * 4))))]
+
+
 def profile(variants) -> dict:
     """Per case and variant, each kernel's mean µs over 20 eager calls (torch.profiler's CUDA times), inputs
     rotated past the L2: which launch the time goes to."""
@@ -176,8 +181,8 @@ def profile(variants) -> dict:
 
     out = {}
     for B, V in CASES:
-        n = max(2, -(-ROTATE_BYTES // (B * V * 4)))
-        sets = [torch.randn(B, V, device="cuda") for _ in range(n)]
+        sets = rotated_sets(B, V)
+        n = len(sets)
         for name, knobs in variants.items():
             for i in range(3):
                 sample(sets[i % n], temperature=T, top_p=P, knobs=knobs)
@@ -190,7 +195,13 @@ def profile(variants) -> dict:
             for ev in p.events():
                 if ev.device_type.name == "CUDA":
                     per.setdefault(ev.name, []).append(ev.device_time)
-            rows = {k[:40]: round(sum(v) / 20, 2) for k, v in per.items()}
+            # a kernel launched m times a call (the grid's four passes share a name): its i-th launch of each call
+            # as "name#i", in launch order
+            rows = {}
+            for k, v in per.items():
+                m = max(1, len(v) // 20)
+                for i in range(m):
+                    rows[f"{k[:40]}#{i}" if m > 1 else k[:40]] = round(sum(v[i::m]) / 20, 2)
             out[f"B{B} V{V} {name}"] = rows
             print("profile", f"B{B} V{V}", name, " ".join(f"{k}={v}" for k, v in rows.items()), flush=True)
         del sets
@@ -223,8 +234,7 @@ def run(variants) -> dict:
     for rnd in range(2):
         for B, V in CASES:
             label = f"B{B} V{V}"
-            n = max(2, -(-ROTATE_BYTES // (B * V * 4)))
-            sets = [torch.randn(B, V, device="cuda") for _ in range(n)]
+            sets = rotated_sets(B, V)
             row = times.setdefault(label, {})
             t = graph_us(lambda x: softmax_topk(x, 50), sets)
             row["softmax_topk graph"] = min(row.get("softmax_topk graph", 1e9), t)

@@ -4,7 +4,7 @@ kernels run in the interpreter with several chunks per row (the row kernel has o
 
 import pytest
 import torch
-from test_sample_kernels import BINS_CASES, _logits, _mid_uniforms, check_draws, workspace_views
+from test_sample_kernels import BINS_CASES, _logits, _mid_uniforms, check_draws, topp_call, workspace_views
 
 from onlinesoftmax.reference import philox_uniform
 from onlinesoftmax.topk import sample as sample_
@@ -113,6 +113,8 @@ def test_grid_lane_counts_match_the_histogram(kernel_device):
         recs = []
         for lanes in (False, True):
             knobs = _knobs(grid_list=lst, grid_lane_counts=lanes)
+            passes = [k for k in topp_call(x, knobs).kernels if k.fn.__name__ == "_grid_pass_kernel"]
+            assert len(passes) == 4 and all(k.meta["LANE_COUNTS"] == lanes for k in passes)     # the knob arrives
             rec, _ = _grid_views(x, knobs)
             rec.fill_(-7)
             check_draws(x, u, top_p=0.9, backend="triton", knobs=knobs, max_near=0.5)

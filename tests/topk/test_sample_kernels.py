@@ -492,13 +492,17 @@ BINS_MIXES = [dict(top_p=0.9), dict(top_p=0.2), dict(top_p=0.999), dict(top_p=0.
               dict(temperature=3.0, top_p=0.7), dict(temperature=0.5, top_p=0.95)]
 
 
+def topp_call(x, knobs):
+    """The launch module's call object of a top-p call (no top-k) on ``x`` with ``knobs``."""
+    from onlinesoftmax.topk import sampling_launch as SL
+
+    return SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
+
+
 def workspace_views(x, knobs):
     """The workspace views a top-p call (no top-k) on ``x`` with ``knobs`` uses (each may be larger than this call
     needs: the first call that needed it sized it)."""
-    from onlinesoftmax.topk import sampling_launch as SL
-
-    call = SL.sample_call(x, False, None, 1, knobs, SL.current_stream(SL.current_device()) if x.is_cuda else None, 0)
-    return call.workspace(x.device)
+    return topp_call(x, knobs).workspace(x.device)
 
 
 def _bins_list(x, knobs):
