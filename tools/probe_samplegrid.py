@@ -43,7 +43,7 @@ CASES = ((1, 128256), (8, 128256), (64, 128256), (256, 128256), (8, 262144))
 T, P = 0.8, 0.9
 GRAPH_CALLS = 8
 ROTATE_BYTES = 256 * 2**20
-VARIANTS = {"row": SampleKnobs(), "grid": SampleKnobs(grid=True),
+VARIANTS = {"row": SampleKnobs(grid=False), "grid": SampleKnobs(grid=True),
             "g128": SampleKnobs(grid=True, grid_block=128),
             "g512w4": SampleKnobs(grid=True, grid_block=512),
             "g512w8": SampleKnobs(grid=True, grid_block=512, grid_warps=8),
@@ -52,7 +52,9 @@ VARIANTS = {"row": SampleKnobs(), "grid": SampleKnobs(grid=True),
             "l2k": SampleKnobs(grid=True, grid_list=2048), "l4k": SampleKnobs(grid=True, grid_list=4096),
             "g512l4k": SampleKnobs(grid=True, grid_block=512, grid_list=4096),
             "lanes": SampleKnobs(grid=True, grid_lane_counts=True),
-            "l4k lanes": SampleKnobs(grid=True, grid_list=4096, grid_lane_counts=True)}
+            "l4k lanes": SampleKnobs(grid=True, grid_list=4096, grid_lane_counts=True),
+            "pdl": SampleKnobs(grid=True, pdl=True), "row pdl": SampleKnobs(grid=False, pdl=True),
+            "l4k pdl": SampleKnobs(grid=True, grid_list=4096, pdl=True)}
 
 
 def parse_variant(spec: str) -> tuple[str, SampleKnobs]:

@@ -189,6 +189,16 @@ def test_grid_plan():
     assert explain_sample(x, target=H200).grid_list == p.grid_list == GRID_LIST
     assert explain_sample(x, top_k=50, target=H200, knobs=on).grid_chunks == 0      # step 1 decides every row
     assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(grid=True, row="radix")).grid_chunks == 0
+    import dataclasses
+
+    from onlinesoftmax.topk.plan import PDL
+
+    assert explain_sample(x, target=H200).pdl == PDL
+    interp = dataclasses.replace(H200, interpret=True)
+    for kw in (dict(grid=True), dict(grid=False)):             # programmatic dependent launches: sm_90+ only
+        assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(pdl=True, **kw)).pdl
+        assert not sample_plan(8, 128256, 4, interp, knobs=SampleKnobs(pdl=True, **kw)).pdl
+        assert not sample_plan(8, 128256, 4, dataclasses.replace(H200, arch=80), knobs=SampleKnobs(pdl=True)).pdl
     for bad in (dict(grid_block=100), dict(grid_warps=3), dict(grid_chunk=0), dict(grid_list=0),
                 dict(grid_list=4097)):
         with pytest.raises(ValueError, match="grid_"):
@@ -224,14 +234,39 @@ def test_gpu_grid_matches_reference(dtype, B):
 
 
 @pytest.mark.gpu
-def test_gpu_grid_under_graph_capture():
+@pytest.mark.parametrize("grid", [False, True])
+def test_gpu_pdl_chain_matches_reference(grid):
+    """The launches after softmax_topk's as programmatic dependent launches (``pdl``), on the grid or the row
+    kernel: the reference's ids on flat rows and per-row mixes, and bit for bit what the same plan gives without."""
+    from onlinesoftmax.topk import explain_sample, sample
+    from onlinesoftmax.topk.plan import SampleKnobs
+
+    B, V = (16 if grid else 3), 128256
+    x = torch.randn(B, V, device="cuda")
+    knobs = SampleKnobs(grid=grid, pdl=True)
+    plan = explain_sample(x, knobs=knobs)
+    assert plan.pdl and bool(plan.grid_chunks) == grid
+    k = torch.tensor([0, 5000, 100, 0] * (B // 4 + 1), device="cuda")[:B]
+    for kw in (dict(top_p=0.9), dict(temperature=0.7, top_p=0.5), dict(top_k=k, top_p=0.95),
+               dict(temperature=1.3, top_p=0.99, min_p=0.001)):
+        check_draws(x, _mid_uniforms(x, **kw), backend="triton", gap=2e-6, max_near=0, knobs=knobs, **kw)
+        u = torch.rand(B, device="cuda")
+        got = sample(x, uniform=u, knobs=knobs, **kw)
+        want = sample(x, uniform=u, knobs=SampleKnobs(grid=grid, pdl=False), **kw)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), kw
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_grid_under_graph_capture(pdl):
     """A captured grid call replays with new logits and new per-row top_p: the reference's distribution's ids
-    (u in the middle of a kept token's interval, passed as a tensor)."""
+    (u in the middle of a kept token's interval, passed as a tensor); the same with programmatic dependent launches
+    captured (``pdl``)."""
     from onlinesoftmax.topk import sample
     from onlinesoftmax.topk.plan import SampleKnobs
 
     B, V = 8, 128256
-    knobs = SampleKnobs(grid=True)
+    knobs = SampleKnobs(grid=True, pdl=pdl)
     x = torch.randn(B, V, device="cuda")
     p = torch.full((B,), 0.9, device="cuda")
     u = torch.rand(B, device="cuda")
@@ -261,6 +296,7 @@ from onlinesoftmax.topk.sampling_launch import SampleCall
 M = CR._meta
 failed, regs, seen = [], {}, set()
 for (B, V), philox, knobs in (((1, 128256), 1, SampleKnobs(grid=True)), ((256, 128256), 2, SampleKnobs(grid=True)),
+                              ((64, 128256), 2, SampleKnobs(grid=True, pdl=True)),
                               ((8, 262144), 0, SampleKnobs(grid=True, grid_block=1024, grid_warps=8)),
                               ((3, 300), 1, SampleKnobs(grid=True, grid_block=128, grid_warps=2))):
     plan = sample_plan(B, V, 4, H200, knobs=knobs)
@@ -295,7 +331,8 @@ print(json.dumps(dict(failed=failed, regs=regs)))
 @pytest.mark.slow
 def test_grid_launches_compile():
     """Every launch of a grid plan (the four passes, the per-row finish, the row kernel after them), with the real
-    argument layout, compiles for sm_90a without spilling: Philox 0 / 1 / 2, 128- to 1024-element steps; the
+    argument layout, compiles for sm_90a without spilling: Philox 0 / 1 / 2, 128- to 1024-element steps, programmatic
+    dependent launches (``pdl``: griddepcontrol in every kernel after softmax_topk's); the
     passes at 256-element steps and 4 warps stay under 128 registers (several programs per SM)."""
     from test_topk_compile import _compile_probe
 

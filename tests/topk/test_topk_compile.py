@@ -127,11 +127,13 @@ for B, V, K in itertools.product((1, 3), (1, 3, 300), (1, 3, 64)):
         rng = (-5, 7, -2**31, 1, 3, -9)
         u = M((B,), i64 if philox == 2 else f32)        # philox 2: the capture's slots
         launches = [(_sample_kernel, (vals, inds, lse, u, ids, logp, flag, *params, *rng, K, V),
-                     dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1, FIXED=fixed, PHILOX=philox)),
+                     dict(KP=max(16, 1 << (K - 1).bit_length()), num_warps=1, FIXED=fixed, PHILOX=philox,
+                          PDL=philox > 0)),
                     *((_sample_row_kernel, (M((B, V), f32), V, 1, V, inds, lse, u, ids, logp, flag, *params, *rng,
                                             K, M((B,), i32), M((B,), i32), M((64 * B,), i32), M((64 * B,), f32),
                                             M((3 * B,), i32), M((6 * B,), f32), M((64 * B,), i32), 2, 1024),
-                       dict(BLOCK=1024, CP=2, num_warps=4, PHILOX=philox, BINS=bins, CAP=64)) for bins in (0, 1))]
+                       dict(BLOCK=1024, CP=2, num_warps=4, PHILOX=philox, BINS=bins, CAP=64, PDL=philox > 0))
+                      for bins in (0, 1))]
         for fn, args, meta in launches:
             try:
                 CR.compile_launch(fn, args, meta, 90)

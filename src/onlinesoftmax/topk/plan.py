@@ -218,6 +218,7 @@ GRID_MIN_CHUNK = 1024           # ... at least this many elements and ...
 GRID_MAX_CHUNK = 8192           # ... at most this many (the draw scans one chunk in one program)
 GRID_LIST = 512                 # grid: a boundary group of at most this many elements is listed, no third level
 GRID_LANE_COUNTS = False        # grid: levels 2-3 count per lane (True) or by tl.histogram per step
+PDL = False                     # default of ``pdl`` (not timed yet)
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -278,6 +279,11 @@ class SampleKnobs:
     masses (a predicated fp32 add per bin) in place of ``tl.histogram`` per step (shared-memory atomics and
     block barriers in the loop). Default ``GRID_LANE_COUNTS``.
 
+    ``pdl``: the launches after ``softmax_topk``'s (step 2, the grid's passes and finish, the row kernel) as
+    programmatic dependent launches: each may start while the one before it runs, reads the caller's parameters,
+    then waits for it (``griddepcontrol.wait``) before anything that launch wrote; so the gaps between the chain's
+    launches shrink. sm_90+ only (ignored before sm_90 and under the interpreter). Default ``PDL``.
+
     ``one_buffer``: ids and log-probabilities as views of one allocation
     (one ``torch.empty`` less, three views more: on a CPU host the views cost more than the allocation saved,
     1.7 against 4.3 µs for CPU tensors; measured against CUDA's allocation by tools/probe_sample.py)."""
@@ -294,6 +300,7 @@ class SampleKnobs:
     grid_warps: int | None = None
     grid_list: int | None = None
     grid_lane_counts: bool | None = None
+    pdl: bool | None = None
 
 
 NO_SAMPLE_KNOBS = SampleKnobs()
@@ -358,6 +365,7 @@ class SamplePlan:
     grid_warps: int = 0         # their warps
     grid_list: int = 0          # the most elements of a boundary group listed at the second level
     grid_lane_counts: bool = False  # levels 2-3 count per lane, not by tl.histogram
+    pdl: bool = False           # the launches after softmax_topk's as programmatic dependent launches (sm_90+)
 
 
 TORCH_SAMPLE_PLAN = SamplePlan("torch")
@@ -396,7 +404,8 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     if not 1 <= lst <= ROW_BINS_CAP:
         raise ValueError(f"SampleKnobs: grid_list must be in [1, {ROW_BINS_CAP}], got {lst}")
     gc, gch = grid_chunks(B, V, target, knobs.grid_chunk, block) if grid else (0, 0)
-    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one,
+    pdl = (PDL if knobs.pdl is None else knobs.pdl) and target.arch >= 90 and not target.interpret
+    return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one, pdl=pdl,
                       graph_draw=graph_draw, row=row, grid_chunks=gc, grid_chunk=gch,
                       grid_block=block if grid else 0, grid_warps=warps if grid else 0, grid_list=lst if grid else 0,
                       grid_lane_counts=grid and (GRID_LANE_COUNTS if knobs.grid_lane_counts is None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .kernels import INT32_MIN, _key_of
 from .sampling_kernels import (
@@ -39,6 +40,7 @@ from .sampling_kernels import (
     _bins_digit,
     _bins_scale,
     _cut_list,
+    _first_block,
     _gather16,
     _level_choice,
     _list_bin,
@@ -55,10 +57,14 @@ REC = tl.constexpr(4)       # a step's record per row: (status: 0 on, 1 left to 
 
 @triton.jit
 def _grid_row(flag_ptr, row, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
-              q_stride, V):
-    """(whether row ``row`` goes this way: flagged by step 1, top-p on, no top-k cut, no min-p; its top_p)."""
+              q_stride, V, PDL: tl.constexpr):
+    """(whether row ``row`` goes this way: flagged by step 1, top-p on, no top-k cut, no min-p; its top_p). With
+    ``PDL`` (a programmatic dependent launch, ``SamplePlan.pdl``) the row's parameters, the caller's tensors, are
+    read before waiting for the launch before this one to finish, the flag after."""
     t, kk, tp, mp, bad = _row_params(t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride,
                                      q_ptr, q_val, q_stride, row, V)
+    if PDL:
+        gdc_wait()
     on = (tl.load(flag_ptr + row) != 0) & (tp < 1.0) & (kk >= V) & (mp == 0.0) & ~bad
     return on, tp
 
@@ -87,23 +93,27 @@ def _read(RS, RF, row, step):
 def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val,
                       k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, K, H1, R1, H2, N2, H3, N3, RS, RF, EB,
                       C, CH, STEP: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr,
-                      LIST: tl.constexpr, LANE_COUNTS: tl.constexpr):
-    """Steps 1–4, program ``pid`` = chunk ``pid % C`` (CH elements) of row ``pid // C``."""
+                      LIST: tl.constexpr, LANE_COUNTS: tl.constexpr, PDL: tl.constexpr):
+    """Steps 1–4, program ``pid`` = chunk ``pid % C`` (CH elements) of row ``pid // C``. ``PDL``: the next launch
+    may start at once (its programs wait for this one to finish before they read what it writes)."""
+    if PDL:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     row = pid // C
     chunk = pid % C
+    x_row = x_ptr + row.to(tl.int64) * stride_b
+    lo = chunk * CH
+    hi = tl.minimum(lo + CH, V)
+    x0 = _first_block(x_row, stride_v, lo, hi, BLOCK)      # (in flight while the row's flag and scale are read)
     on, tp = _grid_row(flag_ptr, row, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr,
-                       q_val, q_stride, V)
+                       q_val, q_stride, V, PDL)
     if on:
-        x_row = x_ptr + row.to(tl.int64) * stride_b
         c, x_max, lse2 = _row_scale(x_row, stride_v, ind_ptr, lse_ptr, t_ptr, t_val, t_stride, row, K)
         s = _bins_scale(lse2, c, tp, V, x_max)
-        lo = chunk * CH
-        hi = tl.minimum(lo + CH, V)
         bins = tl.arange(0, 16)
         mine = (row * C + chunk) * 16 + bins
         if STEP == 1:
-            h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK)
+            h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, x0, 1, BLOCK)
             tl.store(H1 + mine, h)
             tl.store(R1 + row * C + chunk, rest)
         elif STEP == 2:
@@ -116,7 +126,7 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
             if chunk == 0:
                 _record(RS, RF, row, 0, 1 - ok.to(tl.int32), 1, d1, 0, P, above)
             if ok:
-                h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, 2, BLOCK, LANE_COUNTS)
+                h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, d1, x0, 2, BLOCK, LANE_COUNTS)
                 tl.store(H2 + mine, h)
                 tl.store(N2 + mine, cnt)
         elif STEP == 3:
@@ -127,12 +137,12 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                     _record(RS, RF, row, 1, 1 - ok, 2, G, n, P, above)
                 if ok != 0:
                     if n > LIST:
-                        h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, 3, BLOCK,
+                        h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, G, x0, 3, BLOCK,
                                                  LANE_COUNTS)
                         tl.store(H3 + mine, h)
                         tl.store(N3 + mine, cnt)
                     else:
-                        _list_bin(x_row, stride_v, lo, hi, x_max, s, 4, G, EB + row * CAP, base, BLOCK)
+                        _list_bin(x_row, stride_v, lo, hi, x_max, s, 4, G, EB + row * CAP, base, x0, BLOCK)
             elif chunk == 0:        # left to the row kernel: said again, so no later step reads a stale record
                 _record(RS, RF, row, 1, status, 1, G, 0, P, above)
         else:
@@ -143,7 +153,7 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                 if chunk == 0:
                     _record(RS, RF, row, 2, 1 - ok, 3, G, n, P, above)
                 if ok != 0:
-                    _list_bin(x_row, stride_v, lo, hi, x_max, s, 0, G, EB + row * CAP, base, BLOCK)
+                    _list_bin(x_row, stride_v, lo, hi, x_max, s, 0, G, EB + row * CAP, base, x0, BLOCK)
             elif chunk == 0:
                 _record(RS, RF, row, 2, status, levels, G, n, P, above)
 
@@ -163,12 +173,15 @@ def _kept_of_bins(HM, row, C, d, CP: tl.constexpr):
 def _grid_finish_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                         t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                         q_stride, s0, s1, c0, c1, g0, g1, K, H1, H2, H3, RS, RF, EB, C, CH, BLOCK: tl.constexpr,
-                        CP: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr, PHILOX: tl.constexpr):
+                        CP: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr, PHILOX: tl.constexpr,
+                        PDL: tl.constexpr):
     """Step 5, a program per row: the cut, the chunks' kept masses, the draw; the row's flag cleared (the row
     kernel after it then returns at once), its replay count advanced (``PHILOX`` 2)."""
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0)
     on, tp = _grid_row(flag_ptr, row, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr,
-                       q_val, q_stride, V)
+                       q_val, q_stride, V, PDL)
     if on:
         status, levels, G, n, P, above = _read(RS, RF, row, 2)
         if status == 0:

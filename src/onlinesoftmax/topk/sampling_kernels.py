@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._triton.online import LN2, LOG2E, _row_barrier, _row_generation
 from .kernels import INT32_MIN, _huge, _key_of, _log2_scale, _merge_rows, _param, _ranked
@@ -128,10 +129,16 @@ def _prob(w, FIXED: tl.constexpr):
                                "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _sample_kernel(val_ptr, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                    t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride,
-                   s0, s1, c0, c1, g0, g1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr):
+                   s0, s1, c0, c1, g0, g1, K, V, KP: tl.constexpr, FIXED: tl.constexpr, PHILOX: tl.constexpr,
+                   PDL: tl.constexpr):
     """Step 1 on row ``pid``'s K candidates (``p`` sorted descending, their indices, the row's lse of x / T);
     (s0, s1, c0, c1, g0, g1): the Philox seed, counter and capture tag where ``PHILOX`` (else unused). A row the
-    candidates decide advances its replay count here (``PHILOX`` 2), a flagged one in the row kernel."""
+    candidates decide advances its replay count here (``PHILOX`` 2), a flagged one in the row kernel. ``PDL``
+    (``SamplePlan.pdl``): launched while the merge before it may still run; it waits for it before any load, and
+    lets the next launch start at once."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0)
     j = tl.arange(0, KP)
     live = j < K
@@ -431,7 +438,7 @@ def _fine_bin(x, x_top, s):
 
 
 @triton.jit
-def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constexpr, BLOCK: tl.constexpr,
+def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, x_first, LEVEL: tl.constexpr, BLOCK: tl.constexpr,
               LANE_COUNTS: tl.constexpr = False):
     """Chunk [lo, hi)'s 16-bin mass histogram of the fine bins (per-lane accumulators, reduced once): ``LEVEL`` 1
     by ``f >> 8`` over f < 4096, with the mass past the range (f = 4096); ``LEVEL`` 2 by ``(f >> 4) & 15`` over
@@ -446,7 +453,7 @@ def _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, sel, LEVEL: tl.constex
     n = tl.zeros([16, BLOCK], tl.float32)         # (counts in fp32, exact to 2^24: predicated FADDs as the masses)
     rest = tl.zeros([BLOCK], tl.float32)
     cnt = tl.zeros([16], tl.int32)
-    x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
+    x_next = x_first                                # (the chunk's first block: _first_block, loaded by the caller)
     for st in range(lo, hi, BLOCK):
         o = st + tl.arange(0, BLOCK)
         x = x_next                                  # (the next block's load in flight while this one is binned)
@@ -484,7 +491,8 @@ def _bins_level(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, above, P, kept, H
     bins = tl.arange(0, 16)
     buf = (parity % 2) * (tl.num_programs(0) * 16)
     mine = (row * C + chunk) * 16 + bins
-    h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, G, LEVEL, BLOCK)
+    h, _r, cnt = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_top, s, G,
+                           _first_block(x_row, stride_v, lo, hi, BLOCK), LEVEL, BLOCK)
     tl.store(HM + buf + mine, h)
     tl.store(HC + buf + mine, cnt)
     _barrier(ARRIVE, GEN, row, C)
@@ -522,10 +530,17 @@ def _bins_scale(lse2, c, tp, V, x_max):
 
 
 @triton.jit
-def _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, lst, run, BLOCK: tl.constexpr):
+def _first_block(x_row, stride_v, lo, hi, BLOCK: tl.constexpr):
+    """Chunk [lo, hi)'s first BLOCK elements (the passes' first load, issued by their callers: the grid's before it
+    waits for the launch before it)."""
+    return _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
+
+
+@triton.jit
+def _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, lst, run, x_first, BLOCK: tl.constexpr):
     """The indices of chunk [lo, hi)'s elements of fine bin group ``f >> SH == G``, in index order, to ``lst``
-    from position ``run``; returns the position after them."""
-    x_next = _load_chunk(x_row, stride_v, lo + tl.arange(0, BLOCK), hi)
+    from position ``run`` (``x_first``: the chunk's first block); returns the position after them."""
+    x_next = x_first
     for st in range(lo, hi, BLOCK):
         o = st + tl.arange(0, BLOCK)
         x = x_next                                  # (the next block's load in flight while this one is listed)
@@ -558,7 +573,8 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
     npg = tl.num_programs(0)
     mine = (row * C + chunk) * 16 + bins
     # 1. level 1: the row's mass W and the 16-group d1 where the mass from the top reaches P = top_p · W
-    h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0, 1, BLOCK)
+    h, rest, _n = _bin_pass(x_row, stride_v, lo, hi, c, lse2, x_max, s, 0,
+                            _first_block(x_row, stride_v, lo, hi, BLOCK), 1, BLOCK)
     kept = tl.zeros([], tl.float32)
     kept_own = h                                    # this chunk's own histograms: its mass above the boundary bin
     buf = (level0 % 2) * (npg * 16)
@@ -588,7 +604,8 @@ def _topp_bins(x_row, stride_v, V, lo, hi, c, lse2, x_max, tp, HC, HM, WM, EB, A
         ok = ok & (n <= CAP).to(tl.int32)
         if ok != 0:
             # 3. the list of G's elements in index order, sorted and cut
-            run = _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, EB + row * CAP, base, BLOCK)
+            run = _list_bin(x_row, stride_v, lo, hi, x_max, s, SH, G, EB + row * CAP, base,
+                            _first_block(x_row, stride_v, lo, hi, BLOCK), BLOCK)
             _barrier(ARRIVE, GEN, row, C)
             if n <= SHORT_LIST:
                 tb, ub = _cut_list(x_row, stride_v, V, c, lse2, EB + row * CAP, n, above, P, SHORT_LIST)
@@ -629,10 +646,13 @@ def _sample_row_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, id
                        t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                        q_stride, s0, s1, c0, c1, g0, g1, K, ARRIVE, GEN, HC, HM, WC, WM, EB, C, CH,
                        BLOCK: tl.constexpr, CP: tl.constexpr, PHILOX: tl.constexpr, BINS: tl.constexpr,
-                       CAP: tl.constexpr):
+                       CAP: tl.constexpr, PDL: tl.constexpr):
     """Step 2, program ``pid`` = chunk ``pid % C`` of row ``pid // C`` (CH elements), if step 1 flagged the row (the
     row's u as step 1 drew it: :func:`_uniform`). ``PHILOX`` 2: chunk 0 advances the row's replay count once the
-    row is done (every chunk read it before the row's first barrier, chunk 0 writes after the last)."""
+    row is done (every chunk read it before the row's first barrier, chunk 0 writes after the last). ``PDL``: it
+    waits for the launch before it to finish before any load."""
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     row = pid // C
     if tl.load(flag_ptr + row) != 0:

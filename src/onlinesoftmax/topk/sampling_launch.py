@@ -91,10 +91,11 @@ class SampleCall:
                 return (x, *head, ws2 if cfg.tree else ws, K, S2, B * S2, u, ids, logp, *tt, *prm, *rng)
             args[-1] = fused
         else:
+            pdl = dict(PDL=plan.pdl, launch_pdl=plan.pdl)     # (launch_pdl: Triton's launch option)
             kernels.append(BoundKernel(_sample_kernel, (B,), dict(KP=max(MIN_KP, pow2(K)),
-                                                                  num_warps=1 if K <= 256 else 4, **draw)))
+                                                                  num_warps=1 if K <= 256 else 4, **draw, **pdl)))
             if plan.grid_chunks:
-                meta = dict(CP=GRID_TABLE, CAP=ROW_BINS_CAP)
+                meta = dict(CP=GRID_TABLE, CAP=ROW_BINS_CAP, **pdl)
                 for step in (1, 2, 3, 4):
                     kernels.append(BoundKernel(_grid_pass_kernel, (B * plan.grid_chunks,), dict(
                         meta, STEP=step, LIST=plan.grid_list, LANE_COUNTS=plan.grid_lane_counts,
@@ -104,7 +105,7 @@ class SampleCall:
             if C:
                 kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(
                     BLOCK=ROW_BLOCK, CP=plan.table, num_warps=ROW_WARPS, PHILOX=philox, BINS=plan.row == "bins",
-                    CAP=ROW_BINS_CAP)))
+                    CAP=ROW_BINS_CAP, **pdl)))
         self.kernels, self.args = tuple(kernels), tuple(args)
         # the compile keys of BoundKernel for aligned pointers: x, then the parameters' dtypes (t, top_k, top_p,
         # min_p dummies or tensors, u)
