@@ -11,7 +11,7 @@ given (``--variant g512=grid_block=512,grid_warps=8``, ``--variant c4k=grid_chun
 1. Checks (fp32 flat N(0, 1) rows, T = 0.8, top_p = 0.9, and per case a bf16 copy): with u in the middle of a kept
    token's interval of the fp64 distribution (``_mid_uniforms``: a draw that fp32 sums cannot move), every
    variant's ids equal the reference's inverse-CDF draw, its log-probabilities within 2e-5; outputs poisoned
-   first. A wrong or failing variant is reported and not timed.
+   first (``--fp32-check``: the fp32 rows only). A wrong or failing variant is reported and not timed.
 2. Times per case (B, V) in ``CASES``: a CUDA graph of ``GRAPH_CALLS`` calls over input sets rotated past the
    60 MB L2, replayed under ``do_bench`` (median per call), for every variant and for ``softmax_topk(x, 50)``
    alone (the goal's denominator); then the eager call (do_bench over the same rotation). Two rounds, the best
@@ -43,6 +43,8 @@ CASES = ((1, 128256), (8, 128256), (64, 128256), (256, 128256), (8, 262144))
 T, P = 0.8, 0.9
 GRAPH_CALLS = 8
 ROTATE_BYTES = 256 * 2**20
+BF16_CHECK = True       # each variant also checked on a bf16 copy (--fp32-check: not)
+PARTIAL = ""            # the checks and times so far, rewritten after every case of a round
 VARIANTS = {"row": SampleKnobs(grid=False), "grid": SampleKnobs(grid=True),
             "g128": SampleKnobs(grid=True, grid_block=128),
             "g512w4": SampleKnobs(grid=True, grid_block=512),
@@ -151,8 +153,11 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--cases", default="", help="comma-separated BxV (default: CASES)")
     ap.add_argument("--profile", default="", help="comma-separated variant names: per-kernel µs (torch.profiler)")
+    ap.add_argument("--fp32-check", action="store_true", help="check in fp32 only (no bf16 copy: fewer compiles)")
     args = ap.parse_args()
-    global CASES
+    global CASES, BF16_CHECK, PARTIAL
+    BF16_CHECK = not args.fp32_check
+    PARTIAL = os.path.join(args.out, "probe_samplegrid.partial.json")
     if args.cases:
         CASES = tuple(tuple(int(v) for v in c.split("x")) for c in args.cases.split(","))
     variants = dict(VARIANTS)
@@ -225,7 +230,7 @@ def run(variants) -> dict:
         for name, knobs in variants.items():
             try:
                 r = check(x, u, want, knobs)
-                if r == "ok":
+                if r == "ok" and BF16_CHECK:
                     r = check(xb, ub, want_b, knobs)
             except Exception as e:      # noqa: BLE001 (a failing variant is reported, the others go on)
                 r = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -249,6 +254,8 @@ def run(variants) -> dict:
                 row[f"{name} eager"] = min(row.get(f"{name} eager", 1e9), e)
                 print(rnd, label, name, f"graph {g:.1f} eager {e:.1f} us", flush=True)
             del sets
+            with open(PARTIAL, "w") as f:      # (what a run cut short still leaves)
+                json.dump(dict(checks=checks, times_us=times), f, indent=1)
     for label, row in times.items():
         base = row["softmax_topk graph"]
         print(label, f"softmax_topk {base:.1f} us |", "  ".join(
