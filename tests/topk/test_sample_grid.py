@@ -294,7 +294,7 @@ from onlinesoftmax.topk.plan import SampleKnobs, sample_plan
 from onlinesoftmax.topk.sampling_launch import SampleCall
 
 M = CR._meta
-failed, regs, seen = [], {}, set()
+failed, regs, seen, gdc = [], {}, set(), {}
 for (B, V), philox, knobs in (((1, 128256), 1, SampleKnobs(grid=True)), ((256, 128256), 2, SampleKnobs(grid=True)),
                               ((64, 128256), 2, SampleKnobs(grid=True, pdl=True)),
                               ((8, 262144), 0, SampleKnobs(grid=True, grid_block=1024, grid_warps=8)),
@@ -318,13 +318,16 @@ for (B, V), philox, knobs in (((1, 128256), 1, SampleKnobs(grid=True)), ((256, 1
             continue
         seen.add(key)
         try:
-            r = CR.compile_launch(kern.fn, a, kern.meta, 90)
+            r = CR.compile_launch(kern.fn, a, kern.meta, 90, keep_sass=True)
             regs.setdefault(kern.fn.__name__, []).append(r["regs"])
+            # griddepcontrol.wait / launch_dependents lower to ACQBULK / PREEXIT
+            gdc.setdefault(str(kern.meta.get("PDL", False)), []).append(
+                [kern.fn.__name__, "ACQBULK" in r["sass_text"], "PREEXIT" in r["sass_text"]])
             if r["stack"]:
                 failed.append(f"{kern.fn.__name__} B={B} V={V} {kern.meta}: {r['stack']} bytes of stack")
         except Exception as e:
             failed.append(f"{kern.fn.__name__} B={B} V={V} {kern.meta}: {type(e).__name__}: {str(e)[-300:]}")
-print(json.dumps(dict(failed=failed, regs=regs)))
+print(json.dumps(dict(failed=failed, regs=regs, gdc=gdc)))
 """
 
 
@@ -341,3 +344,7 @@ def test_grid_launches_compile():
     assert sorted(out["regs"]) == ["_grid_finish_kernel", "_grid_pass_kernel", "_sample_row_kernel"]
     assert len(out["regs"]["_grid_pass_kernel"]) >= 12
     assert max(out["regs"]["_grid_pass_kernel"][:4]) <= 128, out["regs"]
+    # with pdl every launch waits (the row kernel, last, triggers nothing); without, none has either instruction
+    assert out["gdc"]["True"] == [["_grid_pass_kernel", True, True]] * 4 + [["_grid_finish_kernel", True, True],
+                                                                          ["_sample_row_kernel", True, False]]
+    assert all(not w and not t for _n, w, t in out["gdc"]["False"])
