@@ -104,10 +104,13 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
     x_row = x_ptr + row.to(tl.int64) * stride_b
     lo = chunk * CH
     hi = tl.minimum(lo + CH, V)
-    x0 = _first_block(x_row, stride_v, lo, hi, BLOCK)      # (in flight while the row's flag and scale are read)
+    if PDL:     # the chunk's first block in flight while waiting (every row's: its flag is not known yet)
+        x0 = _first_block(x_row, stride_v, lo, hi, BLOCK)
     on, tp = _grid_row(flag_ptr, row, t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr,
                        q_val, q_stride, V, PDL)
     if on:
+        if not PDL:
+            x0 = _first_block(x_row, stride_v, lo, hi, BLOCK)
         c, x_max, lse2 = _row_scale(x_row, stride_v, ind_ptr, lse_ptr, t_ptr, t_val, t_stride, row, K)
         s = _bins_scale(lse2, c, tp, V, x_max)
         bins = tl.arange(0, 16)
