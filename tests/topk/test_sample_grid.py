@@ -234,7 +234,7 @@ def test_gpu_grid_matches_reference(dtype, B):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grid", [False, True])
+@pytest.mark.parametrize("grid", [False, True], ids=["row", "grid"])
 def test_gpu_pdl_chain_matches_reference(grid):
     """The launches after softmax_topk's as programmatic dependent launches (``pdl``), on the grid or the row
     kernel: the reference's ids on flat rows and per-row mixes, and bit for bit what the same plan gives without."""
@@ -257,7 +257,7 @@ def test_gpu_pdl_chain_matches_reference(grid):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
 def test_gpu_grid_under_graph_capture(pdl):
     """A captured grid call replays with new logits and new per-row top_p: the reference's distribution's ids
     (u in the middle of a kept token's interval, passed as a tensor); the same with programmatic dependent launches
