@@ -238,6 +238,8 @@ def run(variants) -> dict:
             if r != "ok":
                 wrong.add(name)
             print(label, name, r, flush=True)
+    with open(PARTIAL, "w") as f:
+        json.dump(dict(checks=checks), f, indent=1)
     for rnd in range(2):
         for B, V in CASES:
             label = f"B{B} V{V}"

@@ -167,10 +167,12 @@ def test_grid_kernel_draw_and_replay_counts(kernel_device):
 def test_grid_plan():
     """Chunks per row from the batch (GRID_WAVES programs per SM, chunks within [GRID_MIN_CHUNK,
     GRID_MAX_CHUNK], at most GRID_TABLE per row); only where the row kernel runs its bins, by default from
-    GRID_MIN_ROWS rows; knobs checked."""
+    GRID_MIN_ROWS rows; knobs checked; ``pdl`` only on sm_90+ outside the interpreter."""
+    import dataclasses
+
     from onlinesoftmax.target import H200
     from onlinesoftmax.topk import explain_sample
-    from onlinesoftmax.topk.plan import GRID_LIST, GRID_TABLE, SampleKnobs, grid_chunks, sample_plan
+    from onlinesoftmax.topk.plan import GRID_LIST, GRID_TABLE, PDL, SampleKnobs, grid_chunks, sample_plan
 
     assert grid_chunks(1, 128256, H200) == (126, 1024)
     assert grid_chunks(8, 128256, H200) == (63, 2048)
@@ -189,16 +191,12 @@ def test_grid_plan():
     assert explain_sample(x, target=H200).grid_list == p.grid_list == GRID_LIST
     assert explain_sample(x, top_k=50, target=H200, knobs=on).grid_chunks == 0      # step 1 decides every row
     assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(grid=True, row="radix")).grid_chunks == 0
-    import dataclasses
-
-    from onlinesoftmax.topk.plan import PDL
-
     assert explain_sample(x, target=H200).pdl == PDL
-    interp = dataclasses.replace(H200, interpret=True)
+    interp, a100 = dataclasses.replace(H200, interpret=True), dataclasses.replace(H200, arch=80)
     for kw in (dict(grid=True), dict(grid=False)):             # programmatic dependent launches: sm_90+ only
         assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(pdl=True, **kw)).pdl
         assert not sample_plan(8, 128256, 4, interp, knobs=SampleKnobs(pdl=True, **kw)).pdl
-        assert not sample_plan(8, 128256, 4, dataclasses.replace(H200, arch=80), knobs=SampleKnobs(pdl=True)).pdl
+        assert not sample_plan(8, 128256, 4, a100, knobs=SampleKnobs(pdl=True, **kw)).pdl
     for bad in (dict(grid_block=100), dict(grid_warps=3), dict(grid_chunk=0), dict(grid_list=0),
                 dict(grid_list=4097)):
         with pytest.raises(ValueError, match="grid_"):
