@@ -99,7 +99,7 @@ def check(x, u, want, knobs) -> str:
                                 f"{[want[0][r] for r in bad[:4]]})"
 
 
-def graph_us(fn, sets) -> float:
+def graph_us(fn, sets, rep=50) -> float:
     from triton.testing import do_bench
 
     s = torch.cuda.Stream()
@@ -113,7 +113,7 @@ def graph_us(fn, sets) -> float:
     with torch.cuda.graph(g):
         for i in range(GRAPH_CALLS):
             fn(sets[i % len(sets)])
-    return do_bench(g.replay, warmup=5, rep=50) * 1e3 / GRAPH_CALLS
+    return do_bench(g.replay, warmup=5, rep=rep) * 1e3 / GRAPH_CALLS
 
 
 def eager_us(fn, sets) -> float:
@@ -154,6 +154,9 @@ def main():
     ap.add_argument("--cases", default="", help="comma-separated BxV (default: CASES)")
     ap.add_argument("--profile", default="", help="comma-separated variant names: per-kernel µs (torch.profiler)")
     ap.add_argument("--fp32-check", action="store_true", help="check in fp32 only (no bf16 copy: fewer compiles)")
+    ap.add_argument("--warm-jobs", type=int, default=0, help="compile every variant's launches first, in parallel "
+                    "processes (one per variant: the checks' u, the eager kernel draw, a graph capture)")
+    ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)   # (a --warm-jobs worker)
     args = ap.parse_args()
     global CASES, BF16_CHECK, PARTIAL
     BF16_CHECK = not args.fp32_check
@@ -164,6 +167,11 @@ def main():
     variants.update(parse_variant(s) for s in args.variant)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
+    if args.warm_only:
+        warm(variants)
+        return
+    if args.warm_jobs:
+        warm_parallel(variants, args)
     if args.compile_only:
         res = dict(compile=compile_only(variants))
     else:
@@ -173,6 +181,38 @@ def main():
     res.update(commit=os.environ.get("ONLINESOFTMAX_COMMIT", ""), variants={k: str(v) for k, v in variants.items()})
     with open(os.path.join(args.out, "probe_samplegrid.json"), "w") as f:
         json.dump(res, f, indent=1)
+
+
+def warm(variants) -> None:
+    """Each variant's three compiled forms at the first case (the kernels do not specialise on B): u given (the
+    checks), u drawn by the kernel (eager), u drawn under a capture (graph)."""
+    B, V = CASES[0]
+    x = torch.randn(B, V, device="cuda")
+    u = torch.rand(B, device="cuda")
+    for knobs in variants.values():
+        sample(x, temperature=T, top_p=P, uniform=u, knobs=knobs)
+        sample(x, temperature=T, top_p=P, knobs=knobs)
+        graph_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), [x, x.clone()], rep=1)
+    torch.cuda.synchronize()
+
+
+def warm_parallel(variants, args) -> None:
+    """``warm`` in up to ``--warm-jobs`` processes at once, one per variant, so the run finds every kernel in
+    Triton's disk cache; prints each worker's seconds."""
+    import subprocess
+    import time
+
+    t0, todo, running = time.time(), list(variants), []
+    while todo or running:
+        while todo and len(running) < args.warm_jobs:
+            name = todo.pop(0)
+            cmd = [sys.executable, __file__, "--warm-only", "--only", name, "--cases", "x".join(map(str, CASES[0]))]
+            running.append((name, subprocess.Popen(cmd)))
+        time.sleep(0.5)
+        for name, pr in list(running):
+            if pr.poll() is not None:
+                running.remove((name, pr))
+                print(f"warm {name}: rc {pr.returncode} at {time.time() - t0:.0f} s", flush=True)
 
 
 def rotated_sets(B: int, V: int) -> list:
