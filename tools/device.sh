@@ -40,7 +40,7 @@ for step in ${*:-tests bench}; do
             tar -C "$OUT" -czf "$OUT/probes.tgz" probes && rm -r "$OUT/probes" ;;
     sample) mkdir -p "$OUT/sample"
             timeout ${T_PROBE:-300} python tools/probe_samplegrid.py --out "$OUT/sample" --fp32-check --warm-jobs 8 \
-              --only "row,row pdl,grid,pdl,l4k,l4k pdl,lanes" --cases 1x128256,8x128256,64x128256,256x128256 \
+              --only "row,row pdl,grid,pdl,l4k,l4k pdl,lanes" --cases 8x128256,1x128256,64x128256,256x128256 \
               --profile "grid,pdl,l4k pdl" > "$OUT/sample/samplegrid.log" 2>&1
             [ -n "${SAMPLE_TESTS:-}" ] && timeout 100 python -m pytest -q -p no:warnings -m gpu \
               tests/topk/test_sample_grid.py -k "pdl" > "$OUT/sample/tests.log" 2>&1
