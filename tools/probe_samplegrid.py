@@ -46,6 +46,7 @@ GRAPH_CALLS = 8
 ROTATE_BYTES = 256 * 2**20
 BF16_CHECK = True       # each variant also checked on a bf16 copy (--fp32-check: not)
 PARTIAL = ""            # the checks and times so far, rewritten after every case of a round
+GRAPH_ONLY = False      # --graph-only
 VARIANTS = {"row": SampleKnobs(grid=False), "grid": SampleKnobs(grid=True),
             "g128": SampleKnobs(grid=True, grid_block=128),
             "g512w4": SampleKnobs(grid=True, grid_block=512),
@@ -158,8 +159,11 @@ def main():
     ap.add_argument("--warm-jobs", type=int, default=0, help="compile every variant's launches first, in parallel "
                     "processes (one per variant: the checks' u, the eager kernel draw, a graph capture)")
     ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)   # (a --warm-jobs worker)
+    ap.add_argument("--graph-only", action="store_true", help="no checks, no eager times: graph replays only "
+                    "(one compiled form per variant; for a short run after the same kernels were checked)")
     args = ap.parse_args()
-    global CASES, BF16_CHECK, PARTIAL
+    global CASES, BF16_CHECK, PARTIAL, GRAPH_ONLY
+    GRAPH_ONLY = args.graph_only
     BF16_CHECK = not args.fp32_check
     PARTIAL = os.path.join(args.out, "probe_samplegrid.partial.json")
     if args.cases:
@@ -169,7 +173,7 @@ def main():
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
     if args.warm_only:
-        warm(variants)
+        warm(variants, GRAPH_ONLY)
         return
     if args.warm_jobs:
         warm_parallel(variants, args)
@@ -184,16 +188,18 @@ def main():
         json.dump(res, f, indent=1)
 
 
-def warm(variants) -> None:
+def warm(variants, graph_only=False) -> None:
     """Each variant's three compiled forms at the first case (the kernels do not specialise on B): u given (the
-    checks), u drawn by the kernel (eager), u drawn under a capture (graph)."""
+    checks), u drawn by the kernel (eager), u drawn under a capture (graph); ``graph_only``: the last alone."""
     B, V = CASES[0]
     x = torch.randn(B, V, device="cuda")
     u = torch.rand(B, device="cuda")
     for knobs in variants.values():
-        sample(x, temperature=T, top_p=P, uniform=u, knobs=knobs)
-        sample(x, temperature=T, top_p=P, knobs=knobs)
+        if not graph_only:
+            sample(x, temperature=T, top_p=P, uniform=u, knobs=knobs)
+            sample(x, temperature=T, top_p=P, knobs=knobs)
         graph_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), [x, x.clone()], rep=1)
+    graph_us(lambda x: softmax_topk(x, 50), [x, x.clone()], rep=1)       # (the denominator: every worker)
     torch.cuda.synchronize()
 
 
@@ -208,6 +214,7 @@ def warm_parallel(variants, args) -> None:
         while todo and len(running) < args.warm_jobs:
             name = todo.pop(0)
             cmd = [sys.executable, __file__, "--warm-only", "--only", name, "--cases", "x".join(map(str, CASES[0]))]
+            cmd += ["--graph-only"] if args.graph_only else []
             running.append((name, subprocess.Popen(cmd)))
         time.sleep(0.5)
         for name, pr in list(running):
@@ -273,14 +280,18 @@ def run(variants) -> dict:
             if name in wrong:
                 continue
             g = graph_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), sets)
-            e = eager_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), sets)
             row[f"{name} graph"] = min(row.get(f"{name} graph", 1e9), g)
-            row[f"{name} eager"] = min(row.get(f"{name} eager", 1e9), e)
-            print(rnd, label, name, f"graph {g:.1f} eager {e:.1f} us", flush=True)
+            if not GRAPH_ONLY:
+                e = eager_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), sets)
+                row[f"{name} eager"] = min(row.get(f"{name} eager", 1e9), e)
+            print(rnd, label, name, f"graph {g:.1f} us", "" if GRAPH_ONLY else f"eager {e:.1f} us", flush=True)
         with open(PARTIAL, "w") as f:      # (what a run cut short still leaves)
             json.dump(dict(checks=checks, times_us=times), f, indent=1)
 
     for B, V in CASES:
+        if GRAPH_ONLY:
+            time_case(0, B, V)
+            continue
         label = f"B{B} V{V}"
         x = torch.randn(B, V, device="cuda")
         u = mid_uniforms(x)
