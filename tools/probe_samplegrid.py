@@ -3,6 +3,8 @@ row kernel's barriers (the default), in one process on the same inputs (issue 28
 <= 2x ``softmax_topk``'s graph replay).
 
     PYTHONPATH=src python tools/probe_samplegrid.py --out DIR [--variant NAME=key=value,...] [--compile-only]
+    (--only NAMES, --cases BxV,..., --warm-jobs 8: compile every variant first in parallel processes,
+     --fp32-check, --graph-only, --profile NAMES)
 
 Variants: ``row`` (the default plan), ``grid`` (its default chunks, 256-element steps, 4 warps) and the ones
 given (``--variant g512=grid_block=512,grid_warps=8``, ``--variant c4k=grid_chunk=4096``: SampleKnobs fields,
@@ -160,7 +162,7 @@ def main():
                     "processes (one per variant: the checks' u, the eager kernel draw, a graph capture)")
     ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)   # (a --warm-jobs worker)
     ap.add_argument("--graph-only", action="store_true", help="no checks, no eager times: graph replays only "
-                    "(one compiled form per variant; for a short run after the same kernels were checked)")
+                    "(no compile for u given; for a short run after the same kernels were checked)")
     args = ap.parse_args()
     global CASES, BF16_CHECK, PARTIAL, GRAPH_ONLY
     GRAPH_ONLY = args.graph_only
@@ -190,7 +192,8 @@ def main():
 
 def warm(variants, graph_only=False) -> None:
     """Each variant's three compiled forms at the first case (the kernels do not specialise on B): u given (the
-    checks), u drawn by the kernel (eager), u drawn under a capture (graph); ``graph_only``: the last alone."""
+    checks), u drawn by the kernel (eager), u drawn under a capture (graph); ``graph_only``: the last two (a
+    capture's warm-up calls are eager)."""
     B, V = CASES[0]
     x = torch.randn(B, V, device="cuda")
     u = torch.rand(B, device="cuda")
