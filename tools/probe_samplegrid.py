@@ -1,14 +1,14 @@
 """Top-p without top-k on the grid of launches (``SampleKnobs(grid=True)``, ``topk/sampling_grid.py``) against the
-row kernel's barriers (the default), in one process on the same inputs (issue 28: ``sample(x, top_p=0.9)`` at
-<= 2x ``softmax_topk``'s graph replay).
+row kernel's barriers (the default below ``GRID_MIN_ROWS`` rows), in one process on the same inputs (issue 28:
+``sample(x, top_p=0.9)`` at <= 2x ``softmax_topk``'s graph replay).
 
     PYTHONPATH=src python tools/probe_samplegrid.py --out DIR [--variant NAME=key=value,...] [--compile-only]
     (--only NAMES, --cases BxV,..., --warm-jobs 8: compile every variant first in parallel processes,
      --fp32-check, --graph-only, --profile NAMES)
 
-Variants: ``row`` (the default plan), ``grid`` (its default chunks, 256-element steps, 4 warps) and the ones
-given (``--variant g512=grid_block=512,grid_warps=8``, ``--variant c4k=grid_chunk=4096``: SampleKnobs fields,
-``grid=True`` implied); the default set is in ``VARIANTS``.
+Variants: ``row`` (``grid=False``: the row kernel at every B), ``grid`` (its default chunks, 256-element steps,
+4 warps) and the ones given (``--variant g512=grid_block=512,grid_warps=8``, ``--variant c4k=grid_chunk=4096``:
+SampleKnobs fields, ``grid=True`` implied); the default set is in ``VARIANTS``.
 
 1. Checks, each case's before its first round of times (fp32 flat N(0, 1) rows, T = 0.8, top_p = 0.9, and per
    case a bf16 copy): with u in the middle of a kept token's interval of the fp64 distribution (``_mid_uniforms``:
