@@ -32,6 +32,7 @@ import json
 import os
 import re
 import sys
+import time
 
 import numpy as np
 import torch
@@ -160,7 +161,6 @@ def main():
     ap.add_argument("--fp32-check", action="store_true", help="check in fp32 only (no bf16 copy: fewer compiles)")
     ap.add_argument("--warm-jobs", type=int, default=0, help="compile every variant's launches first, in parallel "
                     "processes (one per variant: the checks' u, the eager kernel draw, a graph capture)")
-    ap.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)   # (a --warm-jobs worker)
     ap.add_argument("--graph-only", action="store_true", help="no checks, no eager times: graph replays only "
                     "(no compile for u given; for a short run after the same kernels were checked)")
     args = ap.parse_args()
@@ -174,11 +174,8 @@ def main():
     variants.update(parse_variant(s) for s in args.variant)
     if args.only:
         variants = {k: v for k, v in variants.items() if k in args.only.split(",")}
-    if args.warm_only:
-        warm(variants, GRAPH_ONLY)
-        return
     if args.warm_jobs:
-        warm_parallel(variants, args)
+        warm_parallel(variants, args.warm_jobs, GRAPH_ONLY)
     if args.compile_only:
         res = dict(compile=compile_only(variants))
     else:
@@ -190,40 +187,34 @@ def main():
         json.dump(res, f, indent=1)
 
 
-def warm(variants, graph_only=False) -> None:
-    """Each variant's three compiled forms at the first case (the kernels do not specialise on B): u given (the
-    checks), u drawn by the kernel (eager), u drawn under a capture (graph); ``graph_only``: the last two (a
-    capture's warm-up calls are eager)."""
-    B, V = CASES[0]
-    x = torch.randn(B, V, device="cuda")
-    u = torch.rand(B, device="cuda")
-    for knobs in variants.values():
+def warm(job) -> tuple:
+    """A ``--warm-jobs`` worker (a spawned process): one variant's compiled forms at one case (the kernels do not
+    specialise on B), into Triton's disk cache: u given (the checks), u drawn by the kernel (eager), u drawn under
+    a capture (graph); with ``graph_only`` the last two (a capture's warm-up calls are eager); and softmax_topk's
+    graph (the denominator). Returns (name, seconds, the error or "")."""
+    name, knobs, (B, V), graph_only = job
+    t0 = time.time()
+    try:
+        x = torch.randn(B, V, device="cuda")
         if not graph_only:
-            sample(x, temperature=T, top_p=P, uniform=u, knobs=knobs)
+            sample(x, temperature=T, top_p=P, uniform=torch.rand(B, device="cuda"), knobs=knobs)
             sample(x, temperature=T, top_p=P, knobs=knobs)
-        graph_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), [x, x.clone()], rep=1)
-    graph_us(lambda x: softmax_topk(x, 50), [x, x.clone()], rep=1)       # (the denominator: every worker)
-    torch.cuda.synchronize()
+        graph_us(lambda x: sample(x, temperature=T, top_p=P, knobs=knobs), [x, x.clone()], rep=1)
+        graph_us(lambda x: softmax_topk(x, 50), [x, x.clone()], rep=1)
+        torch.cuda.synchronize()
+    except Exception as e:      # noqa: BLE001 (reported; the variant's checks then say what fails)
+        return name, time.time() - t0, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return name, time.time() - t0, ""
 
 
-def warm_parallel(variants, args) -> None:
-    """``warm`` in up to ``--warm-jobs`` processes at once, one per variant, so the run finds every kernel in
-    Triton's disk cache; prints each worker's seconds."""
-    import subprocess
-    import time
+def warm_parallel(variants, jobs: int, graph_only: bool) -> None:
+    """``warm`` for every variant at the first case, ``jobs`` spawned processes at once (as the attention probes'
+    ``probe_util.run_checks``), so the run finds every kernel compiled; prints each worker's seconds."""
+    import multiprocessing as mp
 
-    t0, todo, running = time.time(), list(variants), []
-    while todo or running:
-        while todo and len(running) < args.warm_jobs:
-            name = todo.pop(0)
-            cmd = [sys.executable, __file__, "--warm-only", "--only", name, "--cases", "x".join(map(str, CASES[0]))]
-            cmd += ["--graph-only"] if args.graph_only else []
-            running.append((name, subprocess.Popen(cmd)))
-        time.sleep(0.5)
-        for name, pr in list(running):
-            if pr.poll() is not None:
-                running.remove((name, pr))
-                print(f"warm {name}: rc {pr.returncode} at {time.time() - t0:.0f} s", flush=True)
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        for name, secs, err in pool.imap_unordered(warm, [(n, k, CASES[0], graph_only) for n, k in variants.items()]):
+            print(f"warm {name}: {secs:.0f} s {err or 'ok'}", flush=True)
 
 
 def rotated_sets(B: int, V: int) -> list:
