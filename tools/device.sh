@@ -6,9 +6,10 @@
 #   bench : the committed suites (SUITES, default all but the ladder), results tarred into $OUT/results.tgz;
 #           Liger-Kernel is installed from .whl/ when its wheel was carried (see the device README)
 #   report: the compiler report for sm_90a (tools/compiler_report.py), no GPU needed
-#   sample: sampling's open knobs timed (< 300 s): the row kernel with and without pdl, the grid's pdl / list /
-#           lane-count variants at B = 1 / 8 / 64 / 256 (compiled first in parallel processes, fp32 checks, then
-#           timed), per-launch profiles; with SAMPLE_TESTS=1 then the pdl GPU tests; logs and JSON under $OUT/sample
+#   sample: sampling's open knobs timed (< 300 s): the row kernel and the grid's variants (SAMPLE_ONLY) at
+#           B = 1 / 8 / 64 / 256 (compiled first in parallel processes, fp32 checks, then timed), per-launch
+#           profiles (SAMPLE_PROFILE); with SAMPLE_TESTS=EXPR then the grid's GPU tests matching it (pytest -k);
+#           logs and JSON under $OUT/sample
 #   probes: each family's probe (knob variants beside the default and the peers, each checked first): attention
 #           forward (sm90) and backward, decode, cross-entropy, sampling's grid; JSON and logs in $OUT/probes.tgz
 set -u
@@ -40,10 +41,11 @@ for step in ${*:-tests bench}; do
             tar -C "$OUT" -czf "$OUT/probes.tgz" probes && rm -r "$OUT/probes" ;;
     sample) mkdir -p "$OUT/sample"
             timeout ${T_PROBE:-300} python tools/probe_samplegrid.py --out "$OUT/sample" --fp32-check --warm-jobs 8 \
-              --only "row,row pdl,grid,pdl,l4k,l4k pdl,lanes" --cases 8x128256,1x128256,64x128256,256x128256 \
-              --profile "grid,pdl,l4k pdl" > "$OUT/sample/samplegrid.log" 2>&1
-            [ -n "${SAMPLE_TESTS:-}" ] && timeout 100 python -m pytest -q -p no:warnings -m gpu \
-              tests/topk/test_sample_grid.py -k "pdl" > "$OUT/sample/tests.log" 2>&1
+              --only "${SAMPLE_ONLY:-row,grid,c1k,last,pairs,last pairs,last pairs c1k}" \
+              --cases 8x128256,1x128256,64x128256,256x128256 \
+              --profile "${SAMPLE_PROFILE:-grid,last pairs}" > "$OUT/sample/samplegrid.log" 2>&1
+            [ -n "${SAMPLE_TESTS:-}" ] && timeout ${T_TESTS:-150} python -m pytest -q -p no:warnings -m gpu \
+              tests/topk/test_sample_grid.py -k "$SAMPLE_TESTS" > "$OUT/sample/tests.log" 2>&1
             grep -v " ok$" "$OUT"/sample/*.log | tail -60 ;;
     report) timeout ${T_REPORT:-300} python tools/compiler_report.py --json "$OUT/report.json" > "$OUT/report.txt" 2>&1
             tail -3 "$OUT/report.txt" ;;

@@ -239,7 +239,7 @@ def compile_launches(recorded, seen, skip=(), strict=False, extra=None):
             if p.is_constexpr:
                 sig[p.name], const[p.name] = "constexpr", meta[p.name]
         sig = {n: sig[n] for n in fn.arg_names}
-        opts = {k_: meta[k_] for k_ in ("num_warps", "num_stages") if k_ in meta}
+        opts = {k_: meta[k_] for k_ in ("num_warps", "num_stages", "maxnreg") if k_ in meta}
         key = (fn.__name__, json.dumps(sorted((k_, str(v_)) for k_, v_ in const.items())), str(attrs), str(opts))
         if key in seen or any(w in fn.__name__ for w in skip):
             continue
