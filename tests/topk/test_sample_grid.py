@@ -332,16 +332,17 @@ def test_gpu_pdl_chain_matches_reference(grid):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
-def test_gpu_grid_under_graph_capture(pdl):
+@pytest.mark.parametrize("kw", [{}, dict(pdl=True), dict(grid_finish="last", grid_pairs=True)],
+                         ids=["plain", "pdl", "last-pairs"])
+def test_gpu_grid_under_graph_capture(kw):
     """A captured grid call replays with new logits and new per-row top_p: the reference's distribution's ids
     (u in the middle of a kept token's interval, passed as a tensor); the same with programmatic dependent launches
-    captured (``pdl``)."""
+    captured (``pdl``), and finishing in step 4 (its counters from the capture's zeroed reserve)."""
     from onlinesoftmax.topk import sample
     from onlinesoftmax.topk.plan import SampleKnobs
 
     B, V = 8, 128256
-    knobs = SampleKnobs(grid=True, pdl=pdl)
+    knobs = SampleKnobs(grid=True, **kw)
     x = torch.randn(B, V, device="cuda")
     p = torch.full((B,), 0.9, device="cuda")
     u = torch.rand(B, device="cuda")
