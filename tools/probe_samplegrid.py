@@ -65,7 +65,8 @@ VARIANTS = {"row": SampleKnobs(grid=False), "grid": SampleKnobs(grid=True),
             "c1k": SampleKnobs(grid=True, grid_chunk=1024),
             "last": SampleKnobs(grid=True, grid_finish="last"), "pairs": SampleKnobs(grid=True, grid_pairs=True),
             "last pairs": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True),
-            "last pairs c1k": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True, grid_chunk=1024)}
+            "last pairs c1k": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True, grid_chunk=1024),
+            "last pairs pdl": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True, pdl=True)}
 
 
 def parse_variant(spec: str) -> tuple[str, SampleKnobs]:
