@@ -195,16 +195,26 @@ def _kept_of_bins(HM, row, C, d, CP: tl.constexpr):
 
 
 @triton.jit
-def _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP: tl.constexpr, CAP: tl.constexpr,
+def _kept_above(H1, H2, H3, row, C, G, levels, CP: tl.constexpr):
+    """Each chunk's mass in the bins above the boundary's (group or fine bin G after ``levels`` levels), level by
+    level (``[CP]``)."""
+    kept = _kept_of_bins(H1, row, C, G >> (4 * (levels - 1)), CP) \
+        + _kept_of_bins(H2, row, C, (G >> (4 * (levels - 2))) & 15, CP)
+    if levels == 3:
+        kept += _kept_of_bins(H3, row, C, G & 15, CP)
+    return kept
+
+
+@triton.jit
+def _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, kept, CP: tl.constexpr, CAP: tl.constexpr,
                 LB: tl.constexpr):
     """The cut of the row's list (n indices at ``lst``, index order) by a sort (``_cut_list``), then each chunk's
-    mass of the listed elements it keeps, LB at a time: ``(tb, ub, [CP])``."""
+    mass of the listed elements it keeps, LB at a time, added to ``kept`` ([CP]): ``(tb, ub, kept)``."""
     if n <= SHORT_LIST:
         tb, ub = _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, SHORT_LIST)
     else:
         tb, ub = _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, CAP)
     j = tl.arange(0, CP)
-    kept = tl.zeros([CP], tl.float32)
     for st in range(0, n, LB):
         e = st + tl.arange(0, LB)
         idx = tl.load(lst + e, mask=e < n, other=0, cache_modifier=".cg")
@@ -222,7 +232,8 @@ def _cut_pairs(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP: tl.constex
     (key descending, index ascending) summed over an [N, N] tile of compares. The tile's sums run over the same
     positions in the same tree for every element, their terms p >= 0 or 0 where an element is not ahead, so the
     mass before grows along the order (fp32 rounding is monotone): the kept elements, those whose mass before
-    falls short of P (the first always), are a prefix of it, as the sort's cut. ``(tb, ub, [CP])``."""
+    falls short of P (the first always), are a prefix of it, as the sort's cut. ``(tb, ub, [CP])``: each chunk's
+    kept listed mass."""
     e = tl.arange(0, N)
     live = e < n
     idx = tl.load(lst + e, mask=live, other=0, cache_modifier=".cg")
@@ -248,22 +259,20 @@ def _finish_row(x_row, stride_v, V, row, c, lse2, levels, G, n, P, above, H1, H2
                 LB: tl.constexpr, PHILOX: tl.constexpr, PAIRS: tl.constexpr):
     """Step 5 for one row whose last record is on: the cut of its list, each chunk's kept mass, the draw; the
     row's flag cleared (the row kernel after it then returns at once), its replay count advanced (``PHILOX`` 2)."""
-    # 1. each chunk's mass in the bins above the boundary's, level by level (loads issued before the cut)
-    d1 = G >> (4 * (levels - 1))
-    d2 = (G >> (4 * (levels - 2))) & 15
-    kept = _kept_of_bins(H1, row, C, d1, CP) + _kept_of_bins(H2, row, C, d2, CP)
-    if levels == 3:
-        kept += _kept_of_bins(H3, row, C, G & 15, CP)
-    # 2. the cut of the boundary's list (index order: chunk by chunk) and each chunk's listed elements it keeps
-    if PAIRS:
+    # 1. each chunk's kept mass: its bins above the boundary's, then its listed elements that the cut of the
+    #    boundary's list (index order: chunk by chunk) keeps (the pairwise cut compiled only with PAIRS)
+    kept = _kept_above(H1, H2, H3, row, C, G, levels, CP)
+    if PAIRS:       # (the listed masses summed apart, then added: 128 registers and 16 bytes of stack at 16 warps,
+                    # against 456 bytes accumulated into the bins' sums)
         if n <= PAIR_LIST:
             tb, ub, listed = _cut_pairs(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP, PAIR_LIST)
         else:
-            tb, ub, listed = _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP, CAP, LB)
+            tb, ub, listed = _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH,
+                                         tl.zeros([CP], tl.float32), CP, CAP, LB)
+        kept += listed
     else:
-        tb, ub, listed = _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP, CAP, LB)
-    kept += listed
-    # 3. the draw: the chunk holding u · W_kept, scanned
+        tb, ub, kept = _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, kept, CP, CAP, LB)
+    # 2. the draw: the chunk holding u · W_kept, scanned
     j = tl.arange(0, CP)
     w_kept = tl.sum(kept)
     u, n_u = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
