@@ -50,6 +50,7 @@ ROTATE_BYTES = 256 * 2**20
 BF16_CHECK = True       # each variant also checked on a bf16 copy (--fp32-check: not)
 PARTIAL = ""            # the checks and times so far, rewritten after every case of a round
 GRAPH_ONLY = False      # --graph-only
+T0 = time.time()        # (each line of the log says the seconds since the start)
 VARIANTS = {"row": SampleKnobs(grid=False), "grid": SampleKnobs(grid=True),
             "g128": SampleKnobs(grid=True, grid_block=128),
             "g512w4": SampleKnobs(grid=True, grid_block=512),
@@ -283,9 +284,10 @@ def run(variants) -> dict:
             if not GRAPH_ONLY:
                 e = eager_us(lambda x, k=knobs: sample(x, temperature=T, top_p=P, knobs=k), sets)
                 row[f"{name} eager"] = min(row.get(f"{name} eager", 1e9), e)
-            print(rnd, label, name, f"graph {g:.1f} us", "" if GRAPH_ONLY else f"eager {e:.1f} us", flush=True)
-        with open(PARTIAL, "w") as f:      # (what a run cut short still leaves)
-            json.dump(dict(checks=checks, times_us=times), f, indent=1)
+            print(rnd, label, name, f"graph {g:.1f} us", "" if GRAPH_ONLY else f"eager {e:.1f} us",
+                  f"[{time.time() - T0:.0f} s]", flush=True)
+            with open(PARTIAL, "w") as f:      # (what a run cut short still leaves)
+                json.dump(dict(checks=checks, times_us=times), f, indent=1)
 
     for B, V in CASES:
         if GRAPH_ONLY:
@@ -309,7 +311,7 @@ def run(variants) -> dict:
             checks.setdefault(label, {})[name] = r
             if r != "ok":
                 wrong.add(name)
-            print(label, name, r, flush=True)
+            print(label, name, r, f"[{time.time() - T0:.0f} s]", flush=True)
         del x
         time_case(0, B, V)
     for B, V in CASES:
