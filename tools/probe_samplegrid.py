@@ -63,11 +63,7 @@ VARIANTS = {"row": SampleKnobs(grid=False), "grid": SampleKnobs(grid=True),
             "l4k lanes": SampleKnobs(grid=True, grid_list=4096, grid_lane_counts=True),
             "pdl": SampleKnobs(grid=True, pdl=True), "row pdl": SampleKnobs(grid=False, pdl=True),
             "l4k pdl": SampleKnobs(grid=True, grid_list=4096, pdl=True),
-            "c1k": SampleKnobs(grid=True, grid_chunk=1024),
-            "last": SampleKnobs(grid=True, grid_finish="last"), "pairs": SampleKnobs(grid=True, grid_pairs=True),
-            "last pairs": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True),
-            "last pairs c1k": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True, grid_chunk=1024),
-            "last pairs pdl": SampleKnobs(grid=True, grid_finish="last", grid_pairs=True, pdl=True)}
+            "c1k": SampleKnobs(grid=True, grid_chunk=1024)}
 
 
 def parse_variant(spec: str) -> tuple[str, SampleKnobs]:

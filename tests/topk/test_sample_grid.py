@@ -59,18 +59,10 @@ def test_grid_chunks_of_any_size(kernel_device, chunk):
     check_draws(x, torch.rand(3, device=kernel_device), top_p=0.8, backend="triton", knobs=_knobs(grid_chunk=chunk))
 
 
-# (grid_finish, grid_pairs): the cut and the draw in a launch of their own or by step 4's last program, the short
-# list sorted or cut by pairwise compares
-FINISHES = [("launch", False), ("last", False), ("launch", True), ("last", True)]
-FINISH_IDS = [f"{f}{'-pairs' if p else ''}" for f, p in FINISHES]
-
-
-@pytest.mark.parametrize("finish, pairs", FINISHES, ids=FINISH_IDS)
-def test_grid_ties_per_row_top_k_and_overflow(kernel_device, monkeypatch, finish, pairs):
+def test_grid_ties_per_row_top_k_and_overflow(kernel_device, monkeypatch):
     """bf16 logits (runs of ties at the boundary), a row of equal logits (one fine bin of V elements: the third
     level, then the cut by index), per-row top-k (those rows left to the row kernel); a list capacity of 16: the
-    rows whose boundary bin overflows it go to the row kernel (last record off) and draw the same ids. For every
-    way of finishing (the pairwise cut takes the bf16 rows' short lists, ties included)."""
+    rows whose boundary bin overflows it go to the row kernel (last record off) and draw the same ids."""
     from onlinesoftmax.topk import sampling_launch as SL
 
     B, V = 4, 2001
@@ -78,7 +70,7 @@ def test_grid_ties_per_row_top_k_and_overflow(kernel_device, monkeypatch, finish
     x[2] = 0.5
     u = torch.rand(B, device=kernel_device)
     k = torch.tensor([0, 700, 0, 0], device=kernel_device)
-    knobs = _knobs(grid_finish=finish, grid_pairs=pairs)
+    knobs = _knobs()
     rec, _ = _grid_views(x, knobs)
     rec.fill_(-5)
     check_draws(x, u, top_k=k, top_p=0.8, backend="triton", knobs=knobs, max_near=0.5)
@@ -145,17 +137,16 @@ def test_grid_third_level(kernel_device):
     assert levels == [[2] * 3, [3] * 3] and bool((n[1] < n[0]).all()), (levels, n)
 
 
-@pytest.mark.parametrize("finish", ["launch", "last"])
-def test_grid_kernel_draw_and_replay_counts(kernel_device, finish):
+def test_grid_kernel_draw_and_replay_counts(kernel_device):
     """The grid's draw takes u as step 1 does: Philox of the generator's words (``philox`` 1) and, for a captured
     call (``philox`` 2), at the row's replay count, which it advances once per call: the ids and logprobs of
-    ``uniform=`` those u; in the finish's own launch or in step 4's."""
+    ``uniform=`` those u."""
     from onlinesoftmax.topk.sampling import _int32, philox_words
     from onlinesoftmax.topk.sampling_launch import sample_2d
 
     B, V, seed, offset, tag = 4, 3000, 0xF234567890ABCDEF, 4 * (2**32 - 2), (0x2345 << 40) | 0x9ABCDEF1
     x = _logits(B, V, scale=1.0, device=kernel_device)
-    knobs = _knobs(draw="kernel", mass="fixed", grid_finish=finish)
+    knobs = _knobs(draw="kernel", mass="fixed")
     rec, _ = _grid_views(x, knobs)
     rec.fill_(-5)
     ids, logp = sample_2d(x, 1.0, None, 0.9, None, philox_words(seed, offset), knobs)
@@ -173,35 +164,6 @@ def test_grid_kernel_draw_and_replay_counts(kernel_device, finish):
         assert torch.equal(ids, ref[0]) and torch.equal(logp, ref[1]), n
 
 
-@pytest.mark.parametrize("finish, pairs", FINISHES[1:], ids=FINISH_IDS[1:])
-def test_grid_finish_variants_match_the_default(kernel_device, finish, pairs):
-    """Finishing in step 4's last program, and the pairwise cut: the launches the plan says (no finish launch with
-    ``last``), the reference's ids, the default's ids and log-probabilities (within rounding: the kept masses are
-    summed in another order) on rows whose lists are short (pairs) and long (an equal-logit row: sorted), and the
-    arrival counters left at zero."""
-    from onlinesoftmax.topk.sampling_grid import PAIR_LIST
-
-    V = 3000
-    x = _logits(4, V, scale=1.0, device=kernel_device)
-    x[3] = -1.25
-    u = torch.rand(4, device=kernel_device)
-    knobs = _knobs(grid_finish=finish, grid_pairs=pairs)
-    names = [k.fn.__name__ for k in topp_call(x, knobs).kernels]
-    assert ("_grid_finish_kernel" in names) == (finish == "launch"), names
-    finishing = [k for k in topp_call(x, knobs).kernels if k.meta.get("FINISH")]
-    assert [k.meta["STEP"] for k in finishing] == ([4] if finish == "last" else [])
-    rec, _ = _grid_views(x, knobs)
-    rec.fill_(-5)
-    check_draws(x, u, top_p=0.9, backend="triton", knobs=knobs, max_near=0.5)
-    assert rec[:, 2, 0].tolist() == [0] * 4 and int(rec[3, 2, 3]) == V
-    assert int(rec[:3, 2, 3].max()) <= PAIR_LIST < V              # the flat rows' lists short, the equal row's long
-    got = sample_(x, top_p=0.9, uniform=u, backend="triton", knobs=knobs)
-    want = sample_(x, top_p=0.9, uniform=u, backend="triton", knobs=_knobs())
-    assert torch.equal(got[0], want[0])
-    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
-    assert int(workspace_views(x, knobs)[13][:4].abs().sum()) == 0
-
-
 def test_grid_plan():
     """Chunks per row from the batch (GRID_WAVES programs per SM, chunks within [GRID_MIN_CHUNK,
     GRID_MAX_CHUNK], at most GRID_TABLE per row); only where the row kernel runs its bins, by default from
@@ -210,16 +172,7 @@ def test_grid_plan():
 
     from onlinesoftmax.target import H200
     from onlinesoftmax.topk import explain_sample
-    from onlinesoftmax.topk.plan import (
-        GRID_FINISH,
-        GRID_LIST,
-        GRID_PAIRS,
-        GRID_TABLE,
-        PDL,
-        SampleKnobs,
-        grid_chunks,
-        sample_plan,
-    )
+    from onlinesoftmax.topk.plan import GRID_LIST, GRID_TABLE, PDL, SampleKnobs, grid_chunks, sample_plan
 
     assert grid_chunks(1, 128256, H200) == (126, 1024)
     assert grid_chunks(8, 128256, H200) == (63, 2048)
@@ -244,10 +197,8 @@ def test_grid_plan():
         assert sample_plan(8, 128256, 4, H200, knobs=SampleKnobs(pdl=True, **kw)).pdl
         assert not sample_plan(8, 128256, 4, interp, knobs=SampleKnobs(pdl=True, **kw)).pdl
         assert not sample_plan(8, 128256, 4, a100, knobs=SampleKnobs(pdl=True, **kw)).pdl
-    assert (p.grid_finish, p.grid_pairs) == (GRID_FINISH, GRID_PAIRS)
-    assert explain_sample(x, target=H200, knobs=SampleKnobs(grid=False)).grid_finish == ""
     for bad in (dict(grid_block=100), dict(grid_warps=3), dict(grid_chunk=0), dict(grid_list=0),
-                dict(grid_list=4097), dict(grid_finish="early")):
+                dict(grid_list=4097)):
         with pytest.raises(ValueError, match="grid_"):
             sample_plan(8, 1000, 4, H200, knobs=SampleKnobs(grid=True, **bad))
 
@@ -281,41 +232,6 @@ def test_gpu_grid_matches_reference(dtype, B):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("finish, pairs", FINISHES[1:], ids=FINISH_IDS[1:])
-@pytest.mark.parametrize("B", [8, 64])
-def test_gpu_grid_finish_variants(B, finish, pairs):
-    """Finishing in step 4's last program (its counter acquiring the other programs' lists and records) and the
-    pairwise cut, on flat rows of a real vocabulary in fp32 and bf16: the reference's ids (u in the middle of a
-    kept token's interval) and the default finish's ids and log-probabilities (within rounding), every row on the
-    grid, the counters left at zero; then 20 calls in a row with fresh u: the same ids as the default's where the
-    kept masses are summed in the same order (``last``), the reference's ids where u is not within fp32 rounding of
-    a boundary of the CDF with the pairwise cut (its listed masses summed apart: a u within an ulp of a boundary
-    may fall on the neighbour), the default's log-probabilities wherever the ids agree."""
-    from onlinesoftmax.topk import sample
-    from onlinesoftmax.topk.plan import SampleKnobs
-
-    V = 128256
-    knobs, default = SampleKnobs(grid=True, grid_finish=finish, grid_pairs=pairs), SampleKnobs(grid=True)
-    for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(B, V, device="cuda").to(dtype)
-        rec, _ = _grid_views(x, knobs)
-        rec.fill_(-5)
-        u = _mid_uniforms(x, top_p=0.9)
-        check_draws(x, u, backend="triton", gap=2e-6, max_near=0, knobs=knobs, top_p=0.9)
-        assert bool((rec[:, 2, 0] == 0).all()), rec[:, 2]
-        for i in range(20):
-            u = torch.rand(B, device="cuda") if i else u
-            got, want = sample(x, top_p=0.9, uniform=u, knobs=knobs), sample(x, top_p=0.9, uniform=u, knobs=default)
-            same = got[0] == want[0]
-            if pairs:
-                check_draws(x, u, backend="triton", gap=2e-6, max_near=B, knobs=knobs, top_p=0.9)
-            else:
-                assert bool(same.all()), (dtype, i)
-            torch.testing.assert_close(got[1][same], want[1][same], rtol=1e-5, atol=1e-5)
-        assert int(workspace_views(x, knobs)[13][:B].abs().sum()) == 0
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("grid", [False, True], ids=["row", "grid"])
 def test_gpu_pdl_chain_matches_reference(grid):
     """The launches after softmax_topk's as programmatic dependent launches (``pdl``), on the grid or the row
@@ -339,17 +255,16 @@ def test_gpu_pdl_chain_matches_reference(grid):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kw", [{}, dict(pdl=True), dict(grid_finish="last", grid_pairs=True)],
-                         ids=["plain", "pdl", "last-pairs"])
-def test_gpu_grid_under_graph_capture(kw):
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_gpu_grid_under_graph_capture(pdl):
     """A captured grid call replays with new logits and new per-row top_p: the reference's distribution's ids
     (u in the middle of a kept token's interval, passed as a tensor); the same with programmatic dependent launches
-    captured (``pdl``), and finishing in step 4 (its counters from the capture's zeroed reserve)."""
+    captured (``pdl``)."""
     from onlinesoftmax.topk import sample
     from onlinesoftmax.topk.plan import SampleKnobs
 
     B, V = 8, 128256
-    knobs = SampleKnobs(grid=True, **kw)
+    knobs = SampleKnobs(grid=True, pdl=pdl)
     x = torch.randn(B, V, device="cuda")
     p = torch.full((B,), 0.9, device="cuda")
     u = torch.rand(B, device="cuda")
@@ -381,16 +296,14 @@ failed, regs, seen, gdc = [], {}, set(), {}
 for (B, V), philox, knobs in (((1, 128256), 1, SampleKnobs(grid=True)), ((256, 128256), 2, SampleKnobs(grid=True)),
                               ((64, 128256), 2, SampleKnobs(grid=True, pdl=True)),
                               ((8, 262144), 0, SampleKnobs(grid=True, grid_block=1024, grid_warps=8)),
-                              ((3, 300), 1, SampleKnobs(grid=True, grid_block=128, grid_warps=2)),
-                              ((8, 128256), 2, SampleKnobs(grid=True, grid_finish="last", grid_pairs=True)),
-                              ((8, 128256), 1, SampleKnobs(grid=True, grid_pairs=True))):
+                              ((3, 300), 1, SampleKnobs(grid=True, grid_block=128, grid_warps=2))):
     plan = sample_plan(B, V, 4, H200, knobs=knobs)
     call = SampleCall(plan, B, V, V, 1, 1, torch.device("meta"), torch.float32, philox)
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
     K, G = plan.k, 16 * B * plan.grid_chunks
     views = (M((1 << 24,), i32), M((1 << 20,), i32), M((B * K,), f32), M((B * K,), i64), M((B,), f32), M((B,), i32),
              M((B,), i32), M((B,), i32), M((1 << 20,), i32), M((1 << 20,), f32), M((1 << 16,), i32),
-             M((1 << 16,), f32), M((B * 4096,), i32), M((B,), i32),
+             M((1 << 16,), f32), M((B * 4096,), i32),
              M((G,), f32), M((G // 16,), f32), M((G,), f32), M((G,), i32), M((G,), f32), M((G,), i32),
              M((12 * B,), i32), M((12 * B,), f32), M((B * 4096,), i32))
     ids, logp = M((B,), i64), M((B,), f32)
@@ -408,9 +321,7 @@ for (B, V), philox, knobs in (((1, 128256), 1, SampleKnobs(grid=True)), ((256, 1
             # griddepcontrol.wait / launch_dependents lower to ACQBULK / PREEXIT
             gdc.setdefault(str(kern.meta.get("PDL", False)), []).append(
                 [kern.fn.__name__, "ACQBULK" in r["sass_text"], "PREEXIT" in r["sass_text"]])
-            # (the off-by-default finish knobs may spill: step 4 that finishes is capped at GRID_FINISH_REGS, and
-            # the pairwise cut at 16 warps; recorded in docs/tuning.md)
-            if r["stack"] and not (kern.meta.get("FINISH") or kern.meta.get("PAIRS")):
+            if r["stack"]:
                 failed.append(f"{kern.fn.__name__} B={B} V={V} {kern.meta}: {r['stack']} bytes of stack")
         except Exception as e:
             failed.append(f"{kern.fn.__name__} B={B} V={V} {kern.meta}: {type(e).__name__}: {str(e)[-300:]}")

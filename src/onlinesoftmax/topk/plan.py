@@ -218,10 +218,7 @@ GRID_MIN_CHUNK = 1024           # ... at least this many elements and ...
 GRID_MAX_CHUNK = 8192           # ... at most this many (the draw scans one chunk in one program)
 GRID_LIST = 512                 # grid: a boundary group of at most this many elements is listed, no third level
 GRID_LANE_COUNTS = False        # grid: levels 2-3 count per lane (True) or by tl.histogram per step
-GRID_FINISHES = ("launch", "last")
-GRID_FINISH = "launch"          # grid: the cut and the draw in a launch of their own, or by step 4's last program
-GRID_PAIRS = False              # grid: a short boundary list cut by pairwise compares (True) or sorted
-PDL = False                     # default of ``pdl``
+PDL = False                     # default of ``pdl`` (not timed yet)
 
 
 def row_chunks(B: int, V: int, target: Target) -> tuple[int, int, int]:
@@ -280,11 +277,7 @@ class SampleKnobs:
     is listed at the second level (the fourth pass then has nothing to do), a larger one takes the third level.
     Default ``GRID_LIST``. ``grid_lane_counts``: levels 2 and 3 count their bins' elements per lane beside the
     masses (a predicated fp32 add per bin) in place of ``tl.histogram`` per step (shared-memory atomics and
-    block barriers in the loop). Default ``GRID_LANE_COUNTS``. ``grid_finish``: the cut and the draw in a launch
-    of their own, a program per row (``launch``), or by the last of a row's step-4 programs to arrive at a
-    per-row counter (``last``). Default ``GRID_FINISH``. ``grid_pairs``: a boundary list of at most
-    ``sampling_grid.PAIR_LIST`` elements cut by an [N, N] tile of pairwise compares in place of a sort. Default
-    ``GRID_PAIRS``.
+    block barriers in the loop). Default ``GRID_LANE_COUNTS``.
 
     ``pdl``: the launches after ``softmax_topk``'s (step 2, the grid's passes and finish, the row kernel) as
     programmatic dependent launches: each may start while the one before it runs, reads the caller's parameters,
@@ -307,8 +300,6 @@ class SampleKnobs:
     grid_warps: int | None = None
     grid_list: int | None = None
     grid_lane_counts: bool | None = None
-    grid_finish: str | None = None
-    grid_pairs: bool | None = None
     pdl: bool | None = None
 
 
@@ -374,8 +365,6 @@ class SamplePlan:
     grid_warps: int = 0         # their warps
     grid_list: int = 0          # the most elements of a boundary group listed at the second level
     grid_lane_counts: bool = False  # levels 2-3 count per lane, not by tl.histogram
-    grid_finish: str = ""       # the cut and the draw: "launch" (a launch of their own) or "last" (in step 4's)
-    grid_pairs: bool = False    # a short boundary list cut by pairwise compares, not sorted
     pdl: bool = False           # the launches after softmax_topk's as programmatic dependent launches (sm_90+)
 
 
@@ -414,15 +403,10 @@ def sample_plan(B: int, V: int, esize: int, target: Target, *, greedy: bool = Fa
     lst = GRID_LIST if knobs.grid_list is None else knobs.grid_list
     if not 1 <= lst <= ROW_BINS_CAP:
         raise ValueError(f"SampleKnobs: grid_list must be in [1, {ROW_BINS_CAP}], got {lst}")
-    finish = GRID_FINISH if knobs.grid_finish is None else knobs.grid_finish
-    if finish not in GRID_FINISHES:
-        raise ValueError(f"SampleKnobs: grid_finish must be one of {GRID_FINISHES}, got {finish!r}")
     gc, gch = grid_chunks(B, V, target, knobs.grid_chunk, block) if grid else (0, 0)
     pdl = (PDL if knobs.pdl is None else knobs.pdl) and target.arch >= 90 and not target.interpret
     return SamplePlan("kernels", K, cfg, *row_chunks(B, V, target), mass=mass, draw=draw, one_buffer=one, pdl=pdl,
                       graph_draw=graph_draw, row=row, grid_chunks=gc, grid_chunk=gch,
                       grid_block=block if grid else 0, grid_warps=warps if grid else 0, grid_list=lst if grid else 0,
                       grid_lane_counts=grid and (GRID_LANE_COUNTS if knobs.grid_lane_counts is None
-                                                 else knobs.grid_lane_counts),
-                      grid_finish=finish if grid else "",
-                      grid_pairs=grid and (GRID_PAIRS if knobs.grid_pairs is None else knobs.grid_pairs))
+                                                 else knobs.grid_lane_counts))

@@ -7,8 +7,7 @@ waits on another: each launch covers B·C chunks (C up to ``GRID_TABLE``), as ma
 the next launch reads what the last one wrote. Each program of a launch makes the previous level's choice itself
 from the C chunks' histograms, summed in chunk order (every program the same bits), and chunk 0 records it for the
 later launches (one record per step, each step writing its own for every row it takes, so that no program reads a
-record that its own launch writes, or one a former call left; the one exception, step 4's finishing program,
-reads its launch's record after every program of its row has arrived).
+record that its own launch writes, or one a former call left).
 
 A row goes this way when step 1 flagged it, top-p is on, top-k off and min-p off (the kept set is then the nucleus
 alone: its mass per chunk comes from the histograms, no pass); every other flagged row, and a row whose bins fail
@@ -22,12 +21,9 @@ alone: its mass per chunk comes from the histograms, no pass); every other flagg
    (``SampleKnobs.grid_list``) each chunk's masses and counts of the 16 fine bins of G, else each chunk lists G's
    elements (index order, the counts of the chunks before it giving its offset).
 4. ``STEP`` 4: where step 3 counted, the fine bin F = 16·G + d3 and its list (at most ``CAP``).
-5. ``_finish_row``: the list cut where the mass from the top reaches P (sorted, ``_cut_list``; with
-   ``grid_pairs`` a list of at most ``PAIR_LIST`` by pairwise compares, ``_cut_pairs``), each chunk's kept mass
-   (its bins above the boundary's, level by level, and its listed elements the cut keeps), the chunk holding
-   u · W_kept scanned for the draw (``_scan_draw``); the row's flag cleared. In ``_grid_finish_kernel``, a program
-   per row (``grid_finish="launch"``), or in step 4's launch by the last of the row's programs to arrive at a
-   per-row counter (``grid_finish="last"``: one launch and its dependent prologue fewer).
+5. ``_grid_finish_kernel``, a program per row: the list sorted and cut where the mass from the top reaches P
+   (``_cut_list``), each chunk's kept mass (its bins above the boundary's, level by level, and its listed elements
+   the cut keeps), the chunk holding u · W_kept scanned for the draw (``_scan_draw``); the row's flag cleared.
 """
 
 from __future__ import annotations
@@ -55,8 +51,6 @@ from .sampling_kernels import (
     _uniform,
 )
 
-PAIR_LIST = tl.constexpr(128)   # grid_pairs: a boundary list of at most this many elements is cut by pairwise
-                                # compares (``_cut_pairs``), not sorted
 REC = tl.constexpr(4)       # a step's record per row: (status: 0 on, 1 left to the row kernel; levels; G; n), int32,
                             # and (P, mass above G), float32
 
@@ -85,29 +79,23 @@ def _record(RS, RF, row, step, status, levels, G, n, P, above):
 
 @triton.jit
 def _read(RS, RF, row, step):
-    """A step's record of row ``row``: (status, levels, G, n, P, above), read from L2 (the finish in step 4's last
-    program reads the record its own launch wrote)."""
+    """A step's record of row ``row``: (status, levels, G, n, P, above)."""
     q = tl.arange(0, REC)
     base = (row * 3 + step) * REC
-    r = tl.load(RS + base + q, cache_modifier=".cg")
-    f = tl.load(RF + base + q, mask=q < 2, other=0.0, cache_modifier=".cg")
+    r = tl.load(RS + base + q)
+    f = tl.load(RF + base + q, mask=q < 2, other=0.0)
     return (tl.sum(tl.where(q == 0, r, 0)), tl.sum(tl.where(q == 1, r, 0)), tl.sum(tl.where(q == 2, r, 0)),
             tl.sum(tl.where(q == 3, r, 0)), tl.sum(tl.where(q == 0, f, 0.0)), tl.sum(tl.where(q == 1, f, 0.0)))
 
 
 @triton.jit(do_not_specialize=("stride_b", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
-                               "p_val", "p_stride", "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
+                               "p_val", "p_stride", "q_val", "q_stride"))
 def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, t_ptr, t_val, t_stride, k_ptr, k_val,
                       k_stride, p_ptr, p_val, p_stride, q_ptr, q_val, q_stride, K, H1, R1, H2, N2, H3, N3, RS, RF, EB,
-                      C, CH, ARR, u_ptr, ids_ptr, logp_ptr, s0, s1, c0, c1, g0, g1, STEP: tl.constexpr,
-                      BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr, LIST: tl.constexpr,
-                      LANE_COUNTS: tl.constexpr, PDL: tl.constexpr, FINISH: tl.constexpr, SCAN: tl.constexpr,
-                      LB: tl.constexpr, PHILOX: tl.constexpr, PAIRS: tl.constexpr):
+                      C, CH, STEP: tl.constexpr, BLOCK: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr,
+                      LIST: tl.constexpr, LANE_COUNTS: tl.constexpr, PDL: tl.constexpr):
     """Steps 1–4, program ``pid`` = chunk ``pid % C`` (CH elements) of row ``pid // C``. ``PDL``: the next launch
-    may start at once (its programs wait for this one to finish before they read what it writes). ``FINISH``
-    (step 4, ``grid_finish="last"``): the row's last program to arrive at ``ARR`` (a zeroed word per row, left as
-    found) finishes the row (``_finish_row``), in place of a launch of its own; the arguments after ``ARR`` are
-    the finish's."""
+    may start at once (its programs wait for this one to finish before they read what it writes)."""
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
@@ -171,17 +159,6 @@ def _grid_pass_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, flag_ptr, 
                     _list_bin(x_row, stride_v, lo, hi, x_max, s, 0, G, EB + row * CAP, base, x0, BLOCK)
             elif chunk == 0:
                 _record(RS, RF, row, 2, status, levels, G, n, P, above)
-            if FINISH:
-                # every program's stores (its list, chunk 0's record) ordered before its arrival; the last to
-                # arrive reads them all (from L2)
-                tl.debug_barrier()
-                if tl.atomic_add(ARR + row, 1, sem="acq_rel") == C - 1:
-                    tl.atomic_xchg(ARR + row, 0, sem="relaxed")
-                    status, levels, G, n, P, above = _read(RS, RF, row, 2)
-                    if status == 0:
-                        _finish_row(x_row, stride_v, V, row, c, lse2, levels, G, n, P, above, H1, H2, H3,
-                                    EB + row * CAP, C, CH, u_ptr, s0, s1, c0, c1, g0, g1, ids_ptr, logp_ptr,
-                                    flag_ptr, SCAN, CP, CAP, LB, PHILOX, PAIRS)
 
 
 @triton.jit
@@ -194,111 +171,15 @@ def _kept_of_bins(HM, row, C, d, CP: tl.constexpr):
     return tl.sum(h, axis=1)
 
 
-@triton.jit
-def _kept_above(H1, H2, H3, row, C, G, levels, CP: tl.constexpr):
-    """Each chunk's mass in the bins above the boundary's (group or fine bin G after ``levels`` levels), level by
-    level (``[CP]``)."""
-    kept = _kept_of_bins(H1, row, C, G >> (4 * (levels - 1)), CP) \
-        + _kept_of_bins(H2, row, C, (G >> (4 * (levels - 2))) & 15, CP)
-    if levels == 3:
-        kept += _kept_of_bins(H3, row, C, G & 15, CP)
-    return kept
-
-
-@triton.jit
-def _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, kept, CP: tl.constexpr, CAP: tl.constexpr,
-                LB: tl.constexpr):
-    """The cut of the row's list (n indices at ``lst``, index order) by a sort (``_cut_list``), then each chunk's
-    mass of the listed elements it keeps, LB at a time, added to ``kept`` ([CP]): ``(tb, ub, kept)``."""
-    if n <= SHORT_LIST:
-        tb, ub = _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, SHORT_LIST)
-    else:
-        tb, ub = _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, CAP)
-    j = tl.arange(0, CP)
-    for st in range(0, n, LB):
-        e = st + tl.arange(0, LB)
-        idx = tl.load(lst + e, mask=e < n, other=0, cache_modifier=".cg")
-        x = _load_chunk(x_row, stride_v, idx, tl.where(e < n, V, 0))
-        key = _key_of(x)
-        keep = ((key > tb) | ((key == tb) & (idx <= ub))) & (e < n)
-        pk = tl.where(keep, tl.exp2(x * c - lse2), 0.0)
-        kept += tl.sum(tl.where((idx // CH)[None, :] == j[:, None], pk[None, :], 0.0), axis=1)
-    return tb, ub, kept
-
-
-@triton.jit
-def _cut_pairs(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP: tl.constexpr, N: tl.constexpr):
-    """The same cut of n <= N listed indices without a sort: each element's mass before it in the row's order
-    (key descending, index ascending) summed over an [N, N] tile of compares. The tile's sums run over the same
-    positions in the same tree for every element, their terms p >= 0 or 0 where an element is not ahead, so the
-    mass before grows along the order (fp32 rounding is monotone): the kept elements, those whose mass before
-    falls short of P (the first always), are a prefix of it, as the sort's cut. ``(tb, ub, [CP])``: each chunk's
-    kept listed mass."""
-    e = tl.arange(0, N)
-    live = e < n
-    idx = tl.load(lst + e, mask=live, other=0, cache_modifier=".cg")
-    x = _load_chunk(x_row, stride_v, idx, tl.where(live, V, 0))
-    key = _key_of(x)
-    p = tl.where(live, tl.exp2(x * c - lse2), 0.0)
-    # ahead[a, b]: element b comes before element a
-    ahead = ((key[None, :] > key[:, None]) | ((key[None, :] == key[:, None]) & (idx[None, :] < idx[:, None]))) \
-        & live[None, :]
-    before = tl.sum(tl.where(ahead, p[None, :], 0.0), axis=1)
-    first = tl.sum(ahead.to(tl.int32), axis=1) == 0
-    keep = live & ((above + before < P) | first)
-    tb = tl.min(tl.where(keep, key, 2147483647))
-    ub = tl.max(tl.where(keep & (key == tb), idx, -1))
-    j = tl.arange(0, CP)
-    pk = tl.where(keep, p, 0.0)
-    return tb, ub, tl.sum(tl.where((idx // CH)[None, :] == j[:, None], pk[None, :], 0.0), axis=1)
-
-
-@triton.jit
-def _finish_row(x_row, stride_v, V, row, c, lse2, levels, G, n, P, above, H1, H2, H3, lst, C, CH, u_ptr, s0, s1,
-                c0, c1, g0, g1, ids_ptr, logp_ptr, flag_ptr, SCAN: tl.constexpr, CP: tl.constexpr, CAP: tl.constexpr,
-                LB: tl.constexpr, PHILOX: tl.constexpr, PAIRS: tl.constexpr):
-    """Step 5 for one row whose last record is on: the cut of its list, each chunk's kept mass, the draw; the
-    row's flag cleared (the row kernel after it then returns at once), its replay count advanced (``PHILOX`` 2)."""
-    # 1. each chunk's kept mass: its bins above the boundary's, then its listed elements that the cut of the
-    #    boundary's list (index order: chunk by chunk) keeps (the pairwise cut compiled only with PAIRS)
-    kept = _kept_above(H1, H2, H3, row, C, G, levels, CP)
-    if PAIRS:       # (the listed masses summed apart, then added: 128 registers and 16 bytes of stack at 16 warps,
-                    # against 456 bytes accumulated into the bins' sums)
-        if n <= PAIR_LIST:
-            tb, ub, listed = _cut_pairs(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, CP, PAIR_LIST)
-        else:
-            tb, ub, listed = _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH,
-                                         tl.zeros([CP], tl.float32), CP, CAP, LB)
-        kept += listed
-    else:
-        tb, ub, kept = _cut_sorted(x_row, stride_v, V, c, lse2, lst, n, above, P, CH, kept, CP, CAP, LB)
-    # 2. the draw: the chunk holding u · W_kept, scanned
-    j = tl.arange(0, CP)
-    w_kept = tl.sum(kept)
-    u, n_u = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
-    target = u * w_kept
-    before = tl.cumsum(kept, 0) - kept
-    owner = tl.max(tl.where((before <= target) & (kept > 0.0) & (j < C), j, -1))
-    if owner < 0:       # nothing kept (cannot happen: the row's largest p always stays): say so
-        tl.store(ids_ptr + row, tl.full([], -1, tl.int64))
-        tl.store(logp_ptr + row, float("nan"))
-    else:
-        lo = owner * CH
-        _scan_draw(x_row, stride_v, lo, tl.minimum(lo + CH, V), c, lse2, tl.full([], INT32_MIN, tl.int32),
-                   2147483647, tb, ub, 0.0, tl.sum(tl.where(j == owner, before, 0.0)), target, w_kept,
-                   ids_ptr + row, logp_ptr + row, SCAN)
-    tl.store(flag_ptr + row, 0)
-    _advance(u_ptr, row, n_u, g0, g1, PHILOX)
-
-
 @triton.jit(do_not_specialize=("stride_b", "stride_v", "V", "K", "C", "CH", "t_val", "t_stride", "k_val", "k_stride",
                                "p_val", "p_stride", "q_val", "q_stride", "s0", "s1", "c0", "c1", "g0", "g1"))
 def _grid_finish_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, ids_ptr, logp_ptr, flag_ptr,
                         t_ptr, t_val, t_stride, k_ptr, k_val, k_stride, p_ptr, p_val, p_stride, q_ptr, q_val,
                         q_stride, s0, s1, c0, c1, g0, g1, K, H1, H2, H3, RS, RF, EB, C, CH, BLOCK: tl.constexpr,
                         CP: tl.constexpr, CAP: tl.constexpr, LB: tl.constexpr, PHILOX: tl.constexpr,
-                        PDL: tl.constexpr, PAIRS: tl.constexpr):
-    """Step 5 as a launch of its own (``grid_finish="launch"``), a program per row: ``_finish_row``."""
+                        PDL: tl.constexpr):
+    """Step 5, a program per row: the cut, the chunks' kept masses, the draw; the row's flag cleared (the row
+    kernel after it then returns at once), its replay count advanced (``PHILOX`` 2)."""
     if PDL:
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -309,6 +190,39 @@ def _grid_finish_kernel(x_ptr, stride_b, stride_v, V, ind_ptr, lse_ptr, u_ptr, i
         if status == 0:
             x_row = x_ptr + row.to(tl.int64) * stride_b
             c, x_max, lse2 = _row_scale(x_row, stride_v, ind_ptr, lse_ptr, t_ptr, t_val, t_stride, row, K)
-            _finish_row(x_row, stride_v, V, row, c, lse2, levels, G, n, P, above, H1, H2, H3, EB + row * CAP, C, CH,
-                        u_ptr, s0, s1, c0, c1, g0, g1, ids_ptr, logp_ptr, flag_ptr, BLOCK, CP, CAP, LB, PHILOX,
-                        PAIRS)
+            lst = EB + row * CAP
+            if n <= SHORT_LIST:
+                tb, ub = _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, SHORT_LIST)
+            else:
+                tb, ub = _cut_list(x_row, stride_v, V, c, lse2, lst, n, above, P, CAP)
+            # each chunk's kept mass: its bins above the boundary's at every level, then its listed elements that
+            # the cut keeps (the list is in index order: chunk by chunk)
+            d1 = G >> (4 * (levels - 1))
+            d2 = (G >> (4 * (levels - 2))) & 15
+            kept = _kept_of_bins(H1, row, C, d1, CP) + _kept_of_bins(H2, row, C, d2, CP)
+            if levels == 3:
+                kept += _kept_of_bins(H3, row, C, G & 15, CP)
+            j = tl.arange(0, CP)
+            for st in range(0, n, LB):
+                e = st + tl.arange(0, LB)
+                idx = tl.load(lst + e, mask=e < n, other=0, cache_modifier=".cg")
+                x = _load_chunk(x_row, stride_v, idx, tl.where(e < n, V, 0))
+                key = _key_of(x)
+                keep = ((key > tb) | ((key == tb) & (idx <= ub))) & (e < n)
+                pk = tl.where(keep, tl.exp2(x * c - lse2), 0.0)
+                kept += tl.sum(tl.where((idx // CH)[None, :] == j[:, None], pk[None, :], 0.0), axis=1)
+            w_kept = tl.sum(kept)
+            u, n_u = _uniform(u_ptr, row, s0, s1, c0, c1, g0, g1, PHILOX)
+            target = u * w_kept
+            before = tl.cumsum(kept, 0) - kept
+            owner = tl.max(tl.where((before <= target) & (kept > 0.0) & (j < C), j, -1))
+            if owner < 0:       # nothing kept (cannot happen: the row's largest p always stays): say so
+                tl.store(ids_ptr + row, tl.full([], -1, tl.int64))
+                tl.store(logp_ptr + row, float("nan"))
+            else:
+                lo = owner * CH
+                _scan_draw(x_row, stride_v, lo, tl.minimum(lo + CH, V), c, lse2, tl.full([], INT32_MIN, tl.int32),
+                           2147483647, tb, ub, 0.0, tl.sum(tl.where(j == owner, before, 0.0)), target, w_kept,
+                           ids_ptr + row, logp_ptr + row, BLOCK)
+            tl.store(flag_ptr + row, 0)
+            _advance(u_ptr, row, n_u, g0, g1, PHILOX)

@@ -46,7 +46,6 @@ from .sampling_kernels import _sample_kernel, _sample_merge_kernel, _sample_row_
 
 GRID_SCAN_BLOCK = 1024  # the grid's draw: elements per step of its scan of one chunk
 GRID_LIST_BLOCK = 64    # ... and of its list's kept masses per chunk (a [GRID_TABLE, this] tile)
-GRID_FINISH_REGS = 128  # grid_finish="last": step 4's register cap
 
 CALLS_KEPT = 256        # bound problems kept (then all dropped: a server sees a handful of (B, V, dtype) at a time)
 _calls: dict = {}
@@ -97,20 +96,12 @@ class SampleCall:
                                                                   num_warps=1 if K <= 256 else 4, **draw, **pdl)))
             if plan.grid_chunks:
                 meta = dict(CP=GRID_TABLE, CAP=ROW_BINS_CAP, **pdl)
-                finish = dict(LB=GRID_LIST_BLOCK, PHILOX=philox, PAIRS=plan.grid_pairs)
-                last = plan.grid_finish == "last"
-                # a pass that does not finish: the finish's constants fixed (one compile for every plan); step 4
-                # that finishes: registers capped (the finish spills, once per row, so that the pass's programs
-                # stay four per SM: 255 registers uncapped)
-                idle = dict(FINISH=False, SCAN=GRID_SCAN_BLOCK, LB=GRID_LIST_BLOCK, PHILOX=0, PAIRS=False)
-                fin = dict(finish, FINISH=True, SCAN=GRID_SCAN_BLOCK, maxnreg=GRID_FINISH_REGS)
                 for step in (1, 2, 3, 4):
                     kernels.append(BoundKernel(_grid_pass_kernel, (B * plan.grid_chunks,), dict(
                         meta, STEP=step, LIST=plan.grid_list, LANE_COUNTS=plan.grid_lane_counts,
-                        BLOCK=plan.grid_block, num_warps=plan.grid_warps, **(fin if last and step == 4 else idle))))
-                if not last:
-                    kernels.append(BoundKernel(_grid_finish_kernel, (B,), dict(     # (4 / 8 warps: 16 / 24 B of
-                        meta, **finish, BLOCK=GRID_SCAN_BLOCK, num_warps=16)))        # stack)
+                        BLOCK=plan.grid_block, num_warps=plan.grid_warps)))
+                kernels.append(BoundKernel(_grid_finish_kernel, (B,), dict(     # (4 / 8 warps: 16 / 24 B of stack)
+                    meta, BLOCK=GRID_SCAN_BLOCK, LB=GRID_LIST_BLOCK, PHILOX=philox, num_warps=16)))
             if C:
                 kernels.append(BoundKernel(_sample_row_kernel, (B * C,), dict(
                     BLOCK=ROW_BLOCK, CP=plan.table, num_warps=ROW_WARPS, PHILOX=philox, BINS=plan.row == "bins",
@@ -145,16 +136,14 @@ class SampleCall:
                                                         (B * ROW_BINS_CAP if plan.row == "bins" else 1, torch.int32)),
                                  zeroed=2)
         if plan.grid_chunks:
-            # per row: the finish's arrival counter (zeroed, left as found); per chunk: the levels' 16-bin masses
-            # (and counts below the first) and the mass past the fine bins; per row: three steps' records (int32,
-            # float32) and the boundary's list
+            # per chunk: the levels' 16-bin masses (and counts below the first) and the mass past the fine bins;
+            # per row: three steps' records (int32, float32) and the boundary's list
             BG = 16 * B * plan.grid_chunks
-            row += stream_scratch("sample-grid", device, ((B, torch.int32), (BG, torch.float32),
-                                                          (BG // 16, torch.float32), (BG, torch.float32),
-                                                          (BG, torch.int32), (BG, torch.float32), (BG, torch.int32),
-                                                          (12 * B, torch.int32), (12 * B, torch.float32),
-                                                          (B * ROW_BINS_CAP, torch.int32)),
-                                  zeroed=1)
+            row += stream_scratch("sample-grid", device, ((BG, torch.float32), (BG // 16, torch.float32),
+                                                          (BG, torch.float32), (BG, torch.int32), (BG, torch.float32),
+                                                          (BG, torch.int32), (12 * B, torch.int32),
+                                                          (12 * B, torch.float32), (B * ROW_BINS_CAP, torch.int32)),
+                                  zeroed=0)
         return (ws, ws2, *cand, *row)
 
     def __call__(self, x: torch.Tensor, tt: tuple, kt: tuple, pt: tuple, qt: tuple, u, stream, capturing: bool):
@@ -227,16 +216,10 @@ class SampleCall:
         K, V = plan.k, self.V
         lists.append((vals, inds, lse, u, ids, logp, flag, *prm, *rng, K, V))
         if plan.grid_chunks:
-            grid = (*views[14:23], plan.grid_chunks, plan.grid_chunk)
-            # the finish's arguments (the arrival counter, u, the outputs, the Philox words) for step 4 when it
-            # finishes; elsewhere the counter as every pointer and zeros (one compile whatever u's dtype)
-            last = plan.grid_finish == "last"
-            idle = (views[13],) * 4 + _NO_RNG
-            head = (x, *self.strides, V, inds, lse, flag, *prm, K, *grid)
-            lists += [(*head, *idle)] * 3 + [(*head, *((views[13], u, ids, logp, *rng) if last else idle))]
-            if not last:
-                lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, grid[0], grid[2],
-                              grid[4], *grid[6:]))
+            grid = (*views[13:22], plan.grid_chunks, plan.grid_chunk)
+            lists += [(x, *self.strides, V, inds, lse, flag, *prm, K, *grid)] * 4
+            lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, grid[0], grid[2],
+                          grid[4], *grid[6:]))
         if plan.row_chunks:
             lists.append((x, *self.strides, V, inds, lse, u, ids, logp, flag, *prm, *rng, K, *views[6:13],
                           plan.row_chunks, plan.chunk))
